@@ -1,0 +1,199 @@
+"""Analytic FLOPs per step: the numbers the app shows.
+
+Convention (the papers'): multiplications + additions + exponentials (+ divisions); a matrix
+product of (a x b) by (b x c) counts 2abc, a softmax over c entries 3c (exp, sum, divide);
+comparisons (max, masks) and memory moves count nothing. Every function returns ``Flops`` with the
+matrix-product part separate, because that part is cross-checked against
+``torch.utils.flop_counter.FlopCounterMode`` on the real code in the tests.
+
+The formulas follow the implementation in models/sda.py operation by operation, including the
+data-dependent work of a step (landmark updates, stability refreshes, the warm-up rebuilds), so
+``StreamingSDA.last_step_flops`` is the cost of the step actually taken, never an average.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Flops:
+    matmul: int = 0   # matrix products, 2abc each
+    other: int = 0    # elementwise work, softmax, exp, reductions
+
+    @property
+    def total(self) -> int:
+        return self.matmul + self.other
+
+    def __add__(self, o: "Flops") -> "Flops":
+        return Flops(self.matmul + o.matmul, self.other + o.other)
+
+    def __mul__(self, k: int) -> "Flops":
+        return Flops(self.matmul * k, self.other * k)
+
+    __rmul__ = __mul__
+
+
+def mm(a: int, b: int, c: int) -> Flops:
+    """(a x b) @ (b x c)."""
+    return Flops(matmul=2 * a * b * c)
+
+
+def ew(count: int) -> Flops:
+    """Elementwise operations, reductions and exponentials."""
+    return Flops(other=count)
+
+
+def softmax(rows: int, cols: int) -> Flops:
+    return ew(3 * rows * cols)
+
+
+def attention(nq: int, n: int, d: int) -> Flops:
+    """Exact SDA of nq queries over n keys (scale folded into q)."""
+    return ew(nq * d) + mm(nq, d, n) + softmax(nq, n) + mm(nq, n, d)
+
+
+def pinv(m: int, iters: int) -> Flops:
+    """Iterative pseudo-inverse: init (4 m^2) + per iteration 4 products and 4 m^2 updates."""
+    return ew(4 * m * m) + iters * (4 * mm(m, m, m) + ew(4 * m * m))
+
+
+def nystrom_core(nq: int, n: int, m: int, d: int, iters: int) -> Flops:
+    """Nyström SDA of nq queries over n keys with m given landmarks (pinv computed)."""
+    kernels = (ew(nq * d) + mm(nq, d, m) + softmax(nq, m)          # s(Q K~^T)
+               + ew(m * d) + mm(m, d, n) + softmax(m, n)           # s(Q~ K^T)
+               + ew(m * d) + mm(m, d, m) + softmax(m, m))          # s(Q~ K~^T), float64
+    return kernels + pinv(m, iters) + mm(m, n, d) + mm(m, m, d) + mm(nq, m, d)
+
+
+def segment_means(n: int, d: int) -> Flops:
+    return ew(n * d)
+
+
+# ----------------------------------------------------------------------------- per-variant SDA
+
+def regular_sda(n_t: int, d: int) -> Flops:
+    """Recompute softmax attention for every query of the window."""
+    return attention(n_t, n_t, d)
+
+
+def continual_sda(n_t: int, d: int) -> Flops:
+    """Continual single-output SDA: the newest query over the cached window."""
+    return attention(1, n_t, d)
+
+
+def nystrom_sda(n_t: int, d: int, m: int, iters: int, segment: bool = True) -> Flops:
+    """Recompute Nyström attention for every query of the window."""
+    marks = 2 * segment_means(n_t, d) if segment else Flops()
+    return marks + nystrom_core(n_t, n_t, m, d, iters)
+
+
+def _add_key(rows: int, d: int, rescaled: bool) -> Flops:
+    """Add a key's term to every row (scores given): exp, den, num += e v^T (a rank-1 product,
+    2 rows d: mults + adds); a rescale of all rows when a reference rose."""
+    rescale = ew(4 * rows + rows * d) if rescaled else Flops()
+    return rescale + ew(3 * rows) + mm(rows, 1, d)
+
+
+def _remove_key(rows: int, d: int) -> Flops:
+    return ew(3 * rows) + mm(rows, 1, d)
+
+
+def _fresh_rows(rows: int, n: int, d: int) -> Flops:
+    """Running sums of ``rows`` rows from scratch over n keys (scores given)."""
+    return ew(3 * rows * n) + mm(rows, n, d)
+
+
+def refresh(rows: int, n: int, d: int) -> Flops:
+    """Stability refresh of ``rows`` rows (counted over the whole batch) from cached scores."""
+    return rows * _fresh_rows(1, n, d)
+
+
+def continual_retroactive_sda(n_t: int, d: int, *, first: bool, evict: bool,
+                              stabilize: bool = True, rescaled: bool = False) -> Flops:
+    """Continual Retroactive SDA: update all n_t rows by the new and the departing key."""
+    f = Flops()
+    if not first:
+        f += mm(n_t, d, 1) + ew(n_t) + _add_key(n_t, d, rescaled)
+        if evict:
+            f += _remove_key(n_t, d)                              # cached scores
+    f += mm(1, d, n_t) + ew(n_t) + _fresh_rows(1, n_t, d)        # the newest query's row
+    if stabilize and not first:
+        f += ew(n_t)                                              # stale-row check
+    return f + ew(n_t * d)                                        # num / den
+
+
+def _install(m: int, d: int, iters: int) -> Flops:
+    """Scaled copies of the landmarks, kernel s(Q~ K~^T) and its pseudo-inverse."""
+    return ew(3 * m * d) + mm(m, d, m) + softmax(m, m) + pinv(m, iters)
+
+
+def continual_nystrom_sda(n_t: int, d: int, m: int, iters: int, *, event: str = "step",
+                          retroactive: bool = False, evict: bool = True,
+                          stabilize: bool = True, p_rebuilt: bool = False,
+                          warmup_landmarks: bool = False, shadow: bool = False,
+                          rescaled: bool = False, shadow_rescaled: bool = False) -> Flops:
+    """Continual Nyström SDA, one step.
+
+    event: 'step' (incremental), 'landmark' (a continual landmark replaced: new pinv and one row of
+    s(Q~K^T)V over the window), 'swap' (fixed landmarks: shadow sums replace the main sums),
+    'rebuild' (first step or warm-up: landmarks, pinv and all rows from scratch).
+    """
+    f = ew(2 * d)                                                 # stream segment sums
+    if event == "rebuild":
+        if warmup_landmarks:
+            f += 2 * segment_means(n_t, d)
+        f += _install(m, d, iters) + mm(m, d, n_t) + _fresh_rows(m, n_t, d)
+    else:
+        f += mm(m, d, 1) + _add_key(m, d, rescaled)
+        if evict:
+            f += _remove_key(m, d)
+        if shadow:
+            f += _add_key(m, d, shadow_rescaled)
+        if event == "landmark":
+            f += ew(2 * d) + _install(m, d, iters) + mm(n_t, d, 1) + _fresh_rows(1, n_t, d)
+        if stabilize:
+            f += ew(m)                                            # stale-row check
+    f += mm(1, d, m) + softmax(1, m)                              # s(q K~^T)
+    if retroactive:
+        if p_rebuilt:
+            f += mm(n_t, d, m) + softmax(n_t, m)
+        f += ew(m * d) + mm(m, m, d) + mm(n_t, m, d)
+    else:
+        f += mm(1, m, m) + ew(m) + mm(1, m, d)
+    return f
+
+
+def windowed_nystrom_sda(n_t: int, d: int, m: int, iters: int, landmark_update: bool,
+                         warmup_landmarks: bool = False) -> Flops:
+    """Single-output Nyström after a retroactive layer: the window's keys changed, so
+    s(Q~ K^T) V is recomputed; the pseudo-inverse only when landmarks change."""
+    f = ew(2 * d)
+    if warmup_landmarks:
+        f += 2 * segment_means(n_t, d)
+    if landmark_update:
+        f += _install(m, d, iters)
+    f += (mm(1, d, m) + softmax(1, m) + mm(m, d, n_t) + softmax(m, n_t)
+          + mm(1, m, m) + mm(m, n_t, d) + mm(1, m, d))
+    return f
+
+
+# ----------------------------------------------------------------------------- layers
+
+def linear(d_in: int, d_out: int, tokens: int) -> Flops:
+    """nn.Linear on ``tokens`` tokens (product + bias)."""
+    return mm(tokens, d_in, d_out) + ew(tokens * d_out)
+
+
+def layer_norm(d: int, tokens: int) -> Flops:
+    """mean, centre, square, sum, normalise, scale, shift: 7 d per token."""
+    return ew(7 * d * tokens)
+
+
+def feed_forward(d: int, d_ff: int, tokens: int) -> Flops:
+    """Linear d->d_ff, ReLU, Linear d_ff->d."""
+    return linear(d, d_ff, tokens) + ew(d_ff * tokens) + linear(d_ff, d, tokens)
+
+
+def block_tail(d: int, d_ff: int, tokens: int) -> Flops:
+    """Post-norm block after attention: two residual adds, two LayerNorms and the feed-forward."""
+    return ew(2 * d * tokens) + 2 * layer_norm(d, tokens) + feed_forward(d, d_ff, tokens)

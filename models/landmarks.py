@@ -1,0 +1,182 @@
+"""Nyström landmarks: segment sizes, stream-aligned continual landmarks, k-means fixed landmarks.
+
+Continual landmarks (Carreto Picón et al.): the stream is cut into consecutive segments whose sizes
+repeat the pattern of ``segment_sizes(n, m)`` (the first n % m segments one token longer). When a
+segment completes, its mean becomes a new landmark and replaces the landmark of the segment m
+places earlier (same slot, same size). After every n tokens the landmarks are exactly the segment
+means of the window; in between they may include tokens that have already left the window.
+
+Warm-up rule (fewer than m completed segments, i.e. t < n tokens seen): the landmarks are the
+segment means of all t tokens seen so far with min(m, t) segments, recomputed each step. This is
+exactly the batch ``nystrom`` reference on the partial window, and at t = n it coincides with the
+first stream-aligned landmarks, so the switch is seamless.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def segment_sizes(n: int, m: int) -> list[int]:
+    """Sizes of m consecutive segments of n tokens; the first n % m are one longer."""
+    base, extra = divmod(n, m)
+    return [base + 1] * extra + [base] * (m - extra)
+
+
+def check_landmarks(n: int, m: int) -> None:
+    if not isinstance(m, int) or m < 1 or m > n:
+        raise ValueError(f"num_landmarks must be an int with 1 <= m <= window ({n}), got {m!r}")
+
+
+@dataclass
+class LandmarkTrackerState:
+    t: int                # tokens seen
+    hist_q: Tensor        # (B, n, d) tokens seen during warm-up (t < n), in order
+    hist_k: Tensor        # (B, n, d)
+    seg_q: Tensor         # (B, d) running sum of the segment in progress
+    seg_k: Tensor         # (B, d)
+    seg_count: int        # tokens in the segment in progress
+    completed: int        # segments completed so far
+    q_land: Tensor        # (B, m, d) landmark slots (slot = segment index % m)
+    k_land: Tensor        # (B, m, d)
+
+
+class ContinualLandmarks:
+    """Tracks stream-aligned segment means of q and k. ``push`` returns True when landmarks changed."""
+
+    def __init__(self, window: int, num_landmarks: int):
+        check_landmarks(window, num_landmarks)
+        self.n, self.m = window, num_landmarks
+        self.sizes = segment_sizes(window, num_landmarks)
+        self.state: LandmarkTrackerState | None = None
+
+    def reset(self, batch: int, d: int, device, dtype) -> None:
+        z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)  # noqa: E731
+        self.state = LandmarkTrackerState(
+            t=0, hist_q=z(batch, self.n, d), hist_k=z(batch, self.n, d), seg_q=z(batch, d),
+            seg_k=z(batch, d), seg_count=0, completed=0,
+            q_land=z(batch, self.m, d), k_land=z(batch, self.m, d))
+
+    @property
+    def warm(self) -> bool:
+        """True once m segments have completed (stream-aligned landmarks in use)."""
+        return self.state is not None and self.state.completed >= self.m
+
+    def push(self, q: Tensor, k: Tensor) -> bool:
+        """Consume one token's q, k: (B, d). Returns True if the landmarks changed."""
+        st = self.state
+        if st.t < self.n:
+            st.hist_q[:, st.t] = q
+            st.hist_k[:, st.t] = k
+        st.t += 1
+        st.seg_q.add_(q)
+        st.seg_k.add_(k)
+        st.seg_count += 1
+        slot = st.completed % self.m
+        size = self.sizes[slot]
+        if st.seg_count == size:
+            torch.div(st.seg_q, size, out=st.q_land[:, slot])
+            torch.div(st.seg_k, size, out=st.k_land[:, slot])
+            st.seg_q.zero_()
+            st.seg_k.zero_()
+            st.seg_count = 0
+            st.completed += 1
+            return True
+        return not self.warm  # during warm-up the landmarks change every step
+
+    def current(self) -> tuple[Tensor, Tensor]:
+        """Landmarks in use now: (q_land, k_land), each (B, m', d), m' = min(m, t)."""
+        st = self.state
+        if not self.warm:
+            t = st.t
+            mm = min(self.m, t)
+            return segment_means(st.hist_q[:, :t], mm), segment_means(st.hist_k[:, :t], mm)
+        return st.q_land, st.k_land
+
+    def chronological(self) -> tuple[Tensor, Tensor]:
+        """Like ``current`` but oldest landmark first (slot order rolled)."""
+        q, k = self.current()
+        if not self.warm:
+            return q, k
+        shift = -(self.state.completed % self.m)
+        return torch.roll(q, shift, dims=1), torch.roll(k, shift, dims=1)
+
+    def nbytes(self) -> int:
+        st = self.state
+        if st is None:
+            return 0
+        return sum(x.numel() * x.element_size()
+                   for x in (st.hist_q, st.hist_k, st.seg_q, st.seg_k, st.q_land, st.k_land))
+
+
+def segment_means(x: Tensor, m: int) -> Tensor:
+    """x: (B, n, d) -> (B, m, d) means of m consecutive segments (first n % m one longer)."""
+    B, n, d = x.shape
+    check_landmarks(n, m)
+    base, extra = divmod(n, m)
+    if extra == 0:
+        return x.reshape(B, m, base, d).mean(dim=2)
+    long = x[:, : extra * (base + 1)].reshape(B, extra, base + 1, d).mean(dim=2)
+    short = x[:, extra * (base + 1):].reshape(B, m - extra, base, d).mean(dim=2)
+    return torch.cat([long, short], dim=1)
+
+
+# ----------------------------------------------------------------------------- fixed landmarks
+
+@torch.no_grad()
+def collect_qk(model, sequences: Tensor, block: int, batch_size: int = 64) -> tuple[Tensor, Tensor]:
+    """Q and K tokens entering ``block``'s attention for every window of ``sequences``.
+
+    sequences: (N, T, in_dim), T <= window. Returns q, k: (heads, N * T, d_head).
+    """
+    attn = model.blocks[block].attn
+    seen: list[Tensor] = []
+    hook = attn.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, sequences.shape[0], batch_size):
+            model(sequences[i:i + batch_size])
+    finally:
+        hook.remove()
+        model.train(was_training)
+    x = torch.cat(seen)                                           # (N, T, d_model)
+    q, k, _ = attn.qkv(x)                                         # (N * H, T, d_head)
+    H, dh = attn.heads, attn.d_head
+    regroup = lambda t: t.reshape(-1, H, t.shape[1], dh).transpose(0, 1).reshape(H, -1, dh)  # noqa: E731
+    return regroup(q), regroup(k)
+
+
+def kmeans_centres(tokens: Tensor, m: int, seed: int, max_tokens: int) -> Tensor:
+    """scikit-learn KMeans centres of tokens (N, d) -> (m, d), on a seeded subset of max_tokens."""
+    from sklearn.cluster import KMeans
+
+    if tokens.shape[0] < m:
+        raise ValueError(f"need at least m={m} tokens to fit landmarks, got {tokens.shape[0]}")
+    g = torch.Generator().manual_seed(seed)
+    if tokens.shape[0] > max_tokens:
+        tokens = tokens[torch.randperm(tokens.shape[0], generator=g)[:max_tokens]]
+    km = KMeans(n_clusters=m, n_init=4, random_state=seed).fit(tokens.double().cpu().numpy())
+    return torch.as_tensor(km.cluster_centers_, dtype=tokens.dtype)
+
+
+def fit_fixed_landmarks(model, sequences: Tensor, *, seed: int = 0, max_tokens: int = 20000) -> None:
+    """Second training phase of Carreto Picón et al.: k-means landmarks per head, block by block.
+
+    For each block in order (first block first, so later blocks see the earlier blocks' fixed
+    landmarks), collect Q/K tokens of ``sequences`` (N, T <= n, in_dim), cluster them per head into
+    m centres with KMeans (seeded), install them and switch that block to landmark mode 'fixed'.
+    The pseudo-inverse is computed once when a stream starts. Fine-tuning is left to the caller.
+    """
+    if model.cfg.variant not in ("nystrom", "continual_nystrom"):
+        raise ValueError(f"variant {model.cfg.variant!r} has no landmarks")
+    m = model.cfg.num_landmarks
+    for i, block in enumerate(model.blocks):
+        q, k = collect_qk(model, sequences, i)
+        device, dtype = block.attn.in_proj.weight.device, block.attn.in_proj.weight.dtype
+        qc = torch.stack([kmeans_centres(q[h], m, seed + h, max_tokens) for h in range(q.shape[0])])
+        kc = torch.stack([kmeans_centres(k[h], m, seed + 1000 + h, max_tokens) for h in range(k.shape[0])])
+        block.attn.set_fixed_landmarks(qc.to(device, dtype), kc.to(device, dtype))
+    model.cfg.landmark_mode = "fixed"

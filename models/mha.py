@@ -1,0 +1,150 @@
+"""Multi-head attention for every variant: batch forward over a window, or token-by-token steps.
+
+Weights follow ``torch.nn.MultiheadAttention`` (packed in-projection, out-projection), so a trained
+torch module can be converted with ``MultiheadAttention.from_torch``. Heads are folded into the
+batch before the SDA: (B, T, d_model) -> (B * heads, T, d_head), head index fastest.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .landmarks import segment_means
+from .sda import LANDMARK_MODES, VARIANTS, StreamingSDA, attention, nystrom_attention
+
+
+class MultiheadAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, window: int, variant: str, *,
+                 num_landmarks: int | None = None, landmark_mode: str | None = None,
+                 pinv_iters: int = 6, retroactive: bool = False, window_input: bool = False):
+        super().__init__()
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
+        if d_model % heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+        nystrom = variant in ("nystrom", "continual_nystrom")
+        self.d_model, self.heads, self.d_head = d_model, heads, d_model // heads
+        self.window, self.variant, self.pinv_iters = window, variant, pinv_iters
+        self.num_landmarks = num_landmarks if nystrom else None
+        self.landmark_mode = (landmark_mode or LANDMARK_MODES[variant][0]) if nystrom else None
+        self.retroactive, self.window_input = retroactive, window_input
+        self.in_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        m = num_landmarks if nystrom else 0
+        # fixed landmarks per head (H, m, d_head); all zeros until fitted (has_fixed = 0)
+        self.register_buffer("fixed_q_land", torch.zeros(heads, m, self.d_head))
+        self.register_buffer("fixed_k_land", torch.zeros(heads, m, self.d_head))
+        self.register_buffer("has_fixed", torch.zeros((), dtype=torch.bool))
+        if self.landmark_mode == "fixed":
+            raise ValueError("build with landmark_mode 'segment'/'continual' and call "
+                             "set_fixed_landmarks(...) (fixed landmarks need fitting first)")
+        self.sda = StreamingSDA(variant, window, retroactive=retroactive,
+                                num_landmarks=self.num_landmarks, landmark_mode=self.landmark_mode,
+                                pinv_iters=pinv_iters)
+
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention, window: int, variant: str, **kw) -> "MultiheadAttention":
+        """Copy the weights of a ``torch.nn.MultiheadAttention`` (packed projections, with bias)."""
+        if not mha._qkv_same_embed_dim or mha.in_proj_bias is None:
+            raise ValueError("from_torch needs a MultiheadAttention with equal q/k/v dims and bias")
+        ours = cls(mha.embed_dim, mha.num_heads, window, variant, **kw)
+        with torch.no_grad():
+            ours.in_proj.weight.copy_(mha.in_proj_weight)
+            ours.in_proj.bias.copy_(mha.in_proj_bias)
+            ours.out_proj.weight.copy_(mha.out_proj.weight)
+            ours.out_proj.bias.copy_(mha.out_proj.bias)
+        return ours.to(mha.in_proj_weight.device)
+
+    # ------------------------------------------------------------------ landmarks
+    def set_fixed_landmarks(self, q_land: Tensor, k_land: Tensor) -> None:
+        """Install fixed landmarks (heads, m, d_head) and switch to landmark mode 'fixed'."""
+        want = (self.heads, self.num_landmarks, self.d_head)
+        if self.num_landmarks is None or tuple(q_land.shape) != want or tuple(k_land.shape) != want:
+            raise ValueError(f"fixed landmarks must have shape {want}, got "
+                             f"{tuple(q_land.shape)} and {tuple(k_land.shape)}")
+        with torch.no_grad():
+            self.fixed_q_land.copy_(q_land)
+            self.fixed_k_land.copy_(k_land)
+            self.has_fixed.fill_(True)
+        self.set_landmark_mode("fixed")
+
+    def set_landmark_mode(self, mode: str) -> None:
+        """Switch landmark mode, also mid-stream ('fixed' needs fitted landmarks)."""
+        if self.num_landmarks is None:
+            raise ValueError(f"variant {self.variant!r} has no landmarks")
+        if mode == "fixed" and not bool(self.has_fixed):
+            raise ValueError("landmark_mode 'fixed' needs fitted landmarks: run "
+                             "models.landmarks.fit_fixed_landmarks(model, sequences) first")
+        fixed = (self.fixed_q_land, self.fixed_k_land) if mode == "fixed" else None
+        self.sda.set_landmark_mode(mode, fixed)
+        self.landmark_mode = mode
+
+    def _fold(self, x: Tensor) -> Tensor:
+        """(B, T, d_model) -> (B * heads, T, d_head)."""
+        B, T, _ = x.shape
+        return x.reshape(B, T, self.heads, self.d_head).transpose(1, 2).reshape(B * self.heads, T, self.d_head)
+
+    def _unfold(self, x: Tensor, B: int) -> Tensor:
+        """(B * heads, T, d_head) -> (B, T, d_model)."""
+        T = x.shape[1]
+        return x.reshape(B, self.heads, T, self.d_head).transpose(1, 2).reshape(B, T, self.d_model)
+
+    def default_landmarks(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """Batch landmarks for folded q, k (B*H, T, d_head): fixed ones, or segment means."""
+        if self.landmark_mode == "fixed":
+            reps = q.shape[0] // self.heads
+            return self.fixed_q_land.repeat(reps, 1, 1), self.fixed_k_land.repeat(reps, 1, 1)
+        mm = min(self.num_landmarks, q.shape[1])
+        return segment_means(q, mm), segment_means(k, mm)
+
+    # ------------------------------------------------------------------ batch
+    def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x: (B, T, d_model) -> folded q, k, v: (B * heads, T, d_head)."""
+        q, k, v = self.in_proj(x).chunk(3, dim=-1)
+        return self._fold(q), self._fold(k), self._fold(v)
+
+    def forward(self, x: Tensor, landmarks: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Attention of every token of a window. x: (B, T, d_model) -> (B, T, d_model).
+
+        landmarks: optional folded (B * heads, m', d_head) pair (e.g. a stream's ``landmarks()``).
+        """
+        B = x.shape[0]
+        q, k, v = self.qkv(x)
+        if self.num_landmarks is None:
+            out = attention(q, k, v)
+        else:
+            ql, kl = landmarks if landmarks is not None else self.default_landmarks(q, k)
+            out = nystrom_attention(q, k, v, ql, kl, self.pinv_iters)
+        return self.out_proj(self._unfold(out, B))
+
+    # ------------------------------------------------------------------ streaming
+    def reset(self, batch_size: int) -> None:
+        p = self.in_proj.weight
+        self.sda.reset(batch_size * self.heads, device=p.device, dtype=p.dtype)
+        self._batch = batch_size
+
+    def step(self, x: Tensor) -> Tensor:
+        """x: (B, d_model) newest token -> (B, d_model), or (B, n_t, d_model) if retroactive."""
+        B = x.shape[0]
+        q, k, v = (t.reshape(B * self.heads, self.d_head) for t in self.in_proj(x).chunk(3, dim=-1))
+        out = self.sda.step(q, k, v)
+        if self.retroactive:
+            return self.out_proj(self._unfold(out, B))
+        return self.out_proj(out.reshape(B, self.d_model))
+
+    def step_window(self, xw: Tensor) -> Tensor:
+        """xw: (B, n_t, d_model) window after a retroactive layer -> (B, d_model) newest token."""
+        B, n_t, d = xw.shape
+        w_q, w_kv = self.in_proj.weight.split([d, 2 * d])
+        b_q, b_kv = self.in_proj.bias.split([d, 2 * d])
+        q = nn.functional.linear(xw[:, -1], w_q, b_q).reshape(B * self.heads, self.d_head)
+        k, v = nn.functional.linear(xw, w_kv, b_kv).chunk(2, dim=-1)
+        out = self.sda.step_window(q, self._fold(k), self._fold(v))
+        return self.out_proj(out.reshape(B, self.d_model))
+
+    def landmarks(self) -> tuple[Tensor, Tensor] | None:
+        """Folded landmarks (B * heads, m', d_head) used by the last step, or None."""
+        return self.sda.landmarks()
+
+    def state_nbytes(self) -> int:
+        return self.sda.state_nbytes()

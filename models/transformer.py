@@ -1,0 +1,276 @@
+"""GenreTransformer: token stream -> genre logits, with any attention variant.
+
+Linear in_dim -> d_model, recycling positional encoding (position index = t mod T), 1 or 2
+post-norm encoder blocks (y = LN(x + MHA(x)); z = LN(y + FF(y))), classifier on the newest token.
+With 2 blocks the first is retroactive and the last single-output (Hedegaard et al.).
+
+Call modes (as in the continual-inference library, without positional state tuples):
+  model(x, start=0, landmarks=None)  x: (B, T <= n, in_dim) -> (B, classes), the window's last token
+  model.reset(B); model.step(token)  token: (B, in_dim) -> (B, classes), equal to model(window)
+`regular` and `nystrom` models step by recomputing the window (they are the baselines).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from . import flops as F
+from .mha import MultiheadAttention
+from .sda import LANDMARK_MODES, VARIANTS
+
+
+@dataclass
+class ModelConfig:
+    variant: str = "continual_nystrom"
+    in_dim: int = 128
+    d_model: int = 192
+    heads: int = 16
+    ff_dim: int = 384
+    dropout: float = 0.1
+    window: int = 120          # n
+    num_landmarks: int = 4     # m (Nyström variants)
+    landmark_mode: str | None = None   # None: 'segment' / 'continual'; 'fixed' after fitting
+    layers: int = 1
+    num_classes: int = 10
+    pos_encoding: str = "learned"      # 'learned' or 'sinusoidal'
+    pos_period: int | None = None      # T; None -> n. The papers use n or 2n - 1.
+    pinv_iters: int = 6
+
+    def __post_init__(self):
+        if self.variant not in VARIANTS:
+            raise ValueError(f"unknown variant {self.variant!r}; valid: {', '.join(VARIANTS)}")
+        modes = LANDMARK_MODES[self.variant]
+        if self.landmark_mode is not None and self.landmark_mode not in modes:
+            raise ValueError(f"unknown landmark mode {self.landmark_mode!r} for {self.variant!r}; "
+                             f"valid: {modes}")
+        if self.layers not in (1, 2):
+            raise ValueError(f"layers must be 1 or 2, got {self.layers}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+        if self.pos_encoding not in ("learned", "sinusoidal"):
+            raise ValueError(f"pos_encoding must be 'learned' or 'sinusoidal', got {self.pos_encoding!r}")
+        if self.period < self.window:
+            raise ValueError(f"pos_period must be >= window ({self.window}), got {self.pos_period}")
+        if self.nystrom and not 1 <= self.num_landmarks <= self.window:
+            raise ValueError(f"num_landmarks must satisfy 1 <= m <= window ({self.window}), "
+                             f"got {self.num_landmarks}")
+
+    @property
+    def nystrom(self) -> bool:
+        return self.variant in ("nystrom", "continual_nystrom")
+
+    @property
+    def period(self) -> int:
+        return self.pos_period or self.window
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RecyclingPositionalEncoding(nn.Module):
+    """Adds embedding[(start + i) mod T] to token i. x: (B, L, d)."""
+
+    def __init__(self, period: int, d: int, kind: str):
+        super().__init__()
+        self.period = period
+        if kind == "learned":
+            self.table = nn.Parameter(torch.randn(period, d) * 0.02)
+        else:
+            pos = torch.arange(period).unsqueeze(1)
+            div = torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
+            table = torch.zeros(period, d)
+            table[:, 0::2] = torch.sin(pos * div)
+            table[:, 1::2] = torch.cos(pos * div)[:, : d // 2]
+            self.register_buffer("table", table)
+
+    def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
+        L = x.shape[1]
+        if isinstance(start, Tensor):     # (B,) random start per sequence (training)
+            idx = (start.unsqueeze(1) + torch.arange(L, device=x.device)) % self.period
+            return x + self.table[idx]
+        idx = (start + torch.arange(L, device=x.device)) % self.period
+        return x + self.table[idx]
+
+
+class EncoderLayer(nn.Module):
+    """Post-norm encoder block: y = LN(x + MHA(x)); z = LN(y + FF(y))."""
+
+    def __init__(self, cfg: ModelConfig, retroactive: bool, window_input: bool):
+        super().__init__()
+        self.cfg = cfg
+        mode = cfg.landmark_mode if cfg.landmark_mode != "fixed" else None
+        self.attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.window, cfg.variant,
+                                       num_landmarks=cfg.num_landmarks if cfg.nystrom else None,
+                                       landmark_mode=mode, pinv_iters=cfg.pinv_iters,
+                                       retroactive=retroactive, window_input=window_input)
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.ff_dim), nn.ReLU(),
+                                nn.Linear(cfg.ff_dim, cfg.d_model))
+        self.drop1 = nn.Dropout(cfg.dropout)
+        self.drop2 = nn.Dropout(cfg.dropout)
+        self.retroactive, self.window_input = retroactive, window_input
+        self._x: Tensor | None = None   # (B, n, d) ring of inputs (retroactive residuals)
+        self._t = 0
+
+    def _tail(self, x: Tensor, a: Tensor) -> Tensor:
+        y = self.norm1(x + self.drop1(a))
+        return self.norm2(y + self.drop2(self.ff(y)))
+
+    def forward(self, x: Tensor, landmarks=None) -> Tensor:
+        """x: (B, T, d) -> (B, T, d), every token of the window."""
+        return self._tail(x, self.attn(x, landmarks))
+
+    def reset(self, batch_size: int) -> None:
+        self.attn.reset(batch_size)
+        self._x, self._t = None, 0
+
+    def step(self, x: Tensor) -> Tensor:
+        """Streamed token x: (B, d) -> (B, d) single-output or (B, n_t, d) retroactive."""
+        a = self.attn.step(x)
+        if not self.retroactive:
+            return self._tail(x, a)
+        n = self.cfg.window
+        if self._x is None:
+            self._x = x.new_zeros(x.shape[0], n, x.shape[1])
+        self._x[:, self._t % n] = x
+        self._t += 1
+        n_t = min(self._t, n)
+        order = (torch.arange(n_t, device=x.device) + (self._t - n_t)) % n
+        return self._tail(self._x[:, order], a)
+
+    def step_window(self, xw: Tensor) -> Tensor:
+        """Window from a retroactive layer xw: (B, n_t, d) -> newest token (B, d)."""
+        return self._tail(xw[:, -1], self.attn.step_window(xw))
+
+
+class GenreTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Linear(cfg.in_dim, cfg.d_model)
+        self.pos = RecyclingPositionalEncoding(cfg.period, cfg.d_model, cfg.pos_encoding)
+        L = cfg.layers
+        self.blocks = nn.ModuleList(
+            EncoderLayer(cfg, retroactive=(L == 2 and i == 0), window_input=(L == 2 and i == 1))
+            for i in range(L))
+        self.head = nn.Linear(cfg.d_model, cfg.num_classes)
+        self.continual = cfg.variant in ("continual", "continual_nystrom")
+        self._batch: int | None = None
+
+    # ------------------------------------------------------------------ batch
+    def forward(self, x: Tensor, start: int | Tensor = 0, landmarks: list | None = None) -> Tensor:
+        """x: (B, T <= n, in_dim) -> logits (B, classes) of the last token.
+
+        start: position index of x[:, 0] (int, or (B,) tensor); landmarks: optional per-block list
+        of folded (q_land, k_land) pairs, e.g. ``model.landmarks()`` of a stream.
+        """
+        self._check_input(x, 3)
+        if x.shape[1] > self.cfg.window:
+            raise ValueError(f"x has {x.shape[1]} tokens; the window holds at most {self.cfg.window}")
+        h = self.pos(self.embed(x), start)
+        for i, block in enumerate(self.blocks):
+            h = block(h, landmarks[i] if landmarks is not None else None)
+        return self.head(h[:, -1])
+
+    def _check_input(self, x: Tensor, dims: int) -> None:
+        want = "(B, T, {})" if dims == 3 else "(B, {})"
+        if not isinstance(x, Tensor) or x.dim() != dims or x.shape[-1] != self.cfg.in_dim:
+            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"expected input of shape {want.format(self.cfg.in_dim)}, got {got}")
+        p = self.embed.weight
+        if x.dtype != p.dtype or x.device != p.device:
+            raise ValueError(f"input is {x.dtype} on {x.device}; the model is {p.dtype} on {p.device}")
+
+    # ------------------------------------------------------------------ streaming
+    def reset(self, batch_size: int = 1) -> None:
+        """Start new streams; must be called before the first ``step``."""
+        self._batch, self._t = batch_size, 0
+        self._tokens = None
+        for block in self.blocks:
+            block.reset(batch_size)
+
+    @torch.no_grad()
+    def step(self, token: Tensor) -> Tensor:
+        """token: (B, in_dim) -> logits (B, classes) of the window ending at this token."""
+        if self._batch is None:
+            raise RuntimeError("GenreTransformer.step called before reset(batch_size)")
+        self._check_input(token, 2)
+        if token.shape[0] != self._batch:
+            raise ValueError(f"token batch {token.shape[0]} != reset batch {self._batch}")
+        n, t = self.cfg.window, self._t
+        self._t += 1
+        if not self.continual:                       # baseline: recompute the whole window
+            if self._tokens is None:
+                self._tokens = token.new_zeros(self._batch, n, self.cfg.in_dim)
+            self._tokens[:, t % n] = token
+            n_t = min(t + 1, n)
+            order = (torch.arange(n_t, device=token.device) + (t + 1 - n_t)) % n
+            return self.forward(self._tokens[:, order], start=(t + 1 - n_t) % self.cfg.period)
+        h = self.pos(self.embed(token).unsqueeze(1), t % self.cfg.period)[:, 0]
+        if len(self.blocks) == 1:
+            h = self.blocks[0].step(h)
+        else:
+            h = self.blocks[1].step_window(self.blocks[0].step(h))
+        return self.head(h)
+
+    def landmarks(self) -> list | None:
+        """Per block, the folded landmarks the last step used (continual_nystrom), else None."""
+        if self.cfg.variant != "continual_nystrom":
+            return None
+        return [b.attn.landmarks() for b in self.blocks]
+
+    def window_start(self) -> int:
+        """Position index of the oldest token of the current window (for ``forward(start=...)``)."""
+        return (self._t - min(self._t, self.cfg.window)) % self.cfg.period
+
+    def set_landmark_mode(self, mode: str) -> None:
+        """Switch every block between 'continual'/'segment' and 'fixed' landmarks, also mid-stream."""
+        for block in self.blocks:
+            block.attn.set_landmark_mode(mode)
+        self.cfg.landmark_mode = mode
+
+    def state_nbytes(self) -> int:
+        """Bytes of streaming state (caches, rings, landmarks) for the current batch."""
+        total = sum(b.attn.state_nbytes() for b in self.blocks)
+        total += sum(b._x.numel() * b._x.element_size() for b in self.blocks if b._x is not None)
+        if getattr(self, "_tokens", None) is not None:
+            total += self._tokens.numel() * self._tokens.element_size()
+        return total
+
+    def step_flops(self) -> dict[str, int]:
+        """FLOPs of the last step for one stream: 'sda', 'attention' (with projections), 'model'."""
+        cfg, B = self.cfg, self._batch or 1
+        n_t = min(self._t, cfg.window)
+        d, L = cfg.d_model, len(self.blocks)
+        if not self.continual:                       # full recomputation of the window
+            dh, m = d // cfg.heads, min(cfg.num_landmarks, n_t)
+            per_head = (F.regular_sda(n_t, dh) if cfg.variant == "regular" else
+                        F.nystrom_sda(n_t, dh, m, cfg.pinv_iters,
+                                      segment=cfg.landmark_mode != "fixed"))
+            sda = L * cfg.heads * per_head.total
+            proj = L * F.linear(d, 3 * d, n_t) + L * F.linear(d, d, n_t)
+            tail = L * F.block_tail(d, cfg.ff_dim, n_t)
+            embed = F.linear(cfg.in_dim, d, n_t) + F.ew(n_t * d)
+        else:
+            sda = sum(b.attn.sda.last_step_flops for b in self.blocks) // B
+            if L == 1:
+                proj = F.linear(d, 3 * d, 1) + F.linear(d, d, 1)
+                tail = F.block_tail(d, cfg.ff_dim, 1)
+            else:   # retroactive block (out-proj and tail over n_t tokens), then window-fed block
+                proj = (F.linear(d, 3 * d, 1) + F.linear(d, d, n_t)
+                        + F.linear(d, d, 1) + F.linear(d, 2 * d, n_t) + F.linear(d, d, 1))
+                tail = F.block_tail(d, cfg.ff_dim, n_t) + F.block_tail(d, cfg.ff_dim, 1)
+            embed = F.linear(cfg.in_dim, d, 1) + F.ew(d)
+        head = F.linear(d, cfg.num_classes, 1)
+        attention = sda + proj.total
+        return {"sda": sda, "attention": attention,
+                "model": attention + tail.total + embed.total + head.total}
+
+
+def build_model(cfg: ModelConfig) -> GenreTransformer:
+    """A GenreTransformer for ``cfg`` (randomly initialised)."""
+    return GenreTransformer(cfg)
