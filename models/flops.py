@@ -197,3 +197,39 @@ def feed_forward(d: int, d_ff: int, tokens: int) -> Flops:
 def block_tail(d: int, d_ff: int, tokens: int) -> Flops:
     """Post-norm block after attention: two residual adds, two LayerNorms and the feed-forward."""
     return ew(2 * d * tokens) + 2 * layer_norm(d, tokens) + feed_forward(d, d_ff, tokens)
+
+
+# ----------------------------------------------------------------------------- paper comparison
+
+PAPER_TABLE_II = {  # Carreto Picón et al., Table II (GTZAN): SDA FLOPs per step, one head d=192
+    "regular": 11.1e6, "continual": 0.09e6, "nystrom": 0.42e6,
+    "continual_nystrom/continual": 0.01e6, "continual_nystrom/fixed": 0.006e6,
+}
+
+
+def paper_table_ii(n: int = 120, d: int = 192, m: int = 4, iters: int = 6) -> dict[str, float]:
+    """Our formulas in the paper's setting and convention: one head, full window, newest output.
+
+    What the paper's figures imply about its convention, and what we do to match it:
+      * regular recomputes all n outputs (11.1M = 4 n^2 d); nystrom recomputes the newest row only.
+      * continual Nyström with continual landmarks averages its n/m-step cycle (n/m - 1
+        incremental steps and one landmark update).
+      * a rank-1 update of the cached sums (num += e v^T, one for the new key, one for the
+        departing key) counts its m d multiplications only; we count mults + adds (2 m d) in
+        the app. This is the only way to reach 0.006M = 8 m d with the eviction that an exact
+        sliding window needs.
+      * with fixed landmarks the stream-aligned segment sums (2 d per step, which we keep so the
+        landmark mode can be switched live) are not part of the algorithm.
+      * no stability work (rescales, refresh checks, shadow sums).
+    """
+    cycle = max(1, n // m)
+    rank1_adds = 2 * m * d
+    step = continual_nystrom_sda(n, d, m, iters, event="step", stabilize=False).total - rank1_adds
+    update = continual_nystrom_sda(n, d, m, iters, event="landmark", stabilize=False).total - rank1_adds
+    return {
+        "regular": regular_sda(n, d).total,
+        "continual": continual_sda(n, d).total,
+        "nystrom": (2 * segment_means(n, d) + nystrom_core(1, n, m, d, iters)).total,
+        "continual_nystrom/continual": ((cycle - 1) * step + update) / cycle,
+        "continual_nystrom/fixed": step - 2 * d,
+    }

@@ -123,6 +123,7 @@ class MultiheadAttention(nn.Module):
         self.sda.reset(batch_size * self.heads, device=p.device, dtype=p.dtype)
         self._batch = batch_size
 
+    @torch.no_grad()
     def step(self, x: Tensor) -> Tensor:
         """x: (B, d_model) newest token -> (B, d_model), or (B, n_t, d_model) if retroactive."""
         B = x.shape[0]
@@ -132,6 +133,7 @@ class MultiheadAttention(nn.Module):
             return self.out_proj(self._unfold(out, B))
         return self.out_proj(out.reshape(B, self.d_model))
 
+    @torch.no_grad()
     def step_window(self, xw: Tensor) -> Tensor:
         """xw: (B, n_t, d_model) window after a retroactive layer -> (B, d_model) newest token."""
         B, n_t, d = xw.shape

@@ -98,7 +98,7 @@ def add_key(s: RunningSums, scores: Tensor, v: Tensor, stabilize: bool = True) -
         s.ref.copy_(new_ref)
     e = torch.exp(scores - s.ref)
     s.den.add_(e)
-    s.num.baddbmm_(e.unsqueeze(-1), v.unsqueeze(1))           # num += e v^T
+    torch.baddbmm(s.num, e.unsqueeze(-1), v.unsqueeze(1), out=s.num)  # num += e v^T
     if stabilize:
         torch.maximum(s.peak, s.den, out=s.peak)
     return rescaled
@@ -108,7 +108,7 @@ def remove_key(s: RunningSums, scores: Tensor, v: Tensor) -> None:
     """Remove one key from every row in place (scores as it was added)."""
     e = torch.exp(scores - s.ref)
     s.den.sub_(e)
-    s.num.baddbmm_(e.unsqueeze(-1), v.unsqueeze(1), alpha=-1.0)
+    torch.baddbmm(s.num, e.unsqueeze(-1), v.unsqueeze(1), alpha=-1.0, out=s.num)
 
 
 def stale_rows(s: RunningSums) -> Tensor:

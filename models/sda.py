@@ -122,6 +122,7 @@ class StreamingSDA:
     ``step_window(q, k, v)`` is the single-output layer that follows a retroactive one: q (B, d) is
     the newest query and k, v (B, n_t, d) the whole (recomputed) window.
     ``stabilize=False`` turns off the overflow/cancellation protection (for benchmarks only).
+    Streaming is inference: steps run without autograd.
     """
 
     def __init__(self, variant: str, window: int, *, retroactive: bool = False,
@@ -230,7 +231,7 @@ class StreamingSDA:
             raise ValueError(f"{name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
         if x.dim() != len(shape) or any(s is not None and s != xs for s, xs in zip(shape, x.shape)):
             want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
-            raise ValueError(f"{name} must have shape {want} (B, ...), got {tuple(x.shape)}")
+            raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
         if not x.is_floating_point():
             raise ValueError(f"{name} must be floating point, got {x.dtype}")
         if self._dtype is not None and x.dtype != self._dtype:
@@ -291,6 +292,7 @@ class StreamingSDA:
         return (torch.arange(n_t, device=st.k.device) + (st.t - n_t)) % self.n
 
     # ------------------------------------------------------------------ stepping
+    @torch.no_grad()
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v: (B, d) -> (B, d) single-output or (B, n_t, d) retroactive."""
         st = self._begin(q, k, v, window_input=False)
@@ -474,6 +476,7 @@ class StreamingSDA:
         return out[:, self._window_order(st)]
 
     # ------------------------------------------------------------------ after a retroactive layer
+    @torch.no_grad()
     def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Newest query over a recomputed window. q: (B, d), k, v: (B, n_t, d) -> (B, d)."""
         if self.variant not in ("continual", "continual_nystrom") or self.retroactive:

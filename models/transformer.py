@@ -243,6 +243,10 @@ class GenreTransformer(nn.Module):
 
     def step_flops(self) -> dict[str, int]:
         """FLOPs of the last step for one stream: 'sda', 'attention' (with projections), 'model'."""
+        return {k: v.total for k, v in self.step_flops_detail().items()}
+
+    def step_flops_detail(self) -> dict[str, F.Flops]:
+        """Like ``step_flops`` with the matrix-product part separate (see models/flops.py)."""
         cfg, B = self.cfg, self._batch or 1
         n_t = min(self._t, cfg.window)
         d, L = cfg.d_model, len(self.blocks)
@@ -251,12 +255,15 @@ class GenreTransformer(nn.Module):
             per_head = (F.regular_sda(n_t, dh) if cfg.variant == "regular" else
                         F.nystrom_sda(n_t, dh, m, cfg.pinv_iters,
                                       segment=cfg.landmark_mode != "fixed"))
-            sda = L * cfg.heads * per_head.total
-            proj = L * F.linear(d, 3 * d, n_t) + L * F.linear(d, d, n_t)
+            sda = (L * cfg.heads) * per_head
+            proj = L * (F.linear(d, 3 * d, n_t) + F.linear(d, d, n_t))
             tail = L * F.block_tail(d, cfg.ff_dim, n_t)
             embed = F.linear(cfg.in_dim, d, n_t) + F.ew(n_t * d)
         else:
-            sda = sum(b.attn.sda.last_step_flops for b in self.blocks) // B
+            total = F.Flops()
+            for b in self.blocks:
+                total = total + b.attn.sda.last_step
+            sda = F.Flops(total.matmul // B, total.other // B)
             if L == 1:
                 proj = F.linear(d, 3 * d, 1) + F.linear(d, d, 1)
                 tail = F.block_tail(d, cfg.ff_dim, 1)
@@ -266,9 +273,8 @@ class GenreTransformer(nn.Module):
                 tail = F.block_tail(d, cfg.ff_dim, n_t) + F.block_tail(d, cfg.ff_dim, 1)
             embed = F.linear(cfg.in_dim, d, 1) + F.ew(d)
         head = F.linear(d, cfg.num_classes, 1)
-        attention = sda + proj.total
-        return {"sda": sda, "attention": attention,
-                "model": attention + tail.total + embed.total + head.total}
+        attention = sda + proj
+        return {"sda": sda, "attention": attention, "model": attention + tail + embed + head}
 
 
 def build_model(cfg: ModelConfig) -> GenreTransformer:
