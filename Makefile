@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(PY) main.py gui $(ARGS)
+	$(PY) main.py $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(ARGS)

@@ -88,14 +88,14 @@ def nystrom_sda(n_t: int, d: int, m: int, iters: int, segment: bool = True) -> F
 
 
 def _add_key(rows: int, d: int, rescaled: bool) -> Flops:
-    """Add a key's term to every row (scores given): exp, den, num += e v^T (a rank-1 product,
-    2 rows d: mults + adds); a rescale of all rows when a reference rose."""
+    """Add a key's term to every row (scores given): exp, den, and num += e v^T, an elementwise
+    rank-1 update (rows d mults + rows d adds); a rescale of all rows when a reference rose."""
     rescale = ew(4 * rows + rows * d) if rescaled else Flops()
-    return rescale + ew(3 * rows) + mm(rows, 1, d)
+    return rescale + ew(3 * rows + 2 * rows * d)
 
 
 def _remove_key(rows: int, d: int) -> Flops:
-    return ew(3 * rows) + mm(rows, 1, d)
+    return ew(3 * rows + 2 * rows * d)
 
 
 def _fresh_rows(rows: int, n: int, d: int) -> Flops:
@@ -131,7 +131,7 @@ def continual_nystrom_sda(n_t: int, d: int, m: int, iters: int, *, event: str = 
                           retroactive: bool = False, evict: bool = True,
                           stabilize: bool = True, p_rebuilt: bool = False,
                           warmup_landmarks: bool = False, shadow: bool = False,
-                          rescaled: bool = False, shadow_rescaled: bool = False) -> Flops:
+                          rescaled: bool = False) -> Flops:
     """Continual Nyström SDA, one step.
 
     event: 'step' (incremental), 'landmark' (a continual landmark replaced: new pinv and one row of
@@ -144,11 +144,10 @@ def continual_nystrom_sda(n_t: int, d: int, m: int, iters: int, *, event: str = 
             f += 2 * segment_means(n_t, d)
         f += _install(m, d, iters) + mm(m, d, n_t) + _fresh_rows(m, n_t, d)
     else:
-        f += mm(m, d, 1) + _add_key(m, d, rescaled)
+        rows = 2 * m if shadow else m                             # shadow rows share the update
+        f += mm(rows, d, 1) + _add_key(rows, d, rescaled)
         if evict:
             f += _remove_key(m, d)
-        if shadow:
-            f += _add_key(m, d, shadow_rescaled)
         if event == "landmark":
             f += ew(2 * d) + _install(m, d, iters) + mm(n_t, d, 1) + _fresh_rows(1, n_t, d)
         if stabilize:

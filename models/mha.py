@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as nnf
 
 from .landmarks import segment_means
-from .sda import LANDMARK_MODES, VARIANTS, StreamingSDA, attention, nystrom_attention
+from .sda import (LANDMARK_MODES, VARIANTS, StreamingSDA, attention, inference,
+                  nystrom_attention)
 
 
 class MultiheadAttention(nn.Module):
@@ -123,17 +125,17 @@ class MultiheadAttention(nn.Module):
         self.sda.reset(batch_size * self.heads, device=p.device, dtype=p.dtype)
         self._batch = batch_size
 
-    @torch.no_grad()
+    @inference
     def step(self, x: Tensor) -> Tensor:
         """x: (B, d_model) newest token -> (B, d_model), or (B, n_t, d_model) if retroactive."""
-        B = x.shape[0]
-        q, k, v = (t.reshape(B * self.heads, self.d_head) for t in self.in_proj(x).chunk(3, dim=-1))
-        out = self.sda.step(q, k, v)
-        if self.retroactive:
-            return self.out_proj(self._unfold(out, B))
-        return self.out_proj(out.reshape(B, self.d_model))
+        B, H, dh = x.shape[0], self.heads, self.d_head
+        qkv = nnf.linear(x, self.in_proj.weight, self.in_proj.bias).view(B, 3, H, dh)
+        q, k, v = (qkv[:, i].reshape(B * H, dh) for i in range(3))
+        out = self.sda.step(q, k, v)              # (B*H, dh) or (B*H, n_t, dh)
+        out = self._unfold(out, B) if self.retroactive else out.reshape(B, self.d_model)
+        return nnf.linear(out, self.out_proj.weight, self.out_proj.bias)
 
-    @torch.no_grad()
+    @inference
     def step_window(self, xw: Tensor) -> Tensor:
         """xw: (B, n_t, d_model) window after a retroactive layer -> (B, d_model) newest token."""
         B, n_t, d = xw.shape
@@ -142,7 +144,7 @@ class MultiheadAttention(nn.Module):
         q = nn.functional.linear(xw[:, -1], w_q, b_q).reshape(B * self.heads, self.d_head)
         k, v = nn.functional.linear(xw, w_kv, b_kv).chunk(2, dim=-1)
         out = self.sda.step_window(q, self._fold(k), self._fold(v))
-        return self.out_proj(out.reshape(B, self.d_model))
+        return nnf.linear(out.reshape(B, self.d_model), self.out_proj.weight, self.out_proj.bias)
 
     def landmarks(self) -> tuple[Tensor, Tensor] | None:
         """Folded landmarks (B * heads, m', d_head) used by the last step, or None."""

@@ -54,8 +54,12 @@ class RunningSums:
 
     def view(self, rows: int) -> "RunningSums":
         """The first ``rows`` rows, sharing storage (in-place updates reach this object)."""
-        return RunningSums(self.ref[:, :rows], self.den[:, :rows], self.num[:, :rows],
-                           self.peak[:, :rows])
+        return self.rows(0, rows)
+
+    def rows(self, start: int, stop: int) -> "RunningSums":
+        """Rows start..stop-1, sharing storage."""
+        return RunningSums(self.ref[:, start:stop], self.den[:, start:stop],
+                           self.num[:, start:stop], self.peak[:, start:stop])
 
     def copy_(self, other: "RunningSums") -> None:
         for name in ("ref", "den", "num", "peak"):
@@ -98,7 +102,7 @@ def add_key(s: RunningSums, scores: Tensor, v: Tensor, stabilize: bool = True) -
         s.ref.copy_(new_ref)
     e = torch.exp(scores - s.ref)
     s.den.add_(e)
-    torch.baddbmm(s.num, e.unsqueeze(-1), v.unsqueeze(1), out=s.num)  # num += e v^T
+    s.num.addcmul_(e.unsqueeze(-1), v.unsqueeze(1))           # num += e v^T (rank 1)
     if stabilize:
         torch.maximum(s.peak, s.den, out=s.peak)
     return rescaled
@@ -108,7 +112,7 @@ def remove_key(s: RunningSums, scores: Tensor, v: Tensor) -> None:
     """Remove one key from every row in place (scores as it was added)."""
     e = torch.exp(scores - s.ref)
     s.den.sub_(e)
-    torch.baddbmm(s.num, e.unsqueeze(-1), v.unsqueeze(1), alpha=-1.0, out=s.num)
+    s.num.addcmul_(e.unsqueeze(-1), v.unsqueeze(1), value=-1.0)
 
 
 def stale_rows(s: RunningSums) -> Tensor:

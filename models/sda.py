@@ -27,6 +27,17 @@ from .landmarks import ContinualLandmarks, check_landmarks, segment_means
 from .running_sums import (RunningSums, add_key, fresh_sums, refresh_rows, remove_key,
                            stale_rows)
 
+def inference(fn):
+    """Run ``fn`` without autograd; cheap when grad mode is already off (nested steps)."""
+    def wrapper(*args, **kwargs):
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+    wrapper.__doc__, wrapper.__name__ = fn.__doc__, fn.__name__
+    return wrapper
+
+
 __all__ = ["attention", "nystrom_attention", "segment_means", "pinv", "StreamingSDA",
            "VARIANTS", "LANDMARK_MODES"]
 
@@ -100,8 +111,12 @@ class StreamState:
     rows: RunningSums | None = None     # continual retroactive: one row per query slot
     scores: Tensor | None = None        # (B, n, n) continual retroactive: scaled score of
                                         #   query slot i against key slot j, cached
-    w: RunningSums | None = None        # continual Nyström: s(Q~ K^T) V numerator/denominator rows
-    shadow: RunningSums | None = None   # fixed landmarks: add-only copy that replaces w every n steps
+    w: RunningSums | None = None        # continual Nyström rows: the m rows of s(Q~ K^T) V, then
+                                        #   (fixed landmarks) m add-only shadow rows that replace
+                                        #   them every n steps (no drift), updated in one go
+    w_main: RunningSums | None = None   # view of the first m rows of w
+    w_shadow: RunningSums | None = None # view of the shadow rows, or None
+    q_rows_s: Tensor | None = None      # (B, R, d) scaled query landmarks, one per row of w
     shadow_count: int = 0
     key_scores: Tensor | None = None    # (B, n, m) scaled scores of each key slot against q~
     q_land: Tensor | None = None        # (B, m, d) landmarks in use (unscaled)
@@ -156,16 +171,24 @@ class StreamingSDA:
             self.set_landmark_mode(landmark_mode or LANDMARK_MODES[variant][0], fixed_landmarks)
         self.tracker = (ContinualLandmarks(window, self.m)
                         if variant == "continual_nystrom" else None)
-        self.last_step = F.Flops()
+        self._flops_args = None
+
+    @property
+    def last_step(self) -> F.Flops:
+        """Analytic FLOPs of the last step for the whole batch (all folded heads and sequences),
+        matrix products separate. Computed on demand from what the step did."""
+        if self._flops_args is None:
+            return F.Flops()
+        formula, args, kw, n_t, refreshed, d = self._flops_args
+        return self._batch * formula(*args, **kw) + F.refresh(refreshed, n_t, d)
 
     @property
     def last_step_flops(self) -> int:
-        """Analytic FLOPs of the last step for the whole batch (all folded heads and sequences)."""
         return self.last_step.total
 
-    def _account(self, per_row: F.Flops, n_t: int = 0) -> None:
+    def _account(self, formula, *args, n_t: int = 0, **kw) -> None:
         st = self.st
-        self.last_step = self._batch * per_row + F.refresh(st.refreshed, n_t, st.d)
+        self._flops_args = (formula, args, kw, n_t, st.refreshed, st.d)
 
     # ------------------------------------------------------------------ configuration
     def set_landmark_mode(self, mode: str, fixed_landmarks: tuple[Tensor, Tensor] | None = None):
@@ -202,7 +225,7 @@ class StreamingSDA:
         self._device = torch.device(device) if device is not None else None
         self._dtype = dtype
         self.st = StreamState()
-        self.last_step = F.Flops()
+        self._flops_args = None
 
     def landmarks(self) -> tuple[Tensor, Tensor] | None:
         """(q_land, k_land) (B, m', d) used by the last step (oldest segment first), or None."""
@@ -220,7 +243,7 @@ class StreamingSDA:
             return 0
         tensors = [st.k, st.v, st.q, st.scores, st.key_scores, st.q_land, st.k_land, st.z, st.p]
         total = sum(x.numel() * x.element_size() for x in tensors if x is not None)
-        total += sum(s.nbytes() for s in (st.rows, st.w, st.shadow) if s is not None)
+        total += sum(s.nbytes() for s in (st.rows, st.w) if s is not None)
         if self.tracker is not None:
             total += self.tracker.nbytes()
         return total
@@ -243,6 +266,8 @@ class StreamingSDA:
         if self.st is None:
             raise RuntimeError("StreamingSDA.step called before reset(batch_size)")
         B, st = self._batch, self.st
+        if st.d and not window_input and self._fast_ok(q, k, v):
+            return st
         d = st.d or (q.shape[-1] if isinstance(q, Tensor) and q.dim() == 2 else None)
         self._check("q", q, (B, d))
         kv_shape = (B, None, d) if window_input else (B, d)
@@ -257,10 +282,19 @@ class StreamingSDA:
         if self._device is None:
             self._device = q.device
         if st.d == 0:
+            self._device = q.device
             self._allocate(d, q.device, q.dtype, window_input)
         if self.fixed is not None and self.mode == "fixed" and self.fixed[0].shape[-1] != d:
             raise ValueError(f"fixed landmarks have d={self.fixed[0].shape[-1]}, inputs have d={d}")
         return st
+
+    def _fast_ok(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Cheap check for the common case: (B, d) tensors of the stream's dtype and device."""
+        want, dt, dev = (self._batch, self.st.d), self._dtype, self._device
+        return (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+                and q.shape == want and k.shape == want and v.shape == want
+                and q.dtype == dt and k.dtype == dt and v.dtype == dt
+                and q.device == dev and k.device == dev and v.device == dev)
 
     def _allocate(self, d: int, device, dtype, window_input: bool) -> None:
         st, B, n = self.st, self._batch, self.n
@@ -292,29 +326,32 @@ class StreamingSDA:
         return (torch.arange(n_t, device=st.k.device) + (st.t - n_t)) % self.n
 
     # ------------------------------------------------------------------ stepping
-    @torch.no_grad()
+    @inference
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v: (B, d) -> (B, d) single-output or (B, n_t, d) retroactive."""
         st = self._begin(q, k, v, window_input=False)
         slot = st.t % self.n
         full = st.t >= self.n
-        old_k = st.k[:, slot].clone() if full else None
-        old_v = st.v[:, slot].clone() if full else None
-        st.k[:, slot] = k
-        st.v[:, slot] = v
-        if st.q is not None:
-            st.q[:, slot] = q
         st.t += 1
         st.refreshed = 0
+        if self.variant == "continual_nystrom":
+            return self._step_continual_nystrom(st, q, k, v, slot, full)
+        if self.variant == "continual" and self.retroactive:
+            return self._step_continual_retro(st, q, k, v, slot, full)
+        self._write(st, slot, q, k, v)
         if self.variant == "regular":
             return self._step_regular(st)
         if self.variant == "nystrom":
             return self._step_nystrom(st)
-        if self.variant == "continual":
-            if self.retroactive:
-                return self._step_continual_retro(st, q, k, v, slot, old_k, old_v)
-            return self._step_continual_single(st, q)
-        return self._step_continual_nystrom(st, q, k, v, slot, old_v)
+        return self._step_continual_single(st, q)
+
+    @staticmethod
+    def _write(st: StreamState, slot: int, q: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store the newest token in ring slot ``slot`` (overwriting the departing one)."""
+        st.k[:, slot] = k
+        st.v[:, slot] = v
+        if st.q is not None:
+            st.q[:, slot] = q
 
     def _window(self, st: StreamState):
         idx = self._window_order(st)
@@ -323,7 +360,7 @@ class StreamingSDA:
     def _step_regular(self, st: StreamState) -> Tensor:
         qw, kw, vw = self._window(st)
         out = attention(qw, kw, vw)                                    # (B, n_t, d)
-        self._account(F.regular_sda(qw.shape[1], st.d))
+        self._account(F.regular_sda, qw.shape[1], st.d)
         return out if self.retroactive else out[:, -1]
 
     def _step_nystrom(self, st: StreamState) -> Tensor:
@@ -335,29 +372,30 @@ class StreamingSDA:
             ql, kl = segment_means(qw, min(self.m, n_t)), segment_means(kw, min(self.m, n_t))
         st.q_land, st.k_land = ql, kl
         out = nystrom_attention(qw, kw, vw, ql, kl, self.pinv_iters)
-        self._account(F.nystrom_sda(n_t, st.d, ql.shape[1], self.pinv_iters,
-                                    segment=self.mode == "segment"))
+        self._account(F.nystrom_sda, n_t, st.d, ql.shape[1], self.pinv_iters,
+                      segment=self.mode == "segment")
         return out if self.retroactive else out[:, -1]
 
     def _step_continual_single(self, st: StreamState, q: Tensor) -> Tensor:
         n_t = min(st.t, self.n)
         out = attention(q.unsqueeze(1), st.k[:, :n_t], st.v[:, :n_t])[:, 0]
-        self._account(F.continual_sda(n_t, st.d))
+        self._account(F.continual_sda, n_t, st.d)
         return out
 
-    def _step_continual_retro(self, st, q, k, v, slot, old_k, old_v) -> Tensor:
+    def _step_continual_retro(self, st, q, k, v, slot, full) -> Tensor:
         n_t, scale = min(st.t, self.n), 1.0 / math.sqrt(st.d)
         rescaled = False
         if st.rows is None:
             st.rows = RunningSums.empty(self._batch, self.n, st.d, st.k.device, st.k.dtype)
             st.scores = torch.zeros(self._batch, self.n, self.n, device=st.k.device, dtype=st.k.dtype)
         rows, S = st.rows.view(n_t), st.scores
-        # update every row of the window (the row in `slot` is overwritten below)
+        if full:    # the departing key leaves every row (with the scores it was added with)
+            remove_key(rows, S[:, :n_t, slot], st.v[:, slot])
+        self._write(st, slot, q, k, v)
+        # the new key joins every row (the row in `slot` is overwritten below)
         if st.t > 1:
             column = torch.bmm(st.q[:, :n_t], k.unsqueeze(-1)).squeeze(-1) * scale    # (B, n_t)
             rescaled = add_key(rows, column, v, self.stabilize)
-            if old_k is not None:
-                remove_key(rows, S[:, :n_t, slot], old_v)
             S[:, :n_t, slot] = column
         # the newest query's row, from scratch over the window
         row = torch.bmm(st.k[:, :n_t], q.unsqueeze(-1)).squeeze(-1) * scale             # (B, n_t)
@@ -369,9 +407,8 @@ class StreamingSDA:
             st.refreshed = refresh_rows(rows, stale_rows(rows), lambda b, r: S[b, r, :n_t],
                                         st.v, n_t)
         out = rows.output()[:, self._window_order(st)]
-        self._account(F.continual_retroactive_sda(
-            n_t, st.d, first=st.t == 1, evict=old_k is not None, stabilize=self.stabilize,
-            rescaled=rescaled), n_t)
+        self._account(F.continual_retroactive_sda, n_t, st.d, n_t=n_t, first=st.t == 1,
+                      evict=full, stabilize=self.stabilize, rescaled=rescaled)
         return out
 
     # ------------------------------------------------------------------ continual Nyström
@@ -388,42 +425,58 @@ class StreamingSDA:
         st.z = landmark_pinv(ql, kl, self.pinv_iters)
 
     def _fresh_w(self) -> None:
-        """s(Q~ K^T) V sums from scratch over the stored window, and every key's scores."""
+        """Rows of s(Q~ K^T) V from scratch over the stored window, and every key's scores."""
         st = self.st
         n_t = min(st.t, self.n)
         scores = torch.matmul(st.q_land_s, st.k[:, :n_t].transpose(1, 2))      # (B, m', n_t)
-        st.w = fresh_sums(scores, st.v[:, :n_t])
+        fresh = fresh_sums(scores, st.v[:, :n_t])
         if scores.shape[1] == self.m:
             st.key_scores[:, :n_t] = scores.transpose(1, 2)
-        st.shadow, st.shadow_count = None, 0
+        st.shadow_count = 0
+        if self.mode == "fixed" and self.stabilize:
+            m = self.m
+            st.w = RunningSums.empty(self._batch, 2 * m, st.d, st.k.device, st.k.dtype)
+            st.w_main, st.w_shadow = st.w.view(m), st.w.rows(m, 2 * m)
+            st.w_main.copy_(fresh)
+            st.q_rows_s = torch.cat([st.q_land_s, st.q_land_s], dim=1)
+        else:
+            st.w = st.w_main = fresh
+            st.w_shadow, st.q_rows_s = None, st.q_land_s
 
-    def _step_continual_nystrom(self, st, q, k, v, slot, old_v) -> Tensor:
-        n_t, d, m, s = min(st.t, self.n), st.d, self.m, 1.0 / math.sqrt(st.d)
+    def _step_continual_nystrom(self, st, q, k, v, slot, full) -> Tensor:
+        n_t, d, m = min(st.t, self.n), st.d, self.m
         changed = self.tracker.push(q, k)
         fixed = self.mode == "fixed"
-        event, shadow, rescaled, shadow_rescaled = "step", False, False, False
+        event, rescaled = "step", False
         warmup = not fixed and not self.tracker.warm
-        just_warm = not fixed and changed and self.tracker.state.completed == self.m
+        just_warm = not fixed and changed and self.tracker.state.completed == m
         if st.w is None or warmup or just_warm:
             # first step, or warm-up with continual landmarks: landmarks change every step
+            self._write(st, slot, q, k, v)
             self._install_landmarks(*self._landmark_source())
             self._fresh_w()
             st.p = None
             event = "rebuild"
         else:
             # incremental update with the landmarks of the previous step
-            new_scores = torch.bmm(st.q_land_s, k.unsqueeze(-1)).squeeze(-1)         # (B, m)
+            if full:   # the departing key leaves the main rows, with the scores it was added with
+                remove_key(st.w_main, st.key_scores[:, slot], st.v[:, slot])
+            self._write(st, slot, q, k, v)
+            new_scores = torch.bmm(st.q_rows_s, k.unsqueeze(-1)).squeeze(-1)         # (B, R)
             rescaled = add_key(st.w, new_scores, v, self.stabilize)
-            if old_v is not None:
-                remove_key(st.w, st.key_scores[:, slot], old_v)
-            st.key_scores[:, slot] = new_scores
-            if fixed and self.stabilize:
-                event, shadow_rescaled = self._shadow_step(st, new_scores, v)
-                shadow = True
+            st.key_scores[:, slot] = new_scores[:, :m]
+            if st.w_shadow is not None:
+                st.shadow_count += 1
+                if st.shadow_count == self.n:      # the shadow rows hold exactly the window now
+                    st.w_main.copy_(st.w_shadow)
+                    st.w_shadow.clear_()
+                    st.shadow_count = 0
+                    event = "swap"
             if not fixed and changed:
-                # one slot got a new landmark: its row of w is recomputed over the window
+                # one slot got a new landmark: its row is recomputed over the window
                 r = (self.tracker.state.completed - 1) % m
                 self._install_landmarks(*self.tracker.current())
+                st.q_rows_s = st.q_land_s
                 row_scores = torch.bmm(st.k[:, :n_t], st.q_land_s[:, r].unsqueeze(-1)).squeeze(-1)
                 fresh = fresh_sums(row_scores.unsqueeze(1), st.v[:, :n_t])
                 st.w.ref[:, r], st.w.den[:, r] = fresh.ref[:, 0], fresh.den[:, 0]
@@ -432,34 +485,19 @@ class StreamingSDA:
                 st.p = None
                 event = "landmark"
             if self.stabilize:
-                st.refreshed = refresh_rows(st.w, stale_rows(st.w),
+                st.refreshed = refresh_rows(st.w_main, stale_rows(st.w_main),
                                             lambda b, r: st.key_scores[b, :n_t, r], st.v, n_t)
-        m_t = st.q_land.shape[1]
         a = torch.softmax(torch.bmm(q.unsqueeze(1), st.k_land_s.transpose(1, 2)), dim=-1)  # (B,1,m)
         if self.retroactive:
             out = self._retro_nystrom_output(st, a, slot, n_t)
         else:
-            c = torch.bmm(a, st.z) / st.w.den.unsqueeze(1)                              # (B, 1, m)
-            out = torch.bmm(c, st.w.num)[:, 0]                                           # (B, d)
-        self._account(F.continual_nystrom_sda(
-            n_t, d, m_t, self.pinv_iters, event=event, retroactive=self.retroactive,
-            evict=old_v is not None, stabilize=self.stabilize,
-            p_rebuilt=self.retroactive and self._p_rebuilt, warmup_landmarks=warmup,
-            shadow=shadow, rescaled=rescaled, shadow_rescaled=shadow_rescaled), n_t)
+            c = torch.bmm(a, st.z).div_(st.w_main.den.unsqueeze(1))                     # (B, 1, m)
+            out = torch.bmm(c, st.w_main.num)[:, 0]                                      # (B, d)
+        self._account(F.continual_nystrom_sda, n_t, d, st.q_land.shape[1], self.pinv_iters,
+                      n_t=n_t, event=event, retroactive=self.retroactive, evict=full,
+                      stabilize=self.stabilize, p_rebuilt=self.retroactive and self._p_rebuilt,
+                      warmup_landmarks=warmup, shadow=st.w_shadow is not None, rescaled=rescaled)
         return out
-
-    def _shadow_step(self, st, new_scores, v) -> tuple[str, bool]:
-        if st.shadow is None:
-            st.shadow = RunningSums.empty(self._batch, self.m, st.d, st.k.device, st.k.dtype)
-            st.shadow_count = 0
-        rescaled = add_key(st.shadow, new_scores, v, True)
-        st.shadow_count += 1
-        if st.shadow_count == self.n:                 # shadow holds exactly the window now
-            st.w.copy_(st.shadow)
-            st.shadow.clear_()
-            st.shadow_count = 0
-            return "swap", rescaled
-        return "step", rescaled
 
     def _retro_nystrom_output(self, st, a, slot, n_t) -> Tensor:
         s = 1.0 / math.sqrt(st.d)
@@ -471,12 +509,12 @@ class StreamingSDA:
                 torch.matmul(st.q[:, :n_t], st.k_land_s.transpose(1, 2)), dim=-1)
         else:
             st.p[:, slot] = a[:, 0]
-        zw = torch.bmm(st.z, st.w.output())                                          # (B, m, d)
+        zw = torch.bmm(st.z, st.w_main.output())                                     # (B, m, d)
         out = torch.bmm(st.p[:, :n_t], zw)                                           # (B, n_t, d)
         return out[:, self._window_order(st)]
 
     # ------------------------------------------------------------------ after a retroactive layer
-    @torch.no_grad()
+    @inference
     def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Newest query over a recomputed window. q: (B, d), k, v: (B, n_t, d) -> (B, d)."""
         if self.variant not in ("continual", "continual_nystrom") or self.retroactive:
@@ -486,7 +524,7 @@ class StreamingSDA:
         st.t += 1
         n_t, d = k.shape[1], st.d
         if self.variant == "continual":
-            self._account(F.continual_sda(n_t, d))
+            self._account(F.continual_sda, n_t, d)
             return attention(q.unsqueeze(1), k, v)[:, 0]
         changed = self.tracker.push(q, k[:, -1])
         event = "step"
@@ -497,8 +535,7 @@ class StreamingSDA:
         k1 = torch.softmax(torch.bmm(q.unsqueeze(1), st.k_land_s.transpose(1, 2)), dim=-1)
         k3 = torch.softmax(torch.bmm(st.q_land_s, k.transpose(1, 2)), dim=-1)   # (B, m, n_t)
         out = torch.bmm(torch.bmm(k1, st.z), torch.bmm(k3, v))[:, 0]
-        self._account(F.windowed_nystrom_sda(
-            n_t, d, st.q_land.shape[1], self.pinv_iters, landmark_update=event == "landmark",
-            warmup_landmarks=warmup))
+        self._account(F.windowed_nystrom_sda, n_t, d, st.q_land.shape[1], self.pinv_iters,
+                      landmark_update=event == "landmark", warmup_landmarks=warmup)
         return out
 

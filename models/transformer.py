@@ -16,10 +16,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as nnf
 
 from . import flops as F
 from .mha import MultiheadAttention
-from .sda import LANDMARK_MODES, VARIANTS
+from .sda import LANDMARK_MODES, VARIANTS, inference
 
 
 @dataclass
@@ -117,8 +118,16 @@ class EncoderLayer(nn.Module):
         self._t = 0
 
     def _tail(self, x: Tensor, a: Tensor) -> Tensor:
-        y = self.norm1(x + self.drop1(a))
-        return self.norm2(y + self.drop2(self.ff(y)))
+        """Residual, LayerNorm, feed-forward, residual, LayerNorm. x, a: (..., d)."""
+        if self.training:
+            y = self.norm1(x + self.drop1(a))
+            return self.norm2(y + self.drop2(self.ff(y)))
+        # inference: the same arithmetic without module-call overhead (this is the step hot path)
+        d = (x.shape[-1],)
+        n1, n2, f1, f2 = self.norm1, self.norm2, self.ff[0], self.ff[2]
+        y = nnf.layer_norm(x + a, d, n1.weight, n1.bias, n1.eps)
+        h = nnf.linear(nnf.relu(nnf.linear(y, f1.weight, f1.bias)), f2.weight, f2.bias)
+        return nnf.layer_norm(y + h, d, n2.weight, n2.bias, n2.eps)
 
     def forward(self, x: Tensor, landmarks=None) -> Tensor:
         """x: (B, T, d) -> (B, T, d), every token of the window."""
@@ -193,7 +202,7 @@ class GenreTransformer(nn.Module):
         for block in self.blocks:
             block.reset(batch_size)
 
-    @torch.no_grad()
+    @inference
     def step(self, token: Tensor) -> Tensor:
         """token: (B, in_dim) -> logits (B, classes) of the window ending at this token."""
         if self._batch is None:
@@ -210,12 +219,12 @@ class GenreTransformer(nn.Module):
             n_t = min(t + 1, n)
             order = (torch.arange(n_t, device=token.device) + (t + 1 - n_t)) % n
             return self.forward(self._tokens[:, order], start=(t + 1 - n_t) % self.cfg.period)
-        h = self.pos(self.embed(token).unsqueeze(1), t % self.cfg.period)[:, 0]
+        h = nnf.linear(token, self.embed.weight, self.embed.bias).add_(self.pos.table[t % self.cfg.period])
         if len(self.blocks) == 1:
             h = self.blocks[0].step(h)
         else:
             h = self.blocks[1].step_window(self.blocks[0].step(h))
-        return self.head(h)
+        return nnf.linear(h, self.head.weight, self.head.bias)
 
     def landmarks(self) -> list | None:
         """Per block, the folded landmarks the last step used (continual_nystrom), else None."""

@@ -98,13 +98,20 @@ def test_landmark_update_steps_cost_more_and_are_reported():
 
 
 def test_fixed_landmark_step_cost_does_not_grow_with_n():
-    costs = []
+    """Plain steps cost the same at every n; data-dependent extras (a reference rescale) are
+    bounded by O(m d), also independent of n."""
+    g = torch.Generator().manual_seed(0)
+    plain, worst = [], []
     for n in (30, 120, 480):
         s = StreamingSDA("continual_nystrom", n, num_landmarks=4, landmark_mode="fixed",
-                         fixed_landmarks=(torch.randn(4, 192), torch.randn(4, 192)))
+                         fixed_landmarks=(torch.randn(4, 192, generator=g), torch.randn(4, 192, generator=g)))
         s.reset(1)
-        for _ in range(n + 5):
-            x = torch.randn(3, 1, 192)
+        costs = []
+        for _ in range(n + 40):
+            x = torch.randn(3, 1, 192, generator=g)
             s.step(x[0], x[1], x[2])
-        costs.append(s.last_step_flops)
-    assert costs[0] == costs[1] == costs[2]
+            costs.append(s.last_step_flops)
+        plain.append(min(costs[-40:]))
+        worst.append(max(costs[-40:]))
+    assert plain[0] == plain[1] == plain[2]
+    assert max(worst) - plain[0] <= 2 * (4 * 192 + 16)

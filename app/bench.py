@@ -1,0 +1,173 @@
+"""`python main.py bench`: per-step latency of every attention variant and model, measured.
+
+Batch 1, after warm-up (the window is full), median and p95 over many steps, next to torch's own
+nn.TransformerEncoderLayer recomputing the whole window. Results go to stdout and to a Markdown
+and a JSON file. Numbers are measurements of this machine, never constants.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from models import flops as F
+from models.landmarks import fit_fixed_landmarks
+from models.sda import StreamingSDA
+from models.transformer import ModelConfig, build_model
+
+SDA_CASES = [("regular", None), ("continual", None), ("nystrom", "segment"),
+             ("continual_nystrom", "continual"), ("continual_nystrom", "fixed")]
+
+
+@dataclass
+class Row:
+    n: int
+    what: str
+    median_us: float
+    p95_us: float
+    flops: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def time_steps(fn, steps: int, budget_s: float) -> tuple[float, float]:
+    """Median and p95 of ``fn()`` in microseconds, at most ``steps`` calls or ``budget_s``."""
+    times = []
+    deadline = time.perf_counter() + budget_s
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() > deadline and len(times) >= 10:
+            break
+    times.sort()
+    return statistics.median(times) * 1e6, times[min(len(times) - 1, int(0.95 * len(times)))] * 1e6
+
+
+def warm(fn, count: int, budget_s: float) -> None:
+    deadline = time.perf_counter() + budget_s
+    for _ in range(count):
+        fn()
+        if time.perf_counter() > deadline:
+            break
+
+
+def bench_sda(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 12, m: int = 4) -> list[Row]:
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    stream = torch.randn(64, 3, heads, d_head, generator=g)
+    for variant, mode in SDA_CASES:
+        fixed = ((torch.randn(heads, m, d_head, generator=g), torch.randn(heads, m, d_head, generator=g))
+                 if mode == "fixed" else None)
+        s = StreamingSDA(variant, n, num_landmarks=m if "nystrom" in variant else None,
+                         landmark_mode=mode, fixed_landmarks=fixed)
+        s.reset(heads)
+        i = [0]
+
+        def step():
+            x = stream[i[0] % 64]
+            i[0] += 1
+            s.step(x[0], x[1], x[2])
+
+        warm(step, n + 20, budget)               # fill the window
+        med, p95 = time_steps(step, steps, budget)
+        rows.append(Row(n, f"SDA {variant}" + (f"/{mode}" if mode else ""), med, p95, s.last_step_flops))
+    return rows
+
+
+def make_model(variant: str, mode: str | None, layers: int, n: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = ModelConfig(variant=variant, layers=layers, window=n, num_landmarks=4)
+    model = build_model(cfg).eval()
+    if mode == "fixed":
+        fit_fixed_landmarks(model, torch.randn(8, min(n, 120), cfg.in_dim), max_tokens=2000)
+    return model
+
+
+def bench_models(n: int, steps: int, budget: float) -> list[Row]:
+    rows = []
+    tokens = torch.randn(64, 1, 128)
+    for layers in (1, 2):
+        for variant, mode in SDA_CASES:
+            model = make_model(variant, mode, layers, n)
+            model.reset(1)
+            i = [0]
+
+            def step():
+                model.step(tokens[i[0] % 64])
+                i[0] += 1
+
+            warm(step, n + 20, budget)
+            med, p95 = time_steps(step, steps, budget)
+            rows.append(Row(n, f"model {layers}-block {variant}" + (f"/{mode}" if mode else ""),
+                            med, p95, model.step_flops()["model"]))
+        # torch's encoder layer(s) recomputing the window: the reference point
+        torch.manual_seed(0)
+        embed = torch.nn.Linear(128, 192)
+        enc = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(192, 16, 384, dropout=0.1, batch_first=True),
+            num_layers=layers, enable_nested_tensor=False).eval()
+        head = torch.nn.Linear(192, 10)
+        window = torch.randn(1, n, 128)
+
+        @torch.no_grad()
+        def recompute():
+            head(enc(embed(window))[:, -1])
+
+        warm(recompute, 5, budget)
+        med, p95 = time_steps(recompute, steps, budget)
+        rows.append(Row(n, f"torch TransformerEncoder {layers}-layer recompute", med, p95))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = ["| n | what | median us | p95 us | FLOPs/step | speed-up vs torch recompute |",
+             "| ---: | --- | ---: | ---: | ---: | ---: |"]
+    ref = {}
+    for r in rows:
+        if r.what.startswith("torch"):
+            ref[(r.n, r.what.split()[2])] = r.median_us
+    for r in rows:
+        speed = ""
+        if r.what.startswith("model"):
+            base = ref.get((r.n, r.what.split()[1].replace("block", "layer")))
+            speed = f"{base / r.median_us:.1f}x" if base else ""
+        fl = f"{r.flops:,}" if r.flops is not None else ""
+        lines.append(f"| {r.n} | {r.what} | {r.median_us:,.0f} | {r.p95_us:,.0f} | {fl} | {speed} |")
+    return "\n".join(lines)
+
+
+def paper_table() -> str:
+    ours = F.paper_table_ii()
+    lines = ["| SDA variant (d=192, n=120, m=4, one head) | paper | ours, paper convention | ratio |",
+             "| --- | ---: | ---: | ---: |"]
+    for key, paper in F.PAPER_TABLE_II.items():
+        lines.append(f"| {key} | {paper / 1e6:.3f}M | {ours[key] / 1e6:.4f}M | {ours[key] / paper:.3f} |")
+    return "\n".join(lines)
+
+
+def run(windows=(30, 120, 480, 1920), steps: int = 2000, budget_s: float = 6.0,
+        out: str | Path = "bench_results/bench.md", threads: int | None = None) -> list[Row]:
+    if threads:
+        torch.set_num_threads(threads)
+    rows: list[Row] = []
+    for n in windows:
+        print(f"[bench] n = {n} ...", flush=True)
+        rows += bench_sda(n, steps, budget_s)
+        rows += bench_models(n, steps, budget_s)
+    table = format_table(rows)
+    header = (f"# Nystream benchmark\n\nPer-step latency, batch 1, CPU, {torch.get_num_threads()} "
+              f"threads, torch {torch.__version__}, {platform.processor() or platform.machine()}. "
+              f"SDA rows: 16 heads of d=12 folded into the batch, single-output, m=4.\n\n")
+    text = header + table + "\n\n## Table II of the Continual Nyström paper (SDA FLOPs per step)\n\n" + paper_table() + "\n"
+    print(text)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    print(f"[bench] wrote {out} and {out.with_suffix('.json')}")
+    return rows

@@ -1,0 +1,51 @@
+"""Command line: `python main.py [gui|classify|extract|train|evaluate|bench|demo] ...`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+PENDING = {  # subcommands whose layers are built by later issues
+    "gui": "the desktop app (issue #5)",
+    "classify": "the audio front end and classify command (issue #3)",
+    "extract": "GTZAN token extraction (issue #4)",
+    "train": "training (issue #4)",
+    "evaluate": "the GTZAN evaluation report (issue #4)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="main.py", description=__doc__)
+    sub = p.add_subparsers(dest="command")
+    for name, what in PENDING.items():
+        sp = sub.add_parser(name, help=f"not built yet: {what}")
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+    b = sub.add_parser("bench", help="per-step latency of every variant vs torch recompute")
+    b.add_argument("--windows", default="30,120,480,1920", help="comma-separated n values")
+    b.add_argument("--steps", type=int, default=2000, help="timed steps per row (max)")
+    b.add_argument("--budget", type=float, default=6.0, help="seconds per row (max)")
+    b.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    b.add_argument("--out", default="bench_results/bench.md", help="Markdown output (JSON beside)")
+    d = sub.add_parser("demo", help="stream synthetic tokens through every variant (terminal)")
+    d.add_argument("--steps", type=int, default=240, help="tokens (0.25 s each)")
+    d.add_argument("--window", type=int, default=120)
+    d.add_argument("--layers", type=int, default=1, choices=(1, 2))
+    d.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    command = args.command or "demo"
+    if command in PENDING:
+        print(f"'{command}' is not available yet: {PENDING[command]} builds it. "
+              f"Available now: bench, demo.", file=sys.stderr)
+        return 2
+    if command == "bench":
+        from app import bench
+        windows = tuple(int(w) for w in args.windows.split(","))
+        bench.run(windows, steps=args.steps, budget_s=args.budget, out=args.out, threads=args.threads)
+        return 0
+    from app import demo
+    if args.command is None:
+        args = build_parser().parse_args(["demo"])
+    return demo.run(steps=args.steps, window=args.window, layers=args.layers, seed=args.seed)
