@@ -24,7 +24,7 @@ from torch import Tensor
 
 from . import flops as F
 from .landmarks import ContinualLandmarks, check_landmarks, segment_means
-from .running_sums import (RunningSums, add_key, fresh_sums, refresh_rows, remove_key,
+from .running_sums import (TAU, RunningSums, add_key, fresh_sums, refresh_rows, remove_key,
                            stale_rows)
 
 def inference(fn):
@@ -101,6 +101,37 @@ def nystrom_attention(q: Tensor, k: Tensor, v: Tensor, q_land: Tensor, k_land: T
 # ----------------------------------------------------------------------------- streaming
 
 @dataclass
+class FixedWorkspace:
+    """Preallocated buffers of the fixed-landmark single-output step (it allocates nothing else)."""
+    scores: Tensor      # (B, R, 1) new key against every row
+    e: Tensor           # (B, R)
+    tmp: Tensor         # (B, R)
+    flag: Tensor        # (B, R) bool
+    e_old: Tensor       # (B, m)
+    floor: Tensor       # (B, m)
+    stale: Tensor       # (B, m) bool
+    any: Tensor         # () bool
+    logits: Tensor      # (B, 1, m)
+    probs: Tensor       # (B, 1, m)
+    c: Tensor           # (B, 1, m)
+    k_land_t: Tensor    # (B, d, m) scaled key landmarks, transposed once
+    tau: Tensor         # () TAU as a tensor (a Python scalar operand would be wrapped per call)
+
+    @staticmethod
+    def build(q_rows_s: Tensor, k_land_s: Tensor) -> "FixedWorkspace":
+        B, R, d = q_rows_s.shape
+        m = k_land_s.shape[1]
+        def f(*shape, dtype=q_rows_s.dtype):
+            return torch.empty(*shape, dtype=dtype, device=q_rows_s.device)
+        return FixedWorkspace(
+            scores=f(B, R, 1), e=f(B, R), tmp=f(B, R), flag=f(B, R, dtype=torch.bool),
+            e_old=f(B, m), floor=f(B, m), stale=f(B, m, dtype=torch.bool),
+            any=f((), dtype=torch.bool), logits=f(B, 1, m), probs=f(B, 1, m), c=f(B, 1, m),
+            k_land_t=k_land_s.transpose(1, 2).contiguous(),
+            tau=torch.tensor(TAU, dtype=q_rows_s.dtype, device=q_rows_s.device))
+
+
+@dataclass
 class StreamState:
     """Everything a StreamingSDA remembers between steps (ring slot of token t is (t-1) % n)."""
     t: int = 0                          # tokens seen
@@ -118,6 +149,7 @@ class StreamState:
     w_shadow: RunningSums | None = None # view of the shadow rows, or None
     q_rows_s: Tensor | None = None      # (B, R, d) scaled query landmarks, one per row of w
     shadow_count: int = 0
+    ws: FixedWorkspace | None = None    # fixed landmarks, single-output: preallocated buffers
     key_scores: Tensor | None = None    # (B, n, m) scaled scores of each key slot against q~
     q_land: Tensor | None = None        # (B, m, d) landmarks in use (unscaled)
     k_land: Tensor | None = None
@@ -439,9 +471,10 @@ class StreamingSDA:
             st.w_main, st.w_shadow = st.w.view(m), st.w.rows(m, 2 * m)
             st.w_main.copy_(fresh)
             st.q_rows_s = torch.cat([st.q_land_s, st.q_land_s], dim=1)
+            st.ws = None if self.retroactive else FixedWorkspace.build(st.q_rows_s, st.k_land_s)
         else:
             st.w = st.w_main = fresh
-            st.w_shadow, st.q_rows_s = None, st.q_land_s
+            st.w_shadow, st.q_rows_s, st.ws = None, st.q_land_s, None
 
     def _step_continual_nystrom(self, st, q, k, v, slot, full) -> Tensor:
         n_t, d, m = min(st.t, self.n), st.d, self.m
@@ -450,6 +483,8 @@ class StreamingSDA:
         event, rescaled = "step", False
         warmup = not fixed and not self.tracker.warm
         just_warm = not fixed and changed and self.tracker.state.completed == m
+        if st.ws is not None and fixed and st.w is not None:
+            return self._fixed_step(st, q, k, v, slot, full)
         if st.w is None or warmup or just_warm:
             # first step, or warm-up with continual landmarks: landmarks change every step
             self._write(st, slot, q, k, v)
@@ -497,6 +532,68 @@ class StreamingSDA:
                       n_t=n_t, event=event, retroactive=self.retroactive, evict=full,
                       stabilize=self.stabilize, p_rebuilt=self.retroactive and self._p_rebuilt,
                       warmup_landmarks=warmup, shadow=st.w_shadow is not None, rescaled=rescaled)
+        return out
+
+    def _fixed_step(self, st: StreamState, q: Tensor, k: Tensor, v: Tensor, slot: int,
+                    full: bool) -> Tensor:
+        """Fixed landmarks, single-output, stabilised: O(m d) work, no allocation but the output.
+
+        The same arithmetic as the general path (and the same FLOP formula), written with
+        preallocated buffers: remove the departing key from the main rows, add the new key to
+        the main and shadow rows (rescaling only if a reference must rise), swap in the shadow
+        every n steps, refresh rows that lost precision (rare; that path allocates), output.
+        The caller has already fed q, k to the landmark tracker (a live switch to 'continual'
+        needs its stream-aligned segments).
+        """
+        ws, w, main, m = st.ws, st.w, st.w_main, self.m
+        n_t = min(st.t, self.n)
+        if full:
+            torch.sub(st.key_scores[:, slot], main.ref, out=ws.e_old)
+            ws.e_old.exp_()
+            main.den.sub_(ws.e_old)
+            main.num.addcmul_(ws.e_old.unsqueeze(-1), st.v[:, slot].unsqueeze(1), value=-1.0)
+        st.k[:, slot].copy_(k)
+        st.v[:, slot].copy_(v)
+        torch.bmm(st.q_rows_s, k.unsqueeze(-1), out=ws.scores)
+        scores = ws.scores.squeeze(-1)                                             # (B, R)
+        torch.gt(scores, w.ref, out=ws.flag)
+        torch.any(ws.flag, out=ws.any)
+        rescaled = bool(ws.any)
+        if rescaled:                                   # a reference rises: rescale all rows
+            torch.maximum(w.ref, scores, out=ws.tmp)
+            torch.sub(w.ref, ws.tmp, out=ws.e)
+            ws.e.exp_()
+            w.den.mul_(ws.e)
+            w.peak.mul_(ws.e)
+            w.num.mul_(ws.e.unsqueeze(-1))
+            w.ref.copy_(ws.tmp)
+        torch.sub(scores, w.ref, out=ws.e)
+        ws.e.exp_()
+        w.den.add_(ws.e)
+        w.num.addcmul_(ws.e.unsqueeze(-1), v.unsqueeze(1))
+        torch.maximum(w.peak, w.den, out=w.peak)
+        st.key_scores[:, slot].copy_(scores[:, :m])
+        event = "step"
+        st.shadow_count += 1
+        if st.shadow_count == self.n:                  # the shadow rows hold exactly the window
+            main.copy_(st.w_shadow)
+            st.w_shadow.clear_()
+            st.shadow_count = 0
+            event = "swap"
+        torch.mul(main.peak, ws.tau, out=ws.floor)
+        torch.lt(main.den, ws.floor, out=ws.stale)
+        torch.any(ws.stale, out=ws.any)
+        if bool(ws.any):
+            st.refreshed = refresh_rows(main, ws.stale, lambda b, r: st.key_scores[b, :n_t, r],
+                                        st.v, n_t)
+        torch.bmm(q.unsqueeze(1), ws.k_land_t, out=ws.logits)
+        torch.softmax(ws.logits, dim=-1, out=ws.probs)
+        torch.bmm(ws.probs, st.z, out=ws.c)
+        ws.c.div_(main.den.unsqueeze(1))
+        out = torch.bmm(ws.c, main.num).squeeze(1)                                # (B, d)
+        self._account(F.continual_nystrom_sda, n_t, st.d, m, self.pinv_iters, n_t=n_t,
+                      event=event, retroactive=False, evict=full, stabilize=True,
+                      p_rebuilt=False, warmup_landmarks=False, shadow=True, rescaled=rescaled)
         return out
 
     def _retro_nystrom_output(self, st, a, slot, n_t) -> Tensor:
