@@ -79,6 +79,52 @@ def bench_sda(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 
     return rows
 
 
+def stress_stream(steps: int, heads: int, d: int, peak: float = 260.0, seed: int = 0) -> torch.Tensor:
+    """(steps, 3, heads, d) q, k, v whose scores q.k/sqrt(d) swing up to ~peak and back."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(steps, dtype=torch.float32)
+    env = (0.02 + 0.98 * (0.5 + 0.5 * torch.sin(2 * torch.pi * t / 613)) ** 2).sqrt()
+    unit = torch.nn.functional.normalize(torch.randn(steps, 2, heads, d, generator=g), dim=-1)
+    qk = unit * (env * peak ** 0.5 * d ** 0.25 * 1.6)[:, None, None, None]
+    return torch.cat([qk, torch.randn(steps, 1, heads, d, generator=g)], dim=1)
+
+
+def bench_stability(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 12,
+                    m: int = 4) -> list[Row]:
+    """Cost of the stabilisation: amortised latency and FLOPs with and without it, on unit-scale
+    scores and on scores swinging to ~260 (where the unstabilised sums are wrong or NaN)."""
+    rows = []
+    g = torch.Generator().manual_seed(1)
+    fixed = (torch.randn(heads, m, d_head, generator=g), torch.randn(heads, m, d_head, generator=g))
+    cases = [("continual", None, True), ("continual_nystrom", "continual", False),
+             ("continual_nystrom", "fixed", False), ("continual_nystrom", "fixed", True)]
+    data = {"unit": torch.randn(steps + n + 20, 3, heads, d_head, generator=g),
+            "stress": stress_stream(steps + n + 20, heads, d_head)}
+    for variant, mode, retro in cases:
+        for kind, xs in data.items():
+            for stabilize in (True, False):
+                s = StreamingSDA(variant, n, retroactive=retro, stabilize=stabilize,
+                                 num_landmarks=m if "nystrom" in variant else None,
+                                 landmark_mode=mode, fixed_landmarks=fixed if mode == "fixed" else None)
+                s.reset(heads)
+                i = [0]
+                flops = []
+
+                def step():
+                    x = xs[i[0]]
+                    i[0] += 1
+                    s.step(x[0], x[1], x[2])
+                    flops.append(s.last_step_flops)
+
+                warm(step, n + 20, budget)
+                flops.clear()
+                med, p95 = time_steps(step, min(steps, xs.shape[0] - n - 20), budget)
+                name = (f"SDA {variant}" + (f"/{mode}" if mode else "") + (" retro" if retro else "")
+                        + f", {kind} scores, " + ("stabilised" if stabilize else "unstabilised"))
+                rows.append(Row(n, name, med, p95, round(sum(flops) / len(flops))))
+    return rows
+
+
 def make_model(variant: str, mode: str | None, layers: int, n: int) -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = ModelConfig(variant=variant, layers=layers, window=n, num_landmarks=4)
@@ -159,10 +205,15 @@ def run(windows=(30, 120, 480, 1920), steps: int = 2000, budget_s: float = 6.0,
         print(f"[bench] n = {n} ...", flush=True)
         rows += bench_sda(n, steps, budget_s)
         rows += bench_models(n, steps, budget_s)
+    stability = bench_stability(120, min(steps, 3000), budget_s) if 120 in windows else []
     table = format_table(rows)
     header = (f"# Nystream benchmark\n\nPer-step latency, batch 1, CPU, {torch.get_num_threads()} "
               f"threads, torch {torch.__version__}, {platform.processor() or platform.machine()}. "
               f"SDA rows: 16 heads of d=12 folded into the batch, single-output, m=4.\n\n")
+    if stability:
+        table += ("\n\n## Cost of the numerical stabilisation (n = 120, amortised FLOPs per step)\n\n"
+                  + format_table(stability))
+        rows += stability
     text = header + table + "\n\n## Table II of the Continual Nyström paper (SDA FLOPs per step)\n\n" + paper_table() + "\n"
     print(text)
     out = Path(out)

@@ -101,8 +101,8 @@ def nystrom_attention(q: Tensor, k: Tensor, v: Tensor, q_land: Tensor, k_land: T
 # ----------------------------------------------------------------------------- streaming
 
 @dataclass
-class FixedWorkspace:
-    """Preallocated buffers of the fixed-landmark single-output step (it allocates nothing else)."""
+class StepWorkspace:
+    """Preallocated buffers of the steady single-output continual Nyström step (see _fast_step)."""
     scores: Tensor      # (B, R, 1) new key against every row
     e: Tensor           # (B, R)
     tmp: Tensor         # (B, R)
@@ -118,12 +118,12 @@ class FixedWorkspace:
     tau: Tensor         # () TAU as a tensor (a Python scalar operand would be wrapped per call)
 
     @staticmethod
-    def build(q_rows_s: Tensor, k_land_s: Tensor) -> "FixedWorkspace":
+    def build(q_rows_s: Tensor, k_land_s: Tensor) -> "StepWorkspace":
         B, R, d = q_rows_s.shape
         m = k_land_s.shape[1]
         def f(*shape, dtype=q_rows_s.dtype):
             return torch.empty(*shape, dtype=dtype, device=q_rows_s.device)
-        return FixedWorkspace(
+        return StepWorkspace(
             scores=f(B, R, 1), e=f(B, R), tmp=f(B, R), flag=f(B, R, dtype=torch.bool),
             e_old=f(B, m), floor=f(B, m), stale=f(B, m, dtype=torch.bool),
             any=f((), dtype=torch.bool), logits=f(B, 1, m), probs=f(B, 1, m), c=f(B, 1, m),
@@ -149,7 +149,7 @@ class StreamState:
     w_shadow: RunningSums | None = None # view of the shadow rows, or None
     q_rows_s: Tensor | None = None      # (B, R, d) scaled query landmarks, one per row of w
     shadow_count: int = 0
-    ws: FixedWorkspace | None = None    # fixed landmarks, single-output: preallocated buffers
+    ws: StepWorkspace | None = None     # single-output, stabilised: preallocated step buffers
     key_scores: Tensor | None = None    # (B, n, m) scaled scores of each key slot against q~
     q_land: Tensor | None = None        # (B, m, d) landmarks in use (unscaled)
     k_land: Tensor | None = None
@@ -236,7 +236,7 @@ class StreamingSDA:
             self.fixed = (ql.detach(), kl.detach())
         if mode == "fixed" and self.fixed is None:
             raise ValueError("landmark_mode 'fixed' needs fixed_landmarks=(q_land, k_land); "
-                             "fit them with models.landmarks_fit.fit_fixed_landmarks")
+                             "fit them with models.landmarks.fit_fixed_landmarks")
         changed = mode != self.mode or fixed_landmarks is not None
         self.mode = mode
         st = self.st
@@ -309,12 +309,8 @@ class StreamingSDA:
             raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
         if window_input and (k.shape[1] != v.shape[1] or not 1 <= k.shape[1] <= self.n):
             raise ValueError(f"k, v windows must have 1..{self.n} tokens, got {k.shape[1]}, {v.shape[1]}")
-        if self._dtype is None:
-            self._dtype = q.dtype
-        if self._device is None:
-            self._device = q.device
-        if st.d == 0:
-            self._device = q.device
+        if st.d == 0:             # first step: the stream takes the inputs' dtype and device
+            self._dtype, self._device = q.dtype, q.device
             self._allocate(d, q.device, q.dtype, window_input)
         if self.fixed is not None and self.mode == "fixed" and self.fixed[0].shape[-1] != d:
             raise ValueError(f"fixed landmarks have d={self.fixed[0].shape[-1]}, inputs have d={d}")
@@ -471,10 +467,15 @@ class StreamingSDA:
             st.w_main, st.w_shadow = st.w.view(m), st.w.rows(m, 2 * m)
             st.w_main.copy_(fresh)
             st.q_rows_s = torch.cat([st.q_land_s, st.q_land_s], dim=1)
-            st.ws = None if self.retroactive else FixedWorkspace.build(st.q_rows_s, st.k_land_s)
         else:
             st.w = st.w_main = fresh
-            st.w_shadow, st.q_rows_s, st.ws = None, st.q_land_s, None
+            st.w_shadow, st.q_rows_s = None, st.q_land_s
+        self._build_workspace()
+
+    def _build_workspace(self) -> None:
+        st = self.st
+        fast = self.stabilize and not self.retroactive and st.q_land_s.shape[1] == self.m
+        st.ws = StepWorkspace.build(st.q_rows_s, st.k_land_s) if fast else None
 
     def _step_continual_nystrom(self, st, q, k, v, slot, full) -> Tensor:
         n_t, d, m = min(st.t, self.n), st.d, self.m
@@ -483,8 +484,8 @@ class StreamingSDA:
         event, rescaled = "step", False
         warmup = not fixed and not self.tracker.warm
         just_warm = not fixed and changed and self.tracker.state.completed == m
-        if st.ws is not None and fixed and st.w is not None:
-            return self._fixed_step(st, q, k, v, slot, full)
+        if st.ws is not None and st.w is not None and not (warmup or just_warm) and (fixed or not changed):
+            return self._fast_step(st, q, k, v, slot, full)
         if st.w is None or warmup or just_warm:
             # first step, or warm-up with continual landmarks: landmarks change every step
             self._write(st, slot, q, k, v)
@@ -512,6 +513,7 @@ class StreamingSDA:
                 r = (self.tracker.state.completed - 1) % m
                 self._install_landmarks(*self.tracker.current())
                 st.q_rows_s = st.q_land_s
+                self._build_workspace()
                 row_scores = torch.bmm(st.k[:, :n_t], st.q_land_s[:, r].unsqueeze(-1)).squeeze(-1)
                 fresh = fresh_sums(row_scores.unsqueeze(1), st.v[:, :n_t])
                 st.w.ref[:, r], st.w.den[:, r] = fresh.ref[:, 0], fresh.den[:, 0]
@@ -534,14 +536,16 @@ class StreamingSDA:
                       warmup_landmarks=warmup, shadow=st.w_shadow is not None, rescaled=rescaled)
         return out
 
-    def _fixed_step(self, st: StreamState, q: Tensor, k: Tensor, v: Tensor, slot: int,
-                    full: bool) -> Tensor:
-        """Fixed landmarks, single-output, stabilised: O(m d) work, no allocation but the output.
+    def _fast_step(self, st: StreamState, q: Tensor, k: Tensor, v: Tensor, slot: int,
+                   full: bool) -> Tensor:
+        """Steady single-output step (fixed landmarks, or continual ones between landmark
+        updates), stabilised: O(m d) work, no allocation but the output.
 
         The same arithmetic as the general path (and the same FLOP formula), written with
         preallocated buffers: remove the departing key from the main rows, add the new key to
-        the main and shadow rows (rescaling only if a reference must rise), swap in the shadow
-        every n steps, refresh rows that lost precision (rare; that path allocates), output.
+        every row (fixed landmarks: main and shadow; rescaling only if a reference must rise),
+        swap in the shadow every n steps, refresh rows that lost precision (rare; that path
+        allocates), output.
         The caller has already fed q, k to the landmark tracker (a live switch to 'continual'
         needs its stream-aligned segments).
         """
@@ -574,12 +578,13 @@ class StreamingSDA:
         torch.maximum(w.peak, w.den, out=w.peak)
         st.key_scores[:, slot].copy_(scores[:, :m])
         event = "step"
-        st.shadow_count += 1
-        if st.shadow_count == self.n:                  # the shadow rows hold exactly the window
-            main.copy_(st.w_shadow)
-            st.w_shadow.clear_()
-            st.shadow_count = 0
-            event = "swap"
+        if st.w_shadow is not None:
+            st.shadow_count += 1
+            if st.shadow_count == self.n:              # the shadow rows hold exactly the window
+                main.copy_(st.w_shadow)
+                st.w_shadow.clear_()
+                st.shadow_count = 0
+                event = "swap"
         torch.mul(main.peak, ws.tau, out=ws.floor)
         torch.lt(main.den, ws.floor, out=ws.stale)
         torch.any(ws.stale, out=ws.any)
@@ -593,7 +598,8 @@ class StreamingSDA:
         out = torch.bmm(ws.c, main.num).squeeze(1)                                # (B, d)
         self._account(F.continual_nystrom_sda, n_t, st.d, m, self.pinv_iters, n_t=n_t,
                       event=event, retroactive=False, evict=full, stabilize=True,
-                      p_rebuilt=False, warmup_landmarks=False, shadow=True, rescaled=rescaled)
+                      p_rebuilt=False, warmup_landmarks=False, shadow=st.w_shadow is not None,
+                      rescaled=rescaled)
         return out
 
     def _retro_nystrom_output(self, st, a, slot, n_t) -> Tensor:

@@ -1,4 +1,5 @@
-"""The fixed-landmark step allocates nothing but its output and does no work that grows with n.
+"""The steady continual Nyström step allocates nothing but its output; with fixed landmarks it
+does no work that grows with n.
 
 Oracle: a TorchDispatchMode sees every aten operation of a step; an output whose storage is not
 one of the inputs' storages is a fresh allocation.
@@ -27,10 +28,11 @@ class AllocationCounter(TorchDispatchMode):
         return out
 
 
-def steady_fixed_stream(n, heads=16, d=12, m=4, seed=0):
+def steady_fixed_stream(n, heads=16, d=12, m=4, seed=0, mode="fixed"):
     g = torch.Generator().manual_seed(seed)
-    s = StreamingSDA("continual_nystrom", n, num_landmarks=m, landmark_mode="fixed",
-                     fixed_landmarks=(torch.randn(heads, m, d, generator=g), torch.randn(heads, m, d, generator=g)))
+    fixed = (torch.randn(heads, m, d, generator=g), torch.randn(heads, m, d, generator=g))
+    s = StreamingSDA("continual_nystrom", n, num_landmarks=m, landmark_mode=mode,
+                     fixed_landmarks=fixed if mode == "fixed" else None)
     s.reset(heads)
     xs = torch.randn(n + 50, 3, heads, d, generator=g)
     for i in range(n + 40):
@@ -38,10 +40,13 @@ def steady_fixed_stream(n, heads=16, d=12, m=4, seed=0):
     return s, xs[n + 40:]
 
 
-def test_fixed_step_allocates_only_its_output():
-    for n in (30, 480):
-        s, xs = steady_fixed_stream(n)
-        for x in xs:
+def test_steady_step_allocates_only_its_output():
+    for n, mode in ((30, "fixed"), (480, "fixed"), (120, "continual")):
+        s, xs = steady_fixed_stream(n, mode=mode)
+        for i, x in enumerate(xs):
+            if mode == "continual" and (s.st.t + 1) % (n // 4) == 0:
+                s.step(x[0], x[1], x[2])     # a landmark update step: allowed to allocate
+                continue
             counter = AllocationCounter()
             with counter:
                 out = s.step(x[0], x[1], x[2])
