@@ -48,12 +48,10 @@ def time_steps(fn, steps: int, budget_s: float) -> tuple[float, float]:
     return statistics.median(times) * 1e6, times[min(len(times) - 1, int(0.95 * len(times)))] * 1e6
 
 
-def warm(fn, count: int, budget_s: float) -> None:
-    deadline = time.perf_counter() + budget_s
+def warm(fn, count: int) -> None:
+    """Run ``fn`` ``count`` times, unbudgeted: every timed step must see a full window."""
     for _ in range(count):
         fn()
-        if time.perf_counter() > deadline:
-            break
 
 
 def bench_sda(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 12, m: int = 4) -> list[Row]:
@@ -73,7 +71,7 @@ def bench_sda(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 
             i[0] += 1
             s.step(x[0], x[1], x[2])
 
-        warm(step, n + 20, budget)               # fill the window
+        warm(step, n + 20)               # fill the window
         med, p95 = time_steps(step, steps, budget)
         rows.append(Row(n, f"SDA {variant}" + (f"/{mode}" if mode else ""), med, p95, s.last_step_flops))
     return rows
@@ -116,7 +114,7 @@ def bench_stability(n: int, steps: int, budget: float, heads: int = 16, d_head: 
                     s.step(x[0], x[1], x[2])
                     flops.append(s.last_step_flops)
 
-                warm(step, n + 20, budget)
+                warm(step, n + 20)
                 flops.clear()
                 med, p95 = time_steps(step, min(steps, xs.shape[0] - n - 20), budget)
                 name = (f"SDA {variant}" + (f"/{mode}" if mode else "") + (" retro" if retro else "")
@@ -147,7 +145,7 @@ def bench_models(n: int, steps: int, budget: float) -> list[Row]:
                 model.step(tokens[i[0] % 64])
                 i[0] += 1
 
-            warm(step, n + 20, budget)
+            warm(step, n + 20)
             med, p95 = time_steps(step, steps, budget)
             rows.append(Row(n, f"model {layers}-block {variant}" + (f"/{mode}" if mode else ""),
                             med, p95, model.step_flops()["model"]))
@@ -164,7 +162,7 @@ def bench_models(n: int, steps: int, budget: float) -> list[Row]:
         def recompute():
             head(enc(embed(window))[:, -1])
 
-        warm(recompute, 5, budget)
+        warm(recompute, 5)
         med, p95 = time_steps(recompute, steps, budget)
         rows.append(Row(n, f"torch TransformerEncoder {layers}-layer recompute", med, p95))
     return rows

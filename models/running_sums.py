@@ -61,6 +61,14 @@ class RunningSums:
         return RunningSums(self.ref[:, start:stop], self.den[:, start:stop],
                            self.num[:, start:stop], self.peak[:, start:stop])
 
+    def assign_(self, index, fresh: "RunningSums") -> None:
+        """Write the single-row sums ``fresh`` (X, 1, ...) at ``index``, e.g. (slice(None), r)
+        for row r of every batch element, or (b_idx, r_idx) for scattered rows."""
+        self.ref[index] = fresh.ref[:, 0]
+        self.den[index] = fresh.den[:, 0]
+        self.num[index] = fresh.num[:, 0]
+        self.peak[index] = fresh.den[:, 0]
+
     def copy_(self, other: "RunningSums") -> None:
         for name in ("ref", "den", "num", "peak"):
             getattr(self, name).copy_(getattr(other, name))
@@ -131,9 +139,5 @@ def refresh_rows(s: RunningSums, mask: Tensor, row_scores, values: Tensor, valid
     count = int(b_idx.numel())
     if count == 0:
         return 0
-    fresh = fresh_sums(row_scores(b_idx, r_idx).unsqueeze(1), values[b_idx, :valid])
-    s.ref[b_idx, r_idx] = fresh.ref[:, 0]
-    s.den[b_idx, r_idx] = fresh.den[:, 0]
-    s.num[b_idx, r_idx] = fresh.num[:, 0]
-    s.peak[b_idx, r_idx] = fresh.den[:, 0]
+    s.assign_((b_idx, r_idx), fresh_sums(row_scores(b_idx, r_idx).unsqueeze(1), values[b_idx, :valid]))
     return count

@@ -428,9 +428,7 @@ class StreamingSDA:
         # the newest query's row, from scratch over the window
         row = torch.bmm(st.k[:, :n_t], q.unsqueeze(-1)).squeeze(-1) * scale             # (B, n_t)
         S[:, slot, :n_t] = row
-        fresh = fresh_sums(row.unsqueeze(1), st.v[:, :n_t])
-        rows.ref[:, slot], rows.den[:, slot] = fresh.ref[:, 0], fresh.den[:, 0]
-        rows.num[:, slot], rows.peak[:, slot] = fresh.num[:, 0], fresh.den[:, 0]
+        rows.assign_((slice(None), slot), fresh_sums(row.unsqueeze(1), st.v[:, :n_t]))
         if self.stabilize and st.t > 1:
             st.refreshed = refresh_rows(rows, stale_rows(rows), lambda b, r: S[b, r, :n_t],
                                         st.v, n_t)
@@ -515,9 +513,7 @@ class StreamingSDA:
                 st.q_rows_s = st.q_land_s
                 self._build_workspace()
                 row_scores = torch.bmm(st.k[:, :n_t], st.q_land_s[:, r].unsqueeze(-1)).squeeze(-1)
-                fresh = fresh_sums(row_scores.unsqueeze(1), st.v[:, :n_t])
-                st.w.ref[:, r], st.w.den[:, r] = fresh.ref[:, 0], fresh.den[:, 0]
-                st.w.num[:, r], st.w.peak[:, r] = fresh.num[:, 0], fresh.den[:, 0]
+                st.w.assign_((slice(None), r), fresh_sums(row_scores.unsqueeze(1), st.v[:, :n_t]))
                 st.key_scores[:, :n_t, r] = row_scores
                 st.p = None
                 event = "landmark"
