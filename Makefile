@@ -14,7 +14,7 @@ TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench clean sysdeps sysdeps-test
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,16 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-run: $(STAMP)
+sysdeps:
+	@bash scripts/system-deps.sh
+
+sysdeps-test:
+	@bash scripts/system-deps.sh --test
+
+run: sysdeps $(STAMP)
 	$(PY) main.py $(ARGS)
 
-test: $(STAMP)
+test: sysdeps-test $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
 bench: $(STAMP)

@@ -6,7 +6,6 @@ import sys
 
 PENDING = {  # subcommands whose layers are built by later issues
     "gui": "the desktop app (issue #5)",
-    "classify": "the audio front end and classify command (issue #3)",
     "extract": "GTZAN token extraction (issue #4)",
     "train": "training (issue #4)",
     "evaluate": "the GTZAN evaluation report (issue #4)",
@@ -25,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget", type=float, default=6.0, help="seconds per row (max)")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     b.add_argument("--out", default="bench_results/bench.md", help="Markdown output (JSON beside)")
+    c = sub.add_parser("classify", help="classify a file, the microphone or the demo signal")
+    from app import classify
+    classify.add_arguments(c)
     d = sub.add_parser("demo", help="stream synthetic tokens through every variant (terminal)")
     d.add_argument("--steps", type=int, default=240, help="tokens (0.25 s each)")
     d.add_argument("--window", type=int, default=120)
@@ -38,13 +40,16 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command or "demo"
     if command in PENDING:
         print(f"'{command}' is not available yet: {PENDING[command]} builds it. "
-              f"Available now: bench, demo.", file=sys.stderr)
+              f"Available now: classify, bench, demo.", file=sys.stderr)
         return 2
     if command == "bench":
         from app import bench
         windows = tuple(int(w) for w in args.windows.split(","))
         bench.run(windows, steps=args.steps, budget_s=args.budget, out=args.out, threads=args.threads)
         return 0
+    if command == "classify":
+        from app import classify
+        return classify.run(args)
     from app import demo
     if args.command is None:
         args = build_parser().parse_args(["demo"])

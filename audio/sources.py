@@ -1,0 +1,350 @@
+"""Audio sources: microphone, file, demo signal -> 16 kHz mono float32 hops of 0.25 s.
+
+Every source is an iterator of hops, shape (4000,), and keeps ``stats`` (hops delivered, dropped,
+input overflows, non-finite samples replaced by 0, clipped samples). Input is made safe the same
+way everywhere (``condition``): channels are averaged to mono, NaN/Inf become 0 (counted), samples
+beyond +-1 are clipped (counted), then audio is resampled to 16 kHz with soxr.
+
+``sounddevice`` is imported only when a microphone is used, so files and the demo signal work on a
+machine without PortAudio.
+"""
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+from .errors import AudioDeviceError, AudioFileError, DeviceLostError
+from .melspec import HOP, SAMPLE_RATE, num_tokens
+
+HOP_SECONDS = HOP / SAMPLE_RATE
+
+
+@dataclass
+class SourceStats:
+    hops: int = 0          # hops delivered
+    dropped: int = 0       # hops dropped because the consumer fell behind
+    overflows: int = 0     # input overflows reported by the device
+    nonfinite: int = 0     # NaN/Inf samples replaced by 0
+    clipped: int = 0       # samples clipped to [-1, 1]
+
+
+def condition(x: np.ndarray, stats: SourceStats) -> np.ndarray:
+    """(frames,) or (frames, channels) -> mono float32, finite, within [-1, 1] (counted)."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 2:
+        x = x.mean(axis=1, dtype=np.float32) if x.shape[1] > 1 else x[:, 0]
+    bad = ~np.isfinite(x)
+    if bad.any():
+        stats.nonfinite += int(bad.sum())
+        x = np.where(bad, np.float32(0), x)
+    over = np.abs(x) > 1.0
+    if over.any():
+        stats.clipped += int(over.sum())
+        x = np.clip(x, -1.0, 1.0)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------- files
+
+def decode_file(path: str | Path, stats: SourceStats | None = None) -> tuple[np.ndarray, dict]:
+    """Decode any file soundfile (or librosa's fallback) reads -> (16 kHz mono float32, info)."""
+    import soundfile as sf
+
+    stats = stats if stats is not None else SourceStats()
+    path = Path(path)
+    if not path.exists():
+        raise AudioFileError(f"audio file not found: {path}")
+    if not path.is_file():
+        raise AudioFileError(f"not a file: {path}")
+    if path.stat().st_size == 0:
+        raise AudioFileError(f"{path} is empty (0 bytes)")
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except Exception as sf_error:  # noqa: BLE001 - soundfile raises several types
+        data, rate = _decode_with_librosa(path, sf_error)
+    if data.shape[0] == 0:
+        raise AudioFileError(f"{path} contains no audio samples")
+    info = {"path": str(path), "input_rate": int(rate), "channels": int(data.shape[1]),
+            "duration_s": data.shape[0] / rate}
+    mono = condition(data, stats)
+    if rate != SAMPLE_RATE:
+        mono = soxr.resample(mono, rate, SAMPLE_RATE).astype(np.float32)
+    return mono, info
+
+
+def _decode_with_librosa(path: Path, first_error: Exception):
+    import warnings
+
+    import librosa
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data, rate = librosa.load(str(path), sr=None, mono=False)
+    except Exception as e:  # noqa: BLE001
+        raise AudioFileError(f"cannot decode {path}: not audio, corrupt or truncated, or a "
+                             f"format without a decoder here ({first_error}; {e})") from e
+    data = np.atleast_2d(data).T if data.ndim == 1 else data.T
+    return data.astype(np.float32), rate
+
+
+class FileSource:
+    """Hops of a decoded file: as fast as possible, or paced in real time; optionally looped.
+
+    Token count follows ``melspec.num_tokens``: the trailing partial hop is not classified, and a
+    file shorter than one hop gives one zero-padded hop.
+    """
+
+    def __init__(self, path: str | Path, *, realtime: bool = False, loop: bool = False):
+        self.stats = SourceStats()
+        self.signal, self.info = decode_file(path, self.stats)
+        self.name = f"file:{Path(path).name}"
+        self.input_rate = self.info["input_rate"]
+        self.realtime, self.loop = realtime, loop
+        self._stop = threading.Event()
+
+    def hops(self) -> int:
+        return num_tokens(len(self.signal))
+
+    def __iter__(self):
+        start = time.monotonic()
+        emitted = 0
+        while not self._stop.is_set():
+            for t in range(self.hops()):
+                if self._stop.is_set():
+                    return
+                hop = self.signal[t * HOP:(t + 1) * HOP]
+                if len(hop) < HOP:
+                    hop = np.pad(hop, (0, HOP - len(hop)))
+                emitted += 1
+                if self.realtime:        # a hop is available once its last sample has "played"
+                    delay = start + emitted * HOP_SECONDS - time.monotonic()
+                    if delay > 0 and self._stop.wait(delay):
+                        return
+                self.stats.hops += 1
+                yield hop
+            if not self.loop:
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+# ----------------------------------------------------------------------------- demo signal
+
+class DemoSource:
+    """A deterministic synthetic piece (no third-party audio): 120 BPM, a bass line, a
+    four-chord progression with harmonics and decay, and a seeded noise hi-hat on off-beats."""
+
+    CHORDS = ((220.00, 277.18, 329.63), (174.61, 220.00, 261.63),
+              (196.00, 246.94, 293.66), (164.81, 207.65, 246.94))
+
+    def __init__(self, *, seed: int = 0, realtime: bool = False, seconds: float | None = None):
+        self.stats = SourceStats()
+        self.name, self.input_rate = "demo", SAMPLE_RATE
+        self.seed, self.realtime, self.seconds = seed, realtime, seconds
+        self._stop = threading.Event()
+
+    def render(self, start: int, count: int) -> np.ndarray:
+        """Samples [start, start + count) of the piece, float32 in [-1, 1]."""
+        n = np.arange(start, start + count)
+        t = n / SAMPLE_RATE
+        beat = 0.5                                           # seconds per beat (120 BPM)
+        bar = (t // (4 * beat)).astype(int) % 4
+        in_beat = (t % beat) / beat
+        env = np.exp(-4.0 * in_beat)
+        out = np.zeros(count)
+        for i, chord in enumerate(self.CHORDS):
+            mask = bar == i
+            if not mask.any():
+                continue
+            for f in chord:
+                for h, a in ((1, 0.12), (2, 0.05), (3, 0.025)):
+                    out[mask] += a * env[mask] * np.sin(2 * np.pi * f * h * t[mask])
+            out[mask] += 0.2 * np.exp(-6 * in_beat[mask]) * np.sin(2 * np.pi * chord[0] / 2 * t[mask])
+        half = (t % beat) >= beat / 2                        # off-beat hi-hat: seeded noise
+        rng = np.random.default_rng(self.seed * 1_000_003 + start)
+        hat = rng.standard_normal(count) * 0.05 * np.exp(-30 * ((t % (beat / 2)) / beat))
+        out += np.where(half, hat, 0.0)
+        return np.clip(out, -1, 1).astype(np.float32)
+
+    def __iter__(self):
+        start = time.monotonic()
+        total = math.inf if self.seconds is None else int(self.seconds / HOP_SECONDS)
+        t = 0
+        while t < total and not self._stop.is_set():
+            if self.realtime:
+                delay = start + (t + 1) * HOP_SECONDS - time.monotonic()
+                if delay > 0 and self._stop.wait(delay):
+                    return
+            self.stats.hops += 1
+            yield self.render(t * HOP, HOP)
+            t += 1
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+# ----------------------------------------------------------------------------- microphone
+
+def import_sounddevice():
+    """sounddevice, or a typed error saying how to get PortAudio."""
+    try:
+        import sounddevice
+    except OSError as e:
+        raise AudioDeviceError("PortAudio is missing, so no microphone can be opened: install "
+                               "Debian's libportaudio2 (apt-get install libportaudio2)") from e
+    return sounddevice
+
+
+def list_input_devices() -> list[dict]:
+    """Input devices: index, name, host API, channels, default sample rate."""
+    sd = import_sounddevice()
+    hostapis = sd.query_hostapis()
+    return [{"index": i, "name": d["name"], "hostapi": hostapis[d["hostapi"]]["name"],
+             "channels": d["max_input_channels"], "default_rate": d["default_samplerate"]}
+            for i, d in enumerate(sd.query_devices()) if d["max_input_channels"] > 0]
+
+
+def find_input_device(device: int | str | None) -> dict:
+    """The input device by index, exact or partial name, or the default one."""
+    devices = list_input_devices()
+    if not devices:
+        raise AudioDeviceError("no audio input device found: connect a microphone (or start an "
+                               "audio server), or use a file or the demo signal")
+    names = ", ".join(f"{d['index']}: {d['name']}" for d in devices)
+    if device is None:
+        sd = import_sounddevice()
+        default = sd.default.device[0]
+        for d in devices:
+            if d["index"] == default:
+                return d
+        return devices[0]
+    if isinstance(device, int) or str(device).isdigit():
+        for d in devices:
+            if d["index"] == int(device):
+                return d
+        raise AudioDeviceError(f"no input device with index {device}; inputs: {names}")
+    exact = [d for d in devices if d["name"] == device]
+    partial = [d for d in devices if str(device).lower() in d["name"].lower()]
+    if exact or len(partial) == 1:
+        return (exact or partial)[0]
+    if partial:
+        raise AudioDeviceError(f"device name {device!r} is ambiguous; inputs: {names}")
+    raise AudioDeviceError(f"no input device named {device!r}; inputs: {names}")
+
+
+class MicrophoneSource:
+    """Captures from an input device in PortAudio's callback thread.
+
+    The callback converts to mono, sanitises, resamples to 16 kHz (soxr, streaming) and puts
+    complete 0.25 s hops into a bounded queue; if the consumer falls behind, the oldest hop is
+    dropped and counted. Iterating yields hops; a device that stops delivering audio for
+    ``lost_after`` seconds (or whose stream ends) raises DeviceLostError.
+    """
+
+    def __init__(self, device: int | str | None = None, *, samplerate: float | None = None,
+                 max_queued_hops: int = 16, lost_after: float = 2.0):
+        self._sd = import_sounddevice()
+        self.device = find_input_device(device)
+        self.input_rate = int(samplerate or self.device["default_rate"])
+        self.name = f"mic:{self.device['name']}"
+        self.stats = SourceStats()
+        self.lost_after = lost_after
+        self._queue: queue.Queue = queue.Queue(maxsize=max_queued_hops)
+        self._resampler = (soxr.ResampleStream(self.input_rate, SAMPLE_RATE, 1, dtype="float32")
+                           if self.input_rate != SAMPLE_RATE else None)
+        self._pending = np.zeros(0, dtype=np.float32)
+        self._stream = None
+        self._ended = threading.Event()
+        self._closing = False
+        self._lock = threading.Lock()
+
+    # runs in PortAudio's thread
+    def _callback(self, indata, frames, time_info, status) -> None:
+        if status.input_overflow:
+            self.stats.overflows += 1
+        x = condition(indata, self.stats)
+        if self._resampler is not None:
+            x = self._resampler.resample_chunk(x)
+        with self._lock:
+            self._pending = np.concatenate([self._pending, x])
+            while len(self._pending) >= HOP:
+                hop, self._pending = self._pending[:HOP].copy(), self._pending[HOP:]
+                self._offer(hop)
+
+    def _offer(self, hop: np.ndarray) -> None:
+        while True:
+            try:
+                self._queue.put_nowait(hop)
+                return
+            except queue.Full:
+                try:
+                    self._queue.get_nowait()        # keep the newest audio
+                    self.stats.dropped += 1
+                except queue.Empty:
+                    pass
+
+    def start(self) -> "MicrophoneSource":
+        try:
+            self._stream = self._sd.InputStream(
+                device=self.device["index"], channels=1, samplerate=self.input_rate,
+                dtype="float32", blocksize=int(self.input_rate * 0.05), callback=self._callback,
+                finished_callback=self._ended.set)
+            self._stream.start()
+        except Exception as e:  # noqa: BLE001 - PortAudioError and ValueError
+            raise AudioDeviceError(f"cannot open input device {self.device['name']!r} at "
+                                   f"{self.input_rate} Hz: {e}") from e
+        return self
+
+    def __iter__(self):
+        if self._stream is None:
+            self.start()
+        last = time.monotonic()
+        while True:
+            try:
+                hop = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                if self._closing:
+                    return
+                if self._ended.is_set() or time.monotonic() - last > self.lost_after:
+                    self.close(wait=0.0)
+                    raise DeviceLostError(
+                        f"input device {self.device['name']!r} stopped delivering audio "
+                        f"(unplugged, or its audio server stopped); choose another source")
+                continue
+            if hop is None:
+                return
+            last = time.monotonic()
+            self.stats.hops += 1
+            yield hop
+
+    def close(self, wait: float = 0.5) -> None:
+        """Stop capturing and end the iteration, within ``wait`` seconds.
+
+        The stream is aborted in a helper thread: with a vanished device PortAudio's abort can
+        block, and a caller (the GUI, the CLI) must never hang on it.
+        """
+        self._closing = True
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            def shut():
+                try:
+                    stream.abort(ignore_errors=True)
+                    stream.close(ignore_errors=True)
+                except Exception:  # noqa: BLE001 - a vanished device may fail to close
+                    pass
+            closer = threading.Thread(target=shut, name="nystream-mic-close", daemon=True)
+            closer.start()
+            closer.join(wait)
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass

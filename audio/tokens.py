@@ -1,0 +1,60 @@
+"""Audio -> VGGish tokens: offline for whole files (batched), or streaming one hop at a time.
+
+Both give identical tokens for the same audio (tested): token t is VGGish applied to the log-mel
+patch of the 0.96 s that ends at (t+1) * 0.25 s (see audio/melspec.py).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .melspec import StreamingLogMel, offline_patches
+from .sources import SourceStats, decode_file
+from .vggish import Embedder
+
+
+def tokens_for_file(path: str | Path, embedder: Embedder, batch_size: int = 64) -> tuple[torch.Tensor, dict]:
+    """(T, 128) float32 tokens of a whole file (T = complete 0.25 s hops), and decode info."""
+    stats = SourceStats()
+    signal, info = decode_file(path, stats)
+    return tokens_for_signal(signal, embedder, batch_size), {**info, "nonfinite": stats.nonfinite,
+                                                             "clipped": stats.clipped}
+
+
+def tokens_for_signal(signal: np.ndarray, embedder: Embedder, batch_size: int = 64) -> torch.Tensor:
+    """(samples,) 16 kHz mono -> (T, 128) float32 tokens."""
+    patches = offline_patches(signal)
+    if len(patches) == 0:
+        return torch.zeros(0, 128)
+    return torch.cat([embedder(patches[i:i + batch_size]) for i in range(0, len(patches), batch_size)])
+
+
+@dataclass
+class StreamedToken:
+    index: int              # token / hop index t
+    audio_time: float       # seconds of audio up to the end of this hop, (t + 1) * 0.25
+    token: torch.Tensor     # (1, 128)
+    patch: np.ndarray       # (96, 64) log-mel patch the token came from
+    frontend_ms: float      # log-mel time for this hop
+    vggish_ms: float        # VGGish time for this hop
+
+
+class TokenStream:
+    """Iterate a hop source into tokens, one per hop, computing only each hop's new frames."""
+
+    def __init__(self, source, embedder: Embedder):
+        self.source, self.embedder = source, embedder
+        self.logmel = StreamingLogMel()
+
+    def __iter__(self):
+        for t, hop in enumerate(self.source):
+            t0 = time.perf_counter()
+            patch = self.logmel.push(hop)
+            t1 = time.perf_counter()
+            token = self.embedder(patch[None])
+            t2 = time.perf_counter()
+            yield StreamedToken(t, (t + 1) * 0.25, token, patch, (t1 - t0) * 1e3, (t2 - t1) * 1e3)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Debian packages Nystream uses: PortAudio (libportaudio2) for the microphone; with --test also
+# JACK (jackd2), whose dummy server gives the microphone tests a real, clocked PortAudio input.
+# Installs only what is missing, with apt-get (as root, or through sudo). Where that is not
+# possible it says what to install and carries on: files and the demo signal work without it,
+# and the microphone tests skip with a reason.
+set -uo pipefail
+pkgs=(libportaudio2)
+[ "${1:-}" = "--test" ] && pkgs+=(jackd2)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if ! command -v apt-get >/dev/null 2>&1; then
+  echo "note: install ${missing[*]} with your package manager for microphone input" >&2; exit 0
+fi
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo -n"
+echo "installing ${missing[*]} ..." >&2
+if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+        --no-install-recommends "${missing[@]}" >/dev/null; }; then
+  echo "note: could not install ${missing[*]}; microphone input (and its tests) unavailable" >&2
+fi
+exit 0

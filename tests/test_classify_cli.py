@@ -1,0 +1,53 @@
+"""`main.py classify` end to end on real files, and its errors."""
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from audio_helpers import tone, write
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def classify(*args, timeout=300):
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_classify_file_jsonl(tmp_path):
+    path = write(tmp_path / "a.wav", tone(2.2, 44100, 523.0, channels=2), 44100)
+    r = classify(path, "--random-vggish", "--jsonl", "--window", "8")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["step"] for x in records] == list(range(8))
+    first = records[0]
+    assert set(first["probabilities"]) == {"regular", "continual", "nystrom", "continual_nystrom"}
+    assert abs(sum(first["probabilities"]["continual"]) - 1) < 1e-4
+    assert all(first["untrained"].values()) and "RANDOM" in first["vggish"]
+    assert first["flops"]["continual_nystrom"]["sda"] > 0
+    assert {"frontend", "vggish", "regular"} <= set(first["latency_ms"])
+    # exact variants agree at every step
+    for x in records:
+        assert x["top"]["regular"][0] == x["top"]["continual"][0]
+    assert "UNTRAINED" in r.stderr
+
+
+def test_classify_demo_csv(tmp_path):
+    out = tmp_path / "steps.csv"
+    r = classify("--demo", "--seconds", "1.5", "--random-vggish", "--variant", "continual",
+                 "continual_nystrom", "--csv", out)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 6 and rows[0]["continual.untrained"] == "True"
+    assert float(rows[-1]["audio_time_s"]) == 1.5
+
+
+def test_classify_bad_inputs_exit_nonzero_with_a_message(tmp_path):
+    r = classify(tmp_path / "missing.wav", "--random-vggish")
+    assert r.returncode == 1 and "not found" in r.stderr
+    (tmp_path / "x.wav").write_text("not audio")
+    r = classify(tmp_path / "x.wav", "--random-vggish")
+    assert r.returncode == 1 and "cannot decode" in r.stderr
+    r = classify(tmp_path / "x.wav", "--vggish-weights", tmp_path / "none.pth")
+    assert r.returncode == 1 and "VGGish weights not found" in r.stderr
