@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from audio.errors import AudioError
+from audio.errors import AudioError, VGGishWeightsError
 from audio.gtzan import GENRES
 from models.sda import VARIANTS
 from models.transformer import ModelConfig, build_model
@@ -33,6 +33,8 @@ def add_arguments(p) -> None:
     w.add_argument("--vggish-weights", help="VGGish state dict (default: env/hub cache/download)")
     w.add_argument("--random-vggish", nargs="?", type=int, const=0, metavar="SEED",
                    help="random VGGish weights (seeded), for tests and demos")
+    p.add_argument("--fallback-random-vggish", action="store_true",
+                   help="if no VGGish weights are found, say so and use random ones (default run)")
     p.add_argument("--cuda", action="store_true", help="run VGGish and models on CUDA if available")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
@@ -90,7 +92,13 @@ def run(args) -> int:
                       f"{d['default_rate']:.0f} Hz)")
             return 0
         device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
-        embedder = build_embedder(args.vggish_weights, random_seed=args.random_vggish, device=device)
+        try:
+            embedder = build_embedder(args.vggish_weights, random_seed=args.random_vggish, device=device)
+        except VGGishWeightsError as e:
+            if not args.fallback_random_vggish:
+                raise
+            print(f"# {e}\n# continuing with RANDOM VGGish weights", file=sys.stderr)
+            embedder = build_embedder(random_seed=0, device=device)
         source = make_source(args)
         models = {}
         for v in args.variant:

@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    command = args.command or "demo"
+    if args.command is None:        # the default run: the demo signal, live, every variant
+        args = build_parser().parse_args(["classify", "--demo", "--realtime", "--fallback-random-vggish"])
+    command = args.command
     if command in PENDING:
         print(f"'{command}' is not available yet: {PENDING[command]} builds it. "
               f"Available now: classify, bench, demo.", file=sys.stderr)
@@ -51,6 +53,4 @@ def main(argv: list[str] | None = None) -> int:
         from app import classify
         return classify.run(args)
     from app import demo
-    if args.command is None:
-        args = build_parser().parse_args(["demo"])
     return demo.run(steps=args.steps, window=args.window, layers=args.layers, seed=args.seed)

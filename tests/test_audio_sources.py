@@ -66,12 +66,8 @@ def test_truncated_file_gives_what_it_holds(tmp_path):
     data = path.read_bytes()
     cut = tmp_path / "cut.wav"
     cut.write_bytes(data[: len(data) // 2 + 1])     # odd length: a torn final sample
-    try:
-        signal, _ = decode_file(cut)
-    except AudioFileError as e:
-        assert "cannot decode" in str(e)
-    else:
-        assert 0 < len(signal) < 32000 and np.isfinite(signal).all()
+    signal, _ = decode_file(cut)
+    assert 15000 < len(signal) < 17000 and np.isfinite(signal).all()
 
 
 def test_garbage_after_a_valid_header(tmp_path):
@@ -118,3 +114,23 @@ def test_demo_signal_is_deterministic_music():
     x = np.concatenate(a)
     assert 0.02 < np.sqrt(np.mean(x ** 2)) < 0.5 and np.abs(x).max() <= 1.0
     assert len(list(DemoSource(seconds=2.0))) == 8
+
+
+def test_missing_portaudio_is_a_typed_error_and_files_still_work(monkeypatch, tmp_path):
+    import builtins
+    import sys
+
+    from audio.errors import AudioDeviceError
+    from audio.sources import MicrophoneSource
+    real_import = builtins.__import__
+
+    def no_portaudio(name, *args, **kwargs):
+        if name == "sounddevice":
+            raise OSError("PortAudio library not found")
+        return real_import(name, *args, **kwargs)
+    monkeypatch.delitem(sys.modules, "sounddevice", raising=False)
+    monkeypatch.setattr(builtins, "__import__", no_portaudio)
+    with pytest.raises(AudioDeviceError, match="libportaudio2"):
+        MicrophoneSource()
+    path = write(tmp_path / "ok.wav", tone(0.5, 16000), 16000)
+    assert len(list(FileSource(path))) == 2
