@@ -9,6 +9,7 @@ import torch
 
 from audio.errors import AudioError, VGGishWeightsError
 from audio.gtzan import GENRES
+from models.checkpoint import CheckpointError
 from models.sda import VARIANTS
 from models.transformer import ModelConfig, build_model
 
@@ -23,8 +24,10 @@ def add_arguments(p) -> None:
     p.add_argument("--seconds", type=float, help="stop after this much audio")
     p.add_argument("--realtime", action="store_true", help="pace a file/demo in real time")
     p.add_argument("--loop", action="store_true", help="loop a file")
-    p.add_argument("--variant", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                   help="attention variants to run side by side (default: all)")
+    p.add_argument("--variant", nargs="+", choices=VARIANTS,
+                   help="untrained models of these variants (default: all, unless checkpoints)")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
+                   help="trained models (one per checkpoint), run side by side")
     p.add_argument("--layers", type=int, choices=(1, 2), default=1)
     p.add_argument("--window", type=int, default=120, help="window n in tokens (0.25 s each)")
     p.add_argument("--landmarks", type=int, default=4, help="Nyström landmarks m")
@@ -52,6 +55,27 @@ def make_source(args):
     if args.demo:
         return DemoSource(realtime=args.realtime, seconds=args.seconds)
     return FileSource(args.path, realtime=args.realtime, loop=args.loop)
+
+
+def load_models(args, device) -> tuple[dict, dict]:
+    """Trained models from --checkpoint files, untrained ones for --variant (default: all)."""
+    from models.checkpoint import load_checkpoint
+
+    models, trained = {}, {}
+    for path in args.checkpoint:
+        model, payload = load_checkpoint(path, in_dim=128, classes=list(GENRES), device=device)
+        name = model.cfg.variant + ("/fixed" if model.cfg.landmark_mode == "fixed" else "")
+        while name in models:
+            name += "'"
+        models[name], trained[name] = model, True
+    variants = args.variant if args.variant is not None else ([] if args.checkpoint else list(VARIANTS))
+    for v in variants:
+        torch.manual_seed(args.seed)
+        cfg = ModelConfig(variant=v, layers=args.layers, window=args.window,
+                          num_landmarks=min(args.landmarks, args.window))
+        name = v if v not in models else f"{v} (untrained)"
+        models[name], trained[name] = build_model(cfg).to(device), False
+    return models, trained
 
 
 def csv_row(r) -> dict:
@@ -99,17 +123,13 @@ def run(args) -> int:
                 raise
             print(f"# {e}\n# continuing with RANDOM VGGish weights", file=sys.stderr)
             embedder = build_embedder(random_seed=0, device=device)
+        models, trained = load_models(args, device)
         source = make_source(args)
-        models = {}
-        for v in args.variant:
-            torch.manual_seed(args.seed)
-            cfg = ModelConfig(variant=v, layers=args.layers, window=args.window,
-                              num_landmarks=min(args.landmarks, args.window))
-            models[v] = build_model(cfg).to(device)
-        engine = Engine(embedder, models)
-        print(f"# source {source.name}; {embedder.description}; models UNTRAINED (random weights, "
-              f"seed {args.seed}): marked *; trained checkpoints arrive with the offline GTZAN mode",
-              file=sys.stderr)
+        engine = Engine(embedder, models, trained)
+        untrained = [n for n in models if not trained[n]]
+        print(f"# source {source.name}; {embedder.description}; "
+              + (f"UNTRAINED models (random weights, seed {args.seed}), marked *: "
+                 f"{', '.join(untrained)}" if untrained else "all models trained"), file=sys.stderr)
         writer, csv_file = None, None
         limit = None if args.seconds is None else int(args.seconds / 0.25)
         try:
@@ -136,6 +156,6 @@ def run(args) -> int:
               f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped",
               file=sys.stderr)
         return 0
-    except AudioError as e:
+    except (AudioError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -51,3 +51,22 @@ def test_classify_bad_inputs_exit_nonzero_with_a_message(tmp_path):
     assert r.returncode == 1 and "cannot decode" in r.stderr
     r = classify(tmp_path / "x.wav", "--vggish-weights", tmp_path / "none.pth")
     assert r.returncode == 1 and "VGGish weights not found" in r.stderr
+
+
+def test_classify_with_a_checkpoint_marks_it_trained(tmp_path):
+    import torch
+
+    from audio.gtzan import GENRES
+    from models.checkpoint import save_checkpoint
+    from models.transformer import ModelConfig, build_model
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(variant="continual", window=8))
+    save_checkpoint(model, tmp_path / "c.pt", classes=list(GENRES))
+    path = write(tmp_path / "a.wav", tone(1.2, 16000), 16000)
+    r = classify(path, "--random-vggish", "--jsonl", "--checkpoint", tmp_path / "c.pt",
+                 "--variant", "regular")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert rec["untrained"] == {"continual": False, "regular": True}
+    bad = classify(path, "--random-vggish", "--checkpoint", path)
+    assert bad.returncode == 1 and "not a readable checkpoint" in bad.stderr

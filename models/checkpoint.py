@@ -1,0 +1,63 @@
+"""Checkpoints: config + weights (fixed landmarks included) + metadata, loadable with
+``torch.load(weights_only=True)``; a checkpoint that does not match what the caller expects is
+refused with a CheckpointError that says what differs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .transformer import GenreTransformer, ModelConfig, build_model
+
+FORMAT = "nystream-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A file that is not a Nystream checkpoint, or one for another model."""
+
+
+def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[str],
+                    metadata: dict | None = None) -> None:
+    """Write model (config, weights, fixed landmarks), class names and metadata atomically."""
+    path = Path(path)
+    payload = {"format": FORMAT, "version": VERSION, "config": model.cfg.to_dict(),
+               "state_dict": model.state_dict(), "classes": list(classes),
+               "metadata": dict(metadata or {})}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int | None = None,
+                    classes: list[str] | None = None, device: str | torch.device = "cpu"):
+    """(model in eval mode, payload) from ``path``; checks variant, token dimension and classes."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{path} is not a readable checkpoint ({e})") from e
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a Nystream checkpoint (no '{FORMAT}' header)")
+    try:
+        cfg = ModelConfig(**payload["config"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path} has an invalid model config: {e}") from e
+    if variant is not None and cfg.variant != variant:
+        raise CheckpointError(f"{path} holds a {cfg.variant!r} model, not {variant!r}")
+    if in_dim is not None and cfg.in_dim != in_dim:
+        raise CheckpointError(f"{path} expects {cfg.in_dim}-d tokens, these are {in_dim}-d")
+    if classes is not None and list(payload.get("classes", [])) != list(classes):
+        raise CheckpointError(f"{path} was trained for classes {payload.get('classes')}, "
+                              f"expected {list(classes)}")
+    mode = cfg.landmark_mode
+    model = build_model(cfg)
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"{path}: weights do not fit its own config ({e})") from e
+    if mode == "fixed":
+        model.set_landmark_mode("fixed")
+    return model.to(device).eval(), payload
