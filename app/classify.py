@@ -147,6 +147,8 @@ def run(args) -> int:
                     print(human(r), flush=True)
                 if limit is not None and r.step + 1 >= limit:
                     break
+        except KeyboardInterrupt:                  # Ctrl-C: a normal way to stop a live run
+            print("# stopped", file=sys.stderr)
         finally:
             source.close()
             if csv_file is not None:
