@@ -6,7 +6,6 @@ import sys
 
 PENDING = {  # subcommands whose layers are built by later issues
     "gui": "the desktop app (issue #5)",
-    "extract": "GTZAN token extraction (issue #4)",
     "train": "training (issue #4)",
     "evaluate": "the GTZAN evaluation report (issue #4)",
 }
@@ -15,6 +14,7 @@ PENDING = {  # subcommands whose layers are built by later issues
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="main.py", description=__doc__)
     sub = p.add_subparsers(dest="command")
+    from app import classify, extract
     for name, what in PENDING.items():
         sp = sub.add_parser(name, help=f"not built yet: {what}")
         sp.add_argument("rest", nargs=argparse.REMAINDER)
@@ -25,8 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     b.add_argument("--out", default="bench_results/bench.md", help="Markdown output (JSON beside)")
     c = sub.add_parser("classify", help="classify a file, the microphone or the demo signal")
-    from app import classify
     classify.add_arguments(c)
+    e = sub.add_parser("extract", help="GTZAN audio (or musicnn taggrams) -> a token file")
+    extract.add_arguments(e)
     d = sub.add_parser("demo", help="stream synthetic tokens through every variant (terminal)")
     d.add_argument("--steps", type=int, default=240, help="tokens (0.25 s each)")
     d.add_argument("--window", type=int, default=120)
@@ -42,13 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command
     if command in PENDING:
         print(f"'{command}' is not available yet: {PENDING[command]} builds it. "
-              f"Available now: classify, bench, demo.", file=sys.stderr)
+              f"Available now: classify, extract, bench, demo.", file=sys.stderr)
         return 2
     if command == "bench":
         from app import bench
         windows = tuple(int(w) for w in args.windows.split(","))
         bench.run(windows, steps=args.steps, budget_s=args.budget, out=args.out, threads=args.threads)
         return 0
+    if command == "extract":
+        from app import extract
+        return extract.run(args)
     if command == "classify":
         from app import classify
         return classify.run(args)

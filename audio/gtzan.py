@@ -1,4 +1,67 @@
-"""GTZAN: the ten genres, in the fixed order every model and report uses."""
+"""GTZAN: the ten genres in a fixed order, track discovery for the usual layouts, seeded splits."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import AudioError
 
 GENRES = ("blues", "classical", "country", "disco", "hiphop", "jazz", "metal", "pop", "reggae",
           "rock")
+_TRACK = re.compile(r"^(?P<genre>[a-z]+)\.(?P<num>\d{5})\.(au|wav)$")
+LAYOUTS = ("genres/<genre>/<genre>.000NN.au|wav (original)",
+           "genres_original/<genre>/<genre>.000NN.wav (Kaggle; also under Data/)",
+           "<genre>/<genre>.000NN.au|wav or <genre>.000NN.au|wav directly in the folder")
+
+
+class GTZANError(AudioError):
+    """A GTZAN folder that is missing, empty or in an unknown layout."""
+
+
+@dataclass(frozen=True)
+class Track:
+    path: Path
+    genre: str
+    label: int
+    track_id: str      # '<genre>/<file name>'
+
+
+def discover(root: str | Path) -> list[Track]:
+    """Every GTZAN track under ``root`` (sorted by genre, then number) for the layouts above."""
+    root = Path(root)
+    if not root.is_dir():
+        raise GTZANError(f"GTZAN folder not found: {root}")
+    for base in (root / "genres", root / "genres_original", root / "Data" / "genres_original", root):
+        genre_dirs = [base / g for g in GENRES if (base / g).is_dir()]
+        files = [f for d in genre_dirs for f in d.iterdir()] if genre_dirs else \
+            (list(base.iterdir()) if base == root else [])
+        tracks = []
+        for f in files:
+            m = _TRACK.match(f.name)
+            if m and m["genre"] in GENRES and f.is_file():
+                tracks.append(Track(f, m["genre"], GENRES.index(m["genre"]), f"{m['genre']}/{f.name}"))
+        if tracks:
+            return sorted(tracks, key=lambda t: (t.label, t.path.name))
+    if not any(root.iterdir()):
+        raise GTZANError(f"GTZAN folder {root} is empty")
+    raise GTZANError(f"no GTZAN tracks found in {root}; expected one of: " + "; ".join(LAYOUTS))
+
+
+def stratified_split(labels, seed: int, fractions=(0.72, 0.18, 0.10)) -> dict[str, np.ndarray]:
+    """Seeded stratified split into train/val/test index arrays (the paper's 72/18/10 default)."""
+    labels = np.asarray(labels)
+    if abs(sum(fractions) - 1.0) > 1e-9 or len(fractions) != 3:
+        raise ValueError(f"fractions must be three numbers summing to 1, got {fractions}")
+    rng = np.random.default_rng(seed)
+    parts = {"train": [], "val": [], "test": []}
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n_val = int(round(fractions[1] * len(idx)))
+        n_test = int(round(fractions[2] * len(idx)))
+        parts["test"] += list(idx[:n_test])
+        parts["val"] += list(idx[n_test:n_test + n_val])
+        parts["train"] += list(idx[n_test + n_val:])
+    return {k: np.sort(np.array(v, dtype=np.int64)) for k, v in parts.items()}

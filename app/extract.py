@@ -1,0 +1,116 @@
+"""`python main.py extract`: GTZAN audio -> a token file, resumable; or the musicnn converter.
+
+Finished tracks are kept in ``<out>.parts/`` (one file per track, written atomically), so a crash
+or Ctrl-C loses at most the track in progress and running the same command again resumes. Files
+that cannot be decoded (the real GTZAN has one) are skipped and listed in the token file's
+metadata and in the final report.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from audio import melspec
+from audio.errors import AudioError, AudioFileError
+from audio.gtzan import GENRES, discover
+from audio.token_cache import TokenFileError, convert_musicnn, pack, save_tokens
+from audio.tokens import tokens_for_file
+from audio.vggish import Embedder
+
+FRONTEND = {"sample_rate": melspec.SAMPLE_RATE, "hop": melspec.HOP, "window": melspec.WIN,
+            "frame_step": melspec.STEP, "fft": melspec.FFT, "bands": melspec.BANDS,
+            "mel_hz": [melspec.MEL_LOW, melspec.MEL_HIGH], "log_offset": melspec.LOG_OFFSET,
+            "patch_frames": melspec.FRAMES}
+
+
+def extract_gtzan(gtzan_dir: str | Path, out: str | Path, embedder: Embedder, batch_size: int = 64,
+                  log=lambda s: print(s, file=sys.stderr, flush=True)):
+    """Tokens of every GTZAN track under ``gtzan_dir`` into the token file ``out``."""
+    tracks = discover(gtzan_dir)
+    out = Path(out)
+    parts = out.with_name(out.name + ".parts")
+    parts.mkdir(parents=True, exist_ok=True)
+    manifest = {"tracks": [t.track_id for t in tracks], "vggish": embedder.checksum,
+                "frontend": FRONTEND}
+    mpath = parts / "manifest.json"
+    if mpath.exists() and json.loads(mpath.read_text()) != manifest:
+        raise TokenFileError(f"{parts} holds a partial extraction with other tracks or VGGish "
+                             f"weights; delete it or choose another --out")
+    mpath.write_text(json.dumps(manifest))
+    t_start = time.monotonic()
+    for i, track in enumerate(tracks):
+        done, skip = parts / f"{i:05d}.npy", parts / f"{i:05d}.skip"
+        if done.exists() or skip.exists():
+            continue
+        t0 = time.monotonic()
+        try:
+            tokens, _ = tokens_for_file(track.path, embedder, batch_size)
+        except AudioFileError as e:
+            skip.write_text(str(e))
+            log(f"[{i + 1}/{len(tracks)}] {track.track_id}: SKIPPED ({e})")
+            continue
+        tmp = parts / f"{i:05d}.tmp.npy"
+        np.save(tmp, tokens.numpy())
+        os.replace(tmp, done)
+        elapsed = time.monotonic() - t_start
+        log(f"[{i + 1}/{len(tracks)}] {track.track_id}: {len(tokens)} tokens in "
+            f"{time.monotonic() - t0:.1f} s ({elapsed:.0f} s so far)")
+    seqs, labels, ids, skipped = [], [], [], []
+    for i, track in enumerate(tracks):
+        if (parts / f"{i:05d}.skip").exists():
+            skipped.append({"id": track.track_id, "reason": (parts / f"{i:05d}.skip").read_text()})
+            continue
+        seqs.append(np.load(parts / f"{i:05d}.npy"))
+        labels.append(track.label)
+        ids.append(track.track_id)
+    tokens = pack(seqs, labels, ids, GENRES, metadata={
+        "source": str(Path(gtzan_dir).resolve()), "frontend": FRONTEND, "vggish": embedder.checksum,
+        "vggish_description": embedder.description, "skipped": skipped})
+    save_tokens(out, tokens)
+    shutil.rmtree(parts)
+    log(f"wrote {out}: {len(seqs)} tracks, X {tokens.X.shape}, {len(skipped)} skipped"
+        + "".join(f"\n  skipped {s['id']}: {s['reason']}" for s in skipped))
+    return tokens
+
+
+def run(args) -> int:
+    from audio.vggish import build_embedder
+    try:
+        if args.musicnn:
+            tokens = convert_musicnn(args.musicnn)
+            save_tokens(args.out, tokens)
+            print(f"wrote {args.out}: {len(tokens.labels)} sequences, X {tokens.X.shape}",
+                  file=sys.stderr)
+            return 0
+        if not args.gtzan:
+            print("extract: give --gtzan DIR or --musicnn DIR", file=sys.stderr)
+            return 2
+        import torch
+        device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
+        embedder = build_embedder(args.vggish_weights, random_seed=args.random_vggish, device=device)
+        extract_gtzan(args.gtzan, args.out, embedder, args.batch_size)
+        return 0
+    except AudioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: finished tracks are kept; run the same command again to resume",
+              file=sys.stderr)
+        return 130
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--gtzan", metavar="DIR", help="GTZAN folder (see audio/gtzan.py for layouts)")
+    p.add_argument("--musicnn", metavar="DIR", help="convert the musicnn GTZAN taggram .npz files")
+    p.add_argument("--out", required=True, help="token file to write (.npz)")
+    w = p.add_mutually_exclusive_group()
+    w.add_argument("--vggish-weights", help="VGGish state dict (default: env/hub cache/download)")
+    w.add_argument("--random-vggish", nargs="?", type=int, const=0, metavar="SEED")
+    p.add_argument("--batch-size", type=int, default=64, help="VGGish batch size")
+    p.add_argument("--cuda", action="store_true", help="run VGGish on CUDA if available")

@@ -1,0 +1,127 @@
+"""Token files: any (N, T, D) token sequences with labels, written atomically as .npz.
+
+Keys: X (N, T, D) float32 (zero beyond each sequence's length), lengths (N,), labels (N,),
+ids (N,) track ids, genres (C,) class names, split (N,) '' or a predefined 'train'/'val'/'test',
+metadata (a JSON string: front end settings, VGGish weights checksum or 'random-<seed>',
+skipped files, source). The musicnn GTZAN taggrams convert to the same format.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import AudioError
+
+KEYS = ("X", "lengths", "labels", "ids", "genres", "split", "metadata")
+
+
+class TokenFileError(AudioError):
+    """A token file that is missing, unreadable or malformed."""
+
+
+@dataclass
+class TokenSet:
+    X: np.ndarray            # (N, T, D) float32
+    lengths: np.ndarray      # (N,) int64
+    labels: np.ndarray       # (N,) int64
+    ids: np.ndarray          # (N,) str
+    genres: tuple[str, ...]
+    split: np.ndarray        # (N,) str, '' when none is predefined
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        N = len(self.labels)
+        if self.X.ndim != 3:
+            raise TokenFileError(f"X must be (N, T, D) token sequences, got shape {self.X.shape}")
+        for name, arr in (("X", self.X), ("lengths", self.lengths), ("ids", self.ids),
+                          ("split", self.split)):
+            if len(arr) != N:
+                raise TokenFileError(f"{name} has {len(arr)} entries, labels has {N}")
+        if N and (self.labels.min() < 0 or self.labels.max() >= len(self.genres)):
+            raise TokenFileError(f"labels must lie in [0, {len(self.genres)}), got "
+                                 f"{self.labels.min()}..{self.labels.max()}")
+        if N and (self.lengths.min() < 1 or self.lengths.max() > self.X.shape[1]):
+            raise TokenFileError(f"lengths must lie in [1, T={self.X.shape[1]}]")
+
+
+def save_tokens(path: str | Path, tokens: TokenSet) -> None:
+    """Write ``tokens`` to ``path`` atomically (a crash never leaves a half-written file)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, X=tokens.X.astype(np.float32), lengths=tokens.lengths.astype(np.int64),
+                 labels=tokens.labels.astype(np.int64), ids=tokens.ids.astype(str),
+                 genres=np.array(tokens.genres, dtype=str), split=tokens.split.astype(str),
+                 metadata=np.array(json.dumps(tokens.metadata)))
+    os.replace(tmp, path)
+
+
+def load_tokens(path: str | Path) -> TokenSet:
+    path = Path(path)
+    if not path.is_file():
+        raise TokenFileError(f"token file not found: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            missing = [k for k in ("X", "labels") if k not in d.files]
+            if missing:
+                raise TokenFileError(f"{path} has no {', '.join(missing)}: a token file holds "
+                                     f"X (N, T, D) and labels (N,)")
+            X = d["X"]
+            N = len(d["labels"])
+            T = X.shape[1] if X.ndim == 3 else 0
+            get = lambda k, default: d[k] if k in d.files else default  # noqa: E731
+            return TokenSet(
+                X=X.astype(np.float32), labels=d["labels"].astype(np.int64),
+                lengths=get("lengths", np.full(N, T)).astype(np.int64),
+                ids=get("ids", np.array([str(i) for i in range(N)])).astype(str),
+                genres=tuple(get("genres", np.array([str(c) for c in range(int(d["labels"].max()) + 1)]))),
+                split=get("split", np.array([""] * N)).astype(str),
+                metadata=json.loads(str(get("metadata", np.array("{}")))))
+    except TokenFileError:
+        raise
+    except Exception as e:  # noqa: BLE001 - zip, pickle and value errors
+        raise TokenFileError(f"{path} is not a readable token file ({e})") from e
+
+
+def pack(sequences: list[np.ndarray], labels, ids, genres, split=None, metadata=None) -> TokenSet:
+    """Variable-length (T_i, D) sequences -> a zero-padded TokenSet."""
+    if not sequences:
+        raise TokenFileError("no token sequences to pack")
+    T, D = max(len(s) for s in sequences), sequences[0].shape[1]
+    X = np.zeros((len(sequences), T, D), dtype=np.float32)
+    for i, s in enumerate(sequences):
+        X[i, :len(s)] = s
+    N = len(sequences)
+    return TokenSet(X, np.array([len(s) for s in sequences], dtype=np.int64),
+                    np.asarray(labels, dtype=np.int64), np.asarray(ids, dtype=str), tuple(genres),
+                    np.asarray(split if split is not None else [""] * N, dtype=str), metadata or {})
+
+
+def convert_musicnn(folder: str | Path) -> TokenSet:
+    """The musicnn GTZAN taggrams (training_*.npz / evaluation_*.npz: frames X (F, 50), Y, IDS)
+    grouped by track into sequences; their own split becomes 'train' / 'test'."""
+    from .gtzan import GENRES
+
+    folder = Path(folder)
+    parts = {"train": sorted(folder.glob("training_*.npz")), "test": sorted(folder.glob("evaluation_*.npz"))}
+    if not parts["train"] or not parts["test"]:
+        raise TokenFileError(f"{folder} must hold training_*.npz and evaluation_*.npz musicnn files")
+    seqs, labels, ids, split = [], [], [], []
+    for name, files in parts.items():
+        with np.load(files[0], allow_pickle=False) as d:
+            X, Y, IDS = d["X"], d["Y"], d["IDS"].astype(str)
+        starts = np.flatnonzero(np.r_[True, IDS[1:] != IDS[:-1]])
+        for a, b in zip(starts, np.r_[starts[1:], len(IDS)]):
+            genre = IDS[a].split("/")[0]
+            if GENRES.index(genre) != int(Y[a]):
+                raise TokenFileError(f"label {Y[a]} of {IDS[a]} contradicts its genre folder")
+            seqs.append(X[a:b])
+            labels.append(int(Y[a]))
+            ids.append(IDS[a])
+            split.append(name)
+    return pack(seqs, labels, ids, GENRES, split,
+                {"source": "musicnn MSD taggram (GTZAN, fault-filtered artist split)", "dim": 50})
