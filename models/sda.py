@@ -499,13 +499,7 @@ class StreamingSDA:
             new_scores = torch.bmm(st.q_rows_s, k.unsqueeze(-1)).squeeze(-1)         # (B, R)
             rescaled = add_key(st.w, new_scores, v, self.stabilize)
             st.key_scores[:, slot] = new_scores[:, :m]
-            if st.w_shadow is not None:
-                st.shadow_count += 1
-                if st.shadow_count == self.n:      # the shadow rows hold exactly the window now
-                    st.w_main.copy_(st.w_shadow)
-                    st.w_shadow.clear_()
-                    st.shadow_count = 0
-                    event = "swap"
+            event = self._advance_shadow(st)
             if not fixed and changed:
                 # one slot got a new landmark: its row is recomputed over the window
                 r = (self.tracker.state.completed - 1) % m
@@ -531,6 +525,19 @@ class StreamingSDA:
                       stabilize=self.stabilize, p_rebuilt=self.retroactive and self._p_rebuilt,
                       warmup_landmarks=warmup, shadow=st.w_shadow is not None, rescaled=rescaled)
         return out
+
+    def _advance_shadow(self, st: StreamState) -> str:
+        """Count a key into the shadow rows; after n keys they hold exactly the window and
+        replace the main rows (returns 'swap'), else 'step'."""
+        if st.w_shadow is None:
+            return "step"
+        st.shadow_count += 1
+        if st.shadow_count < self.n:
+            return "step"
+        st.w_main.copy_(st.w_shadow)
+        st.w_shadow.clear_()
+        st.shadow_count = 0
+        return "swap"
 
     def _fast_step(self, st: StreamState, q: Tensor, k: Tensor, v: Tensor, slot: int,
                    full: bool) -> Tensor:
@@ -573,14 +580,7 @@ class StreamingSDA:
         w.num.addcmul_(ws.e.unsqueeze(-1), v.unsqueeze(1))
         torch.maximum(w.peak, w.den, out=w.peak)
         st.key_scores[:, slot].copy_(scores[:, :m])
-        event = "step"
-        if st.w_shadow is not None:
-            st.shadow_count += 1
-            if st.shadow_count == self.n:              # the shadow rows hold exactly the window
-                main.copy_(st.w_shadow)
-                st.w_shadow.clear_()
-                st.shadow_count = 0
-                event = "swap"
+        event = self._advance_shadow(st)
         torch.mul(main.peak, ws.tau, out=ws.floor)
         torch.lt(main.den, ws.floor, out=ws.stale)
         torch.any(ws.stale, out=ws.any)
