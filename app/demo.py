@@ -11,10 +11,10 @@ import time
 
 import torch
 
+from audio.gtzan import GENRES
 from models.landmarks import fit_fixed_landmarks
 from models.transformer import ModelConfig, build_model
 
-GENRES = ("blues", "classical", "country", "disco", "hiphop", "jazz", "metal", "pop", "reggae", "rock")
 MODELS = [("regular", None), ("continual", None), ("nystrom", None),
           ("continual_nystrom", None), ("continual_nystrom", "fixed")]
 

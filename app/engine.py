@@ -6,7 +6,7 @@ one ``StepResult`` with the probabilities, FLOPs, latency and state memory of ev
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -28,7 +28,6 @@ class StepResult:
     state_bytes: dict[str, int]                 # model -> streaming state size
     untrained: dict[str, bool]                  # model -> no trained checkpoint loaded
     dropped_hops: int = 0
-    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)

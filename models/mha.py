@@ -141,8 +141,8 @@ class MultiheadAttention(nn.Module):
         B, n_t, d = xw.shape
         w_q, w_kv = self.in_proj.weight.split([d, 2 * d])
         b_q, b_kv = self.in_proj.bias.split([d, 2 * d])
-        q = nn.functional.linear(xw[:, -1], w_q, b_q).reshape(B * self.heads, self.d_head)
-        k, v = nn.functional.linear(xw, w_kv, b_kv).chunk(2, dim=-1)
+        q = nnf.linear(xw[:, -1], w_q, b_q).reshape(B * self.heads, self.d_head)
+        k, v = nnf.linear(xw, w_kv, b_kv).chunk(2, dim=-1)
         out = self.sda.step_window(q, self._fold(k), self._fold(v))
         return nnf.linear(out.reshape(B, self.d_model), self.out_proj.weight, self.out_proj.bias)
 

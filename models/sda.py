@@ -16,6 +16,7 @@ explained in models/running_sums.py, so scores far beyond float32's exp range st
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -27,14 +28,15 @@ from .landmarks import ContinualLandmarks, check_landmarks, segment_means
 from .running_sums import (TAU, RunningSums, add_key, fresh_sums, refresh_rows, remove_key,
                            stale_rows)
 
+
 def inference(fn):
     """Run ``fn`` without autograd; cheap when grad mode is already off (nested steps)."""
+    @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if torch.is_grad_enabled():
             with torch.no_grad():
                 return fn(*args, **kwargs)
         return fn(*args, **kwargs)
-    wrapper.__doc__, wrapper.__name__ = fn.__doc__, fn.__name__
     return wrapper
 
 
