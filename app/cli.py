@@ -6,15 +6,13 @@ import sys
 
 PENDING = {  # subcommands whose layers are built by later issues
     "gui": "the desktop app (issue #5)",
-    "train": "training (issue #4)",
-    "evaluate": "the GTZAN evaluation report (issue #4)",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="main.py", description=__doc__)
     sub = p.add_subparsers(dest="command")
-    from app import classify, extract
+    from app import classify, evaluate, extract, train
     for name, what in PENDING.items():
         sp = sub.add_parser(name, help=f"not built yet: {what}")
         sp.add_argument("rest", nargs=argparse.REMAINDER)
@@ -28,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     classify.add_arguments(c)
     e = sub.add_parser("extract", help="GTZAN audio (or musicnn taggrams) -> a token file")
     extract.add_arguments(e)
+    t = sub.add_parser("train", help="train one variant on a token file (two phases for fixed landmarks)")
+    train.add_arguments(t)
+    v = sub.add_parser("evaluate", help="stream test sequences through checkpoints; write a report")
+    evaluate.add_arguments(v)
     d = sub.add_parser("demo", help="stream synthetic tokens through every variant (terminal)")
     d.add_argument("--steps", type=int, default=240, help="tokens (0.25 s each)")
     d.add_argument("--window", type=int, default=120)
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command
     if command in PENDING:
         print(f"'{command}' is not available yet: {PENDING[command]} builds it. "
-              f"Available now: classify, extract, bench, demo.", file=sys.stderr)
+              f"Available now: classify, extract, train, evaluate, bench, demo.", file=sys.stderr)
         return 2
     if command == "bench":
         from app import bench
@@ -53,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     if command == "extract":
         from app import extract
         return extract.run(args)
+    if command == "train":
+        from app import train
+        return train.run(args)
+    if command == "evaluate":
+        from app import evaluate
+        return evaluate.run(args)
     if command == "classify":
         from app import classify
         return classify.run(args)

@@ -78,7 +78,7 @@ def load_tokens(path: str | Path) -> TokenSet:
                 X=X.astype(np.float32), labels=d["labels"].astype(np.int64),
                 lengths=get("lengths", np.full(N, T)).astype(np.int64),
                 ids=get("ids", np.array([str(i) for i in range(N)])).astype(str),
-                genres=tuple(get("genres", np.array([str(c) for c in range(int(d["labels"].max()) + 1)]))),
+                genres=tuple(str(g) for g in get("genres", np.arange(int(d["labels"].max()) + 1))),
                 split=get("split", np.array([""] * N)).astype(str),
                 metadata=json.loads(str(get("metadata", np.array("{}")))))
     except TokenFileError:

@@ -3,6 +3,7 @@
 refused with a CheckpointError that says what differs."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -22,11 +23,23 @@ def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[
     """Write model (config, weights, fixed landmarks), class names and metadata atomically."""
     path = Path(path)
     payload = {"format": FORMAT, "version": VERSION, "config": model.cfg.to_dict(),
-               "state_dict": model.state_dict(), "classes": list(classes),
-               "metadata": dict(metadata or {})}
+               "state_dict": model.state_dict(), "classes": [str(c) for c in classes],
+               "metadata": plain(metadata or {})}
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(payload, tmp)
     tmp.replace(path)
+
+
+def plain(metadata: dict) -> dict:
+    """``metadata`` as plain JSON types (numpy scalars become Python numbers), so that it loads
+    with ``weights_only=True``."""
+    def convert(x):
+        if hasattr(x, "item"):
+            return x.item()
+        if hasattr(x, "tolist"):
+            return x.tolist()
+        raise TypeError(f"checkpoint metadata holds a {type(x).__name__}, which is not JSON data")
+    return json.loads(json.dumps(metadata, default=convert))
 
 
 def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int | None = None,

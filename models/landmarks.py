@@ -126,27 +126,34 @@ def segment_means(x: Tensor, m: int) -> Tensor:
 # ----------------------------------------------------------------------------- fixed landmarks
 
 @torch.no_grad()
-def collect_qk(model, sequences: Tensor, block: int, batch_size: int = 64) -> tuple[Tensor, Tensor]:
+def collect_qk(model, sequences: Tensor | list[Tensor], block: int,
+               batch_size: int = 64) -> tuple[Tensor, Tensor]:
     """Q and K tokens entering ``block``'s attention for every window of ``sequences``.
 
-    sequences: (N, T, in_dim), T <= window. Returns q, k: (heads, N * T, d_head).
+    sequences: (N, T, in_dim), T <= window, or a list of such tensors (one per sequence length).
+    Returns q, k: (heads, sum N * T, d_head).
     """
+    groups = [sequences] if isinstance(sequences, Tensor) else list(sequences)
     attn = model.blocks[block].attn
     seen: list[Tensor] = []
     hook = attn.register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
     was_training = model.training
     model.eval()
     try:
-        for i in range(0, sequences.shape[0], batch_size):
-            model(sequences[i:i + batch_size])
+        for seqs in groups:
+            for i in range(0, seqs.shape[0], batch_size):
+                model(seqs[i:i + batch_size])
     finally:
         hook.remove()
         model.train(was_training)
-    x = torch.cat(seen)                                           # (N, T, d_model)
-    q, k, _ = attn.qkv(x)                                         # (N * H, T, d_head)
     H, dh = attn.heads, attn.d_head
     regroup = lambda t: t.reshape(-1, H, t.shape[1], dh).transpose(0, 1).reshape(H, -1, dh)  # noqa: E731
-    return regroup(q), regroup(k)
+    qs, ks = [], []
+    for x in seen:                                                # (b, T, d_model)
+        q, k, _ = attn.qkv(x)                                     # (b * H, T, d_head)
+        qs.append(regroup(q))
+        ks.append(regroup(k))
+    return torch.cat(qs, dim=1), torch.cat(ks, dim=1)
 
 
 def kmeans_centres(tokens: Tensor, m: int, seed: int, max_tokens: int) -> Tensor:
@@ -162,11 +169,13 @@ def kmeans_centres(tokens: Tensor, m: int, seed: int, max_tokens: int) -> Tensor
     return torch.as_tensor(km.cluster_centers_, dtype=tokens.dtype)
 
 
-def fit_fixed_landmarks(model, sequences: Tensor, *, seed: int = 0, max_tokens: int = 20000) -> None:
+def fit_fixed_landmarks(model, sequences: Tensor | list[Tensor], *, seed: int = 0,
+                        max_tokens: int = 20000) -> None:
     """Second training phase of Carreto Picón et al.: k-means landmarks per head, block by block.
 
     For each block in order (first block first, so later blocks see the earlier blocks' fixed
-    landmarks), collect Q/K tokens of ``sequences`` (N, T <= n, in_dim), cluster them per head into
+    landmarks), collect Q/K tokens of ``sequences`` (N, T <= n, in_dim) or a list of such
+    tensors, cluster them per head into
     m centres with KMeans (seeded), install them and switch that block to landmark mode 'fixed'.
     The pseudo-inverse is computed once when a stream starts. Fine-tuning is left to the caller.
     """

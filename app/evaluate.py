@@ -1,0 +1,271 @@
+"""`python main.py evaluate`: stream every test sequence through trained checkpoints, token by
+token (batched across tracks), and measure accuracy, agreement with the batch forward, FLOPs,
+latency and state memory. ``app/report.py`` writes the Markdown/JSON/PNG report.
+
+Each checkpoint is evaluated on the test sequences recorded in its own metadata (so several data
+seeds can be mixed); checkpoints that differ only in their seed are one row (mean ± std).
+Costs are measured on one stream (batch 1) of the test tokens joined end to end, 3n steps long,
+so the window is full and the continual landmarks cycle several times; "steady" statistics use
+the steps after the window filled (t >= n).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from audio.token_cache import TokenFileError, TokenSet, load_tokens
+from models.checkpoint import CheckpointError, load_checkpoint
+from models.transformer import ModelConfig, build_model
+
+from .train import batch_predict, file_sha256, length_groups, make_splits
+
+PAPER_ACCURACY = {  # Carreto Picón et al., Table II (GTZAN, VGGish tokens, n = 120, m = 4), %
+    "regular": 93.1, "continual": 93.2, "nystrom": 93.5,
+    "continual_nystrom/continual": 92.9, "continual_nystrom/fixed": 90.8,
+}
+
+
+class EvaluateError(ValueError):
+    """Evaluation cannot run: checkpoints that do not fit the token file, or bad options."""
+
+
+def row_key(cfg: ModelConfig) -> str:
+    """The Table II row of a model: variant, with the landmark mode of Nyström variants."""
+    if cfg.variant == "continual_nystrom":
+        return f"continual_nystrom/{'fixed' if cfg.landmark_mode == 'fixed' else 'continual'}"
+    if cfg.variant == "nystrom" and cfg.landmark_mode == "fixed":
+        return "nystrom/fixed"
+    return cfg.variant
+
+
+def model_name(cfg: ModelConfig) -> str:
+    m = f", m={cfg.num_landmarks}" if cfg.nystrom else ""
+    return f"{row_key(cfg)} ({cfg.layers} block{'s' if cfg.layers > 1 else ''}, n={cfg.window}{m})"
+
+
+@dataclass
+class CheckpointResult:
+    path: str
+    seed: int
+    accuracy: float                 # at the last step of each test sequence
+    per_class: list[float]          # (C,) recall
+    confusion: list[list[int]]      # (C, C) rows: true class, columns: predicted
+    accuracy_by_step: list[float]   # (T,) over the sequences still running at that step
+    agreement: float                # streaming vs batch argmax at the last step
+    max_logit_diff: float           # streaming vs batch logits
+    test_size: int
+
+
+@dataclass
+class Costs:
+    sda_flops: list[int]            # per step of the cost stream (batch 1)
+    model_flops: list[int]
+    latency_ms: list[float]
+    state_bytes: int
+    window: int
+
+    def steady(self, values):
+        return values[self.window:] or values
+
+    def summary(self) -> dict:
+        sda, model, lat = self.steady(self.sda_flops), self.steady(self.model_flops), self.steady(self.latency_ms)
+        lat_sorted = sorted(lat)
+        base = statistics.median(sda)
+        return {"sda_flops_mean": statistics.fmean(sda), "sda_flops_min": min(sda),
+                "sda_flops_max": max(sda), "model_flops_mean": statistics.fmean(model),
+                "update_steps": sum(1 for s in sda if s > 1.5 * base),
+                "steady_steps": len(sda),
+                "latency_ms_median": statistics.median(lat),
+                "latency_ms_p95": lat_sorted[min(len(lat) - 1, int(0.95 * len(lat)))],
+                "state_bytes": self.state_bytes}
+
+
+@dataclass
+class ModelResult:
+    key: str
+    name: str
+    config: dict
+    checkpoints: list[CheckpointResult] = field(default_factory=list)
+    costs: Costs | None = None
+    regular_flops: dict | None = None     # steady means of a regular model of the same shape
+
+    def summary(self) -> dict:
+        acc = [c.accuracy for c in self.checkpoints]
+        costs = self.costs.summary()
+        return {
+            "key": self.key, "name": self.name, "seeds": [c.seed for c in self.checkpoints],
+            "accuracy_mean": statistics.fmean(acc),
+            "accuracy_std": statistics.stdev(acc) if len(acc) > 1 else 0.0,
+            "accuracies": acc,
+            "per_class": np.mean([c.per_class for c in self.checkpoints], axis=0).tolist(),
+            "agreement_min": min(c.agreement for c in self.checkpoints),
+            "max_logit_diff": max(c.max_logit_diff for c in self.checkpoints),
+            **costs,
+            "relative_sda_flops": costs["sda_flops_mean"] / self.regular_flops["sda"],
+            "relative_model_flops": costs["model_flops_mean"] / self.regular_flops["model"],
+        }
+
+
+# ----------------------------------------------------------------------------- streaming
+
+@torch.no_grad()
+def stream_logits(model, X: torch.Tensor, lengths: np.ndarray, idx: np.ndarray,
+                  batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token logits of every sequence in ``idx``, batched across equal-length tracks.
+
+    Returns (per-step argmax (len(idx), T) with -1 after a sequence ends, last-step logits (len(idx), C)).
+    """
+    T, C = X.shape[1], model.cfg.num_classes
+    preds = torch.full((len(idx), T), -1, dtype=torch.long)
+    last = torch.empty(len(idx), C)
+    pos = {int(j): p for p, j in enumerate(idx)}
+    for L, group in length_groups(lengths, idx).items():
+        for i in range(0, len(group), batch_size):
+            b = group[i:i + batch_size]
+            rows = [pos[int(j)] for j in b]
+            model.reset(len(b))
+            for t in range(L):
+                logits = model.step(X[b, t]).float().cpu()
+                preds[rows, t] = logits.argmax(1)
+            last[rows] = logits
+    return preds, last
+
+
+@torch.no_grad()
+def measure_costs(model, tokens: torch.Tensor, steps: int) -> Costs:
+    """One batch-1 stream of ``steps`` tokens (cycling ``tokens`` (N, D)): FLOPs, latency, state."""
+    model.reset(1)
+    sda, total, lat = [], [], []
+    for t in range(steps):
+        x = tokens[t % len(tokens)].unsqueeze(0)
+        t0 = time.perf_counter()
+        model.step(x)
+        lat.append((time.perf_counter() - t0) * 1e3)
+        f = model.step_flops()
+        sda.append(f["sda"])
+        total.append(f["model"])
+    return Costs(sda, total, lat, model.state_nbytes(), model.cfg.window)
+
+
+def regular_reference(cfg: ModelConfig, steps: int) -> dict:
+    """Steady SDA and model FLOPs per step of an untrained `regular` model of the same shape."""
+    reg = build_model(ModelConfig(**{**cfg.to_dict(), "variant": "regular", "landmark_mode": None})).eval()
+    c = measure_costs(reg, torch.zeros(1, cfg.in_dim), min(steps, cfg.window + 1))
+    return {"sda": c.sda_flops[-1], "model": c.model_flops[-1]}
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+def test_indices(tokens: TokenSet, payload: dict, path: str, data_seed: int) -> np.ndarray:
+    """The checkpoint's own test sequences (by track id), or the seeded split if it has none."""
+    ids = payload.get("metadata", {}).get("split", {}).get("test")
+    if ids is None:
+        return make_splits(tokens, data_seed)["test"]
+    where = {str(t): i for i, t in enumerate(tokens.ids)}
+    missing = [t for t in ids if t not in where]
+    if missing:
+        raise EvaluateError(f"{path} was tested on {len(missing)} track(s) this token file does "
+                            f"not hold (e.g. {missing[0]!r}); was it trained on another token file?")
+    return np.array(sorted(where[t] for t in ids), dtype=np.int64)
+
+
+def evaluate_checkpoint(model, payload, path, tokens: TokenSet, X: torch.Tensor,
+                        idx: np.ndarray) -> CheckpointResult:
+    labels = torch.as_tensor(tokens.labels[idx])
+    preds, last = stream_logits(model, X, tokens.lengths, idx)
+    batch = batch_predict(model, X, tokens.lengths, idx)
+    final = last.argmax(1)
+    C = len(tokens.genres)
+    confusion = torch.zeros(C, C, dtype=torch.long)
+    confusion.index_put_((labels, final), torch.ones_like(labels), accumulate=True)
+    per_class = (confusion.diag().float() / confusion.sum(1).clamp(min=1)).tolist()
+    by_step = []
+    for t in range(preds.shape[1]):
+        alive = preds[:, t] >= 0
+        if alive.any():
+            by_step.append(float((preds[alive, t] == labels[alive]).float().mean()))
+    return CheckpointResult(
+        path=str(path), seed=int(payload.get("metadata", {}).get("seed", -1)),
+        accuracy=float((final == labels).float().mean()), per_class=per_class,
+        confusion=confusion.tolist(), accuracy_by_step=by_step,
+        agreement=float((final == batch.argmax(1)).float().mean()),
+        max_logit_diff=float((last - batch).abs().max()), test_size=len(idx))
+
+
+def evaluate(tokens_path: str, checkpoints: list[str], *, variant: str | None = None,
+             data_seed: int = 0, allow_other_data: bool = False,
+             log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
+    """Evaluate ``checkpoints`` on ``tokens_path``; returns the report dict (see app/report.py)."""
+    if not checkpoints:
+        raise EvaluateError("give at least one --checkpoint")
+    t_start = time.monotonic()
+    tokens = load_tokens(tokens_path)
+    sha = file_sha256(tokens_path)
+    X = torch.as_tensor(tokens.X)
+    genres = list(tokens.genres)
+    results: dict[str, ModelResult] = {}
+    for path in checkpoints:
+        model, payload = load_checkpoint(path, variant=variant, in_dim=tokens.X.shape[2], classes=genres)
+        trained_on = payload.get("metadata", {}).get("data", {}).get("sha256")
+        if trained_on and trained_on != sha and not allow_other_data:
+            raise EvaluateError(f"{path} was trained on another token file (sha256 {trained_on[:12]}…, "
+                                f"this one is {sha[:12]}…); pass --allow-other-data to evaluate anyway")
+        if tokens.X.shape[1] > model.cfg.window:
+            log(f"note: {path} has window {model.cfg.window} < sequence length {tokens.X.shape[1]}; "
+                f"the last-step prediction sees the final {model.cfg.window} tokens")
+        idx = test_indices(tokens, payload, path, data_seed)
+        t0 = time.monotonic()
+        res = evaluate_checkpoint(model, payload, path, tokens, X, idx)
+        key = f"{row_key(model.cfg)}|{model.cfg.layers}|{model.cfg.window}|{model.cfg.num_landmarks if model.cfg.nystrom else 0}"
+        if key not in results:
+            steps = 3 * model.cfg.window
+            stream = torch.cat([X[i, :tokens.lengths[i]] for i in idx])
+            results[key] = ModelResult(row_key(model.cfg), model_name(model.cfg), model.cfg.to_dict(),
+                                       costs=measure_costs(model, stream, steps),
+                                       regular_flops=regular_reference(model.cfg, steps))
+        results[key].checkpoints.append(res)
+        log(f"{model_name(model.cfg)} seed {res.seed}: accuracy {res.accuracy:.2%} on "
+            f"{res.test_size} test sequences, streaming = batch on {res.agreement:.1%} "
+            f"(max logit diff {res.max_logit_diff:.1e}), {time.monotonic() - t0:.1f} s")
+    return {
+        "tokens": {"file": str(tokens_path), "sha256": sha, "shape": list(tokens.X.shape),
+                   "metadata": tokens.metadata, "genres": genres},
+        "models": [{"summary": r.summary(), "config": r.config,
+                    "checkpoints": [c.__dict__ for c in r.checkpoints],
+                    "costs": r.costs.__dict__} for r in results.values()],
+        "seconds": time.monotonic() - t_start,
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+    }
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--tokens", required=True, help="token file (python main.py extract)")
+    p.add_argument("--checkpoint", action="append", required=True, metavar="CKPT",
+                   help="a trained checkpoint; repeat (several seeds of one model form one row)")
+    p.add_argument("--report", required=True, metavar="DIR", help="folder for report.md/.json/PNGs")
+    p.add_argument("--variant", default=None, help="refuse checkpoints of other variants")
+    p.add_argument("--data-seed", type=int, default=0, help="split for checkpoints without one")
+    p.add_argument("--allow-other-data", action="store_true",
+                   help="evaluate checkpoints trained on another token file")
+    p.add_argument("--title", default="Nystream evaluation", help="report title")
+    p.add_argument("--command-line", default=None, help="commands to print in the report")
+
+
+def run(args) -> int:
+    from .report import write_report
+    try:
+        report = evaluate(args.tokens, args.checkpoint, variant=args.variant,
+                          data_seed=args.data_seed, allow_other_data=args.allow_other_data)
+        paths = write_report(report, args.report, title=args.title, commands=args.command_line)
+        print(f"evaluated {len(args.checkpoint)} checkpoint(s) in {report['seconds']:.1f} s; "
+              f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+        return 0
+    except (EvaluateError, TokenFileError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
