@@ -4,18 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-PENDING = {  # subcommands whose layers are built by later issues
-    "gui": "the desktop app (issue #5)",
-}
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="main.py", description=__doc__)
     sub = p.add_subparsers(dest="command")
     from app import classify, evaluate, extract, train
-    for name, what in PENDING.items():
-        sp = sub.add_parser(name, help=f"not built yet: {what}")
-        sp.add_argument("rest", nargs=argparse.REMAINDER)
+    from app.gui import launch
+    g = sub.add_parser("gui", help="the desktop window (the default command)")
+    launch.add_arguments(g)
     b = sub.add_parser("bench", help="per-step latency of every variant vs torch recompute")
     b.add_argument("--windows", default="30,120,480,1920", help="comma-separated n values")
     b.add_argument("--steps", type=int, default=2000, help="timed steps per row (max)")
@@ -40,13 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command is None:        # the default run: the demo signal, live, every variant
-        args = build_parser().parse_args(["classify", "--demo", "--realtime", "--fallback-random-vggish"])
+    if args.command is None:        # the default run: the window, every variant
+        from app.gui.launch import has_display
+        if has_display():
+            args = build_parser().parse_args(["gui"])
+        else:
+            print("# no display (DISPLAY/WAYLAND_DISPLAY unset): classifying the demo signal in the "
+                  "terminal instead of opening the window", file=sys.stderr)
+            args = build_parser().parse_args(["classify", "--demo", "--realtime", "--fallback-random-vggish"])
     command = args.command
-    if command in PENDING:
-        print(f"'{command}' is not available yet: {PENDING[command]} builds it. "
-              f"Available now: classify, extract, train, evaluate, bench, demo.", file=sys.stderr)
-        return 2
+    if command == "gui":
+        from app.gui import launch
+        return launch.run(args)
     if command == "bench":
         from app import bench
         windows = tuple(int(w) for w in args.windows.split(","))

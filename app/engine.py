@@ -2,17 +2,29 @@
 
 A plain Python object (no Qt): the CLI, the GUI and the tests drive it the same way. Each hop gives
 one ``StepResult`` with the probabilities, FLOPs, latency and state memory of every model.
+
+Models can be added, removed, reset and switched between continual and fixed landmarks while the
+stream runs: the control methods are safe to call from any thread and take effect before the next
+hop (the processing thread applies them, so the hot path needs no locks). The engine never blocks
+the capture thread: sources drop whole hops when processing falls behind (counted in
+``source.stats.dropped``, reported in every StepResult).
 """
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from dataclasses import asdict, dataclass
+from collections import deque
+from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import torch
 
 from audio.gtzan import GENRES
 from audio.tokens import TokenStream
 from audio.vggish import Embedder
+from models.landmarks import fit_fixed_landmarks
+from models.sda import LANDMARK_MODES
 
 
 @dataclass
@@ -23,42 +35,172 @@ class StepResult:
     vggish: str                                 # which VGGish weights made the token
     probabilities: dict[str, list[float]]       # model -> 10 genre probabilities
     top: dict[str, tuple[str, float]]           # model -> (genre, probability)
-    flops: dict[str, dict[str, int]]            # model -> {'sda', 'attention', 'model'}
+    flops: dict[str, dict[str, int]]            # model -> {'sda', 'attention', 'model'} this step
     latency_ms: dict[str, float]                # 'frontend', 'vggish', and one per model
     state_bytes: dict[str, int]                 # model -> streaming state size
     untrained: dict[str, bool]                  # model -> no trained checkpoint loaded
-    dropped_hops: int = 0
+    landmark_mode: dict[str, str | None]        # model -> 'continual' / 'fixed' / None
+    dropped_hops: int = 0                       # hops the source dropped so far
+    ready_time: float = 0.0                     # time.monotonic() when the hop's last sample arrived
+    done_time: float = 0.0                      # time.monotonic() when every model had stepped
+    events: list[str] = field(default_factory=list)   # control changes applied before this hop
+    mel: np.ndarray | None = field(default=None, repr=False)   # (25, 64) this hop's log-mel frames
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("mel")
+        return d
+
+
+@dataclass
+class Slot:
+    model: torch.nn.Module
+    trained: bool
+    checkpoint: str | None = None
+    live_fitted: bool = False    # fixed landmarks fitted by k-means on the stream (untrained model)
+
+
+class EngineError(ValueError):
+    """A control request that cannot be honoured (unknown model, no landmarks, ...)."""
 
 
 class Engine:
     """Runs every model on the tokens of one source. ``models``: name -> GenreTransformer."""
 
-    def __init__(self, embedder: Embedder, models: dict, trained: dict[str, bool] | None = None):
-        self.embedder, self.models = embedder, dict(models)
-        self.trained = {name: (trained or {}).get(name, False) for name in self.models}
+    def __init__(self, embedder: Embedder, models: dict | None = None,
+                 trained: dict[str, bool] | None = None, *, recent_tokens: int = 480):
+        self.embedder = embedder
+        self.slots: dict[str, Slot] = {}
+        for name, model in (models or {}).items():
+            self.slots[name] = Slot(model.eval(), (trained or {}).get(name, False))
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._recent: deque = deque(maxlen=recent_tokens)   # recent tokens, for live-fitted landmarks
+        self._stop = threading.Event()
+        self._running = False
 
+    @property
+    def models(self) -> dict:
+        return {name: s.model for name, s in self.slots.items()}
+
+    # ------------------------------------------------------------------ control (any thread)
+    def add_model(self, name: str, model, trained: bool = False, checkpoint: str | None = None) -> None:
+        """Start running ``model`` from the next hop (its window fills from there)."""
+        self._ops.put(("add", name, (model, trained, checkpoint)))
+
+    def remove_model(self, name: str) -> None:
+        self._ops.put(("remove", name, None))
+
+    def reset_model(self, name: str | None = None) -> None:
+        """Empty the streaming state of one model (or all with None)."""
+        self._ops.put(("reset", name, None))
+
+    def set_landmark_mode(self, name: str, mode: str) -> None:
+        """'continual' or 'fixed', live. An untrained model gets fixed landmarks by k-means of
+        its Q/K on the recent stream tokens (the paper's phase-2 fit, without fine-tuning)."""
+        self._ops.put(("mode", name, mode))
+
+    def stop(self) -> None:
+        """End ``run`` after the hop in progress (close the source too, to stop waiting on it)."""
+        self._stop.set()
+
+    def apply_pending(self) -> list[str]:
+        """Apply queued control requests now; returns what happened (also errors), one line each."""
+        events = []
+        while True:
+            try:
+                op, name, arg = self._ops.get_nowait()
+            except queue.Empty:
+                return events
+            try:
+                events.append(self._apply(op, name, arg))
+            except (EngineError, ValueError) as e:
+                events.append(f"error: {e}")
+
+    def _apply(self, op: str, name: str | None, arg) -> str:
+        if op == "add":
+            model, trained, checkpoint = arg
+            if name in self.slots:
+                raise EngineError(f"a model named {name!r} is already running")
+            self.slots[name] = Slot(model.eval(), trained, checkpoint)
+            if self._running:
+                model.reset(1)
+            return f"added {name}"
+        if name is not None and name not in self.slots:
+            raise EngineError(f"no model named {name!r}")
+        if op == "remove":
+            del self.slots[name]
+            return f"removed {name}"
+        if op == "reset":
+            for n in ([name] if name else list(self.slots)):
+                self.slots[n].model.reset(1)
+            return f"reset {name or 'all models'}"
+        slot = self.slots[name]
+        cfg = slot.model.cfg
+        if not cfg.nystrom:
+            raise EngineError(f"{name} ({cfg.variant}) has no landmarks")
+        if arg not in LANDMARK_MODES[cfg.variant]:
+            raise EngineError(f"landmark mode {arg!r} is not one of {LANDMARK_MODES[cfg.variant]}")
+        note = ""
+        if arg == "fixed" and not bool(slot.model.blocks[0].attn.has_fixed):
+            self._fit_live(slot)
+            note = f" (landmarks fitted by k-means on the last {len(self._recent)} stream tokens)"
+        slot.model.set_landmark_mode(arg)
+        return f"{name}: {arg} landmarks{note}"
+
+    def _fit_live(self, slot: Slot) -> None:
+        model = slot.model
+        n, m = model.cfg.window, model.cfg.num_landmarks
+        if len(self._recent) < m:
+            raise EngineError(f"fixed landmarks for an untrained model are fitted on the stream; "
+                              f"wait for at least {m} tokens")
+        tokens = torch.stack(list(self._recent)).to(model.embed.weight.device)   # (R, in_dim)
+        chunks = [tokens[i:i + n] for i in range(0, len(tokens), n)]
+        groups = [torch.stack(chunks[:-1])] if len(chunks) > 1 else []
+        groups.append(chunks[-1][None])
+        fit_fixed_landmarks(model, groups, seed=0)      # installs them and switches to 'fixed'
+        slot.live_fitted = True
+
+    # ------------------------------------------------------------------ streaming
     def run(self, source):
-        """Yield one StepResult per hop of ``source`` until it ends."""
-        for model in self.models.values():
-            model.eval()
-            model.reset(1)
-        for item in TokenStream(source, self.embedder):
-            probabilities, top, flops, latency, memory = {}, {}, {}, {}, {}
-            latency["frontend"], latency["vggish"] = item.frontend_ms, item.vggish_ms
-            for name, model in self.models.items():
-                t0 = time.perf_counter()
-                logits = model.step(item.token.to(model.embed.weight.device))
-                p = torch.softmax(logits[0].float(), dim=-1).cpu()
-                latency[name] = (time.perf_counter() - t0) * 1e3
-                probabilities[name] = [round(float(x), 6) for x in p]
-                best = int(p.argmax())
-                top[name] = (GENRES[best], float(p[best]))
-                flops[name] = model.step_flops()
-                memory[name] = model.state_nbytes()
-            yield StepResult(item.index, item.audio_time, source.name, self.embedder.description,
-                             probabilities, top, flops, latency, memory,
-                             {n: not self.trained[n] for n in self.models},
-                             dropped_hops=source.stats.dropped)
+        """Yield one StepResult per hop of ``source`` until it ends or ``stop()``."""
+        self._stop.clear()
+        events = self.apply_pending()
+        for slot in self.slots.values():
+            slot.model.eval()
+            slot.model.reset(1)
+        self._running = True
+        try:
+            for item in TokenStream(source, self.embedder):
+                events += self.apply_pending()
+                if self._stop.is_set():
+                    return
+                token = item.token.detach().cpu()
+                self._recent.append(token[0])
+                result = self._step(item, token, source, events)
+                events = []
+                yield result
+        finally:
+            self._running = False
+
+    def _step(self, item, token, source, events) -> StepResult:
+        probabilities, top, flops, memory, modes = {}, {}, {}, {}, {}
+        latency = {"frontend": item.frontend_ms, "vggish": item.vggish_ms}
+        for name, slot in self.slots.items():
+            model = slot.model
+            t0 = time.perf_counter()
+            logits = model.step(token.to(model.embed.weight.device))
+            p = torch.softmax(logits[0].float(), dim=-1).cpu()      # .cpu() waits for CUDA
+            latency[name] = (time.perf_counter() - t0) * 1e3
+            probabilities[name] = [round(float(x), 6) for x in p]
+            best = int(p.argmax())
+            top[name] = (GENRES[best], float(p[best]))
+            flops[name] = model.step_flops()
+            memory[name] = model.state_nbytes()
+            modes[name] = model.cfg.landmark_mode if model.cfg.nystrom else None
+            if modes[name] is None and model.cfg.nystrom:
+                modes[name] = LANDMARK_MODES[model.cfg.variant][0]
+        return StepResult(item.index, item.audio_time, source.name, self.embedder.description,
+                          probabilities, top, flops, latency, memory,
+                          {n: not s.trained for n, s in self.slots.items()}, modes,
+                          dropped_hops=source.stats.dropped, ready_time=item.ready_time,
+                          done_time=time.monotonic(), events=events, mel=item.patch[-25:])

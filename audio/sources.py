@@ -95,6 +95,38 @@ def _decode_with_librosa(path: Path, first_error: Exception):
     return data.astype(np.float32), rate
 
 
+class RealtimeClock:
+    """Paces hops in real time, like a sound card: hop k is available at start + (k+1) * 0.25 s.
+
+    ``wait()`` returns the time the next hop became available (after sleeping until then), False
+    if the consumer is more than ``max_lag`` hops behind (that hop is dropped and counted, as a
+    sound card's buffer would overrun), or None if stopped.
+    """
+
+    def __init__(self, stats: SourceStats, stop: threading.Event, max_lag: int = 4,
+                 paused: threading.Event | None = None):
+        self.stats, self.stop, self.max_lag = stats, stop, max_lag
+        self.paused = paused or threading.Event()
+        self.start, self.k = time.monotonic(), 0
+
+    def wait(self):
+        if self.paused.is_set():              # hold the position; the pause does not count as lag
+            t0 = time.monotonic()
+            while self.paused.is_set():
+                if self.stop.wait(0.05):
+                    return None
+            self.start += time.monotonic() - t0
+        self.k += 1
+        due = self.start + self.k * HOP_SECONDS
+        now = time.monotonic()
+        if now - due > self.max_lag * HOP_SECONDS:
+            self.stats.dropped += 1
+            return False
+        if due > now and self.stop.wait(due - now):
+            return None
+        return due
+
+
 class FileSource:
     """Hops of a decoded file: as fast as possible, or paced in real time; optionally looped.
 
@@ -109,25 +141,28 @@ class FileSource:
         self.input_rate = self.info["input_rate"]
         self.realtime, self.loop = realtime, loop
         self._stop = threading.Event()
+        self.paused = threading.Event()   # set: hold the playback position (real-time only)
 
     def hops(self) -> int:
         return num_tokens(len(self.signal))
 
     def __iter__(self):
-        start = time.monotonic()
-        emitted = 0
+        clock = RealtimeClock(self.stats, self._stop, paused=self.paused) if self.realtime else None
+        self.last_ready = None
         while not self._stop.is_set():
             for t in range(self.hops()):
                 if self._stop.is_set():
                     return
+                if clock is not None:    # a hop is available once its last sample has "played"
+                    ready = clock.wait()
+                    if ready is None:
+                        return
+                    if ready is False:   # the consumer fell behind: this hop is dropped
+                        continue
+                    self.last_ready = ready
                 hop = self.signal[t * HOP:(t + 1) * HOP]
                 if len(hop) < HOP:
                     hop = np.pad(hop, (0, HOP - len(hop)))
-                emitted += 1
-                if self.realtime:        # a hop is available once its last sample has "played"
-                    delay = start + emitted * HOP_SECONDS - time.monotonic()
-                    if delay > 0 and self._stop.wait(delay):
-                        return
                 self.stats.hops += 1
                 yield hop
             if not self.loop:
@@ -151,6 +186,7 @@ class DemoSource:
         self.name, self.input_rate = "demo", SAMPLE_RATE
         self.seed, self.realtime, self.seconds = seed, realtime, seconds
         self._stop = threading.Event()
+        self.paused = threading.Event()   # set: hold the playback position (real-time only)
 
     def render(self, start: int, count: int) -> np.ndarray:
         """Samples [start, start + count) of the piece, float32 in [-1, 1]."""
@@ -176,14 +212,19 @@ class DemoSource:
         return np.clip(out, -1, 1).astype(np.float32)
 
     def __iter__(self):
-        start = time.monotonic()
+        clock = RealtimeClock(self.stats, self._stop, paused=self.paused) if self.realtime else None
+        self.last_ready = None
         total = math.inf if self.seconds is None else int(self.seconds / HOP_SECONDS)
         t = 0
         while t < total and not self._stop.is_set():
-            if self.realtime:
-                delay = start + (t + 1) * HOP_SECONDS - time.monotonic()
-                if delay > 0 and self._stop.wait(delay):
+            if clock is not None:
+                ready = clock.wait()
+                if ready is None:
                     return
+                if ready is False:       # the consumer fell behind: this hop is dropped
+                    t += 1
+                    continue
+                self.last_ready = ready
             self.stats.hops += 1
             yield self.render(t * HOP, HOP)
             t += 1
@@ -262,10 +303,12 @@ class MicrophoneSource:
         self._resampler = (soxr.ResampleStream(self.input_rate, SAMPLE_RATE, 1, dtype="float32")
                            if self.input_rate != SAMPLE_RATE else None)
         self._pending = np.zeros(0, dtype=np.float32)
+        self.last_ready: float | None = None   # time.monotonic() when the last hop completed
         self._stream = None
         self._ended = threading.Event()
         self._closing = False
         self._lock = threading.Lock()
+        self.paused = threading.Event()   # set: captured hops are discarded (not counted as drops)
 
     # runs in PortAudio's thread
     def _callback(self, indata, frames, time_info, status) -> None:
@@ -278,7 +321,7 @@ class MicrophoneSource:
             self._pending = np.concatenate([self._pending, x])
             while len(self._pending) >= HOP:
                 hop, self._pending = self._pending[:HOP].copy(), self._pending[HOP:]
-                self._offer(hop)
+                self._offer((hop, time.monotonic()))
 
     def _offer(self, hop: np.ndarray) -> None:
         while True:
@@ -322,7 +365,10 @@ class MicrophoneSource:
                 continue
             if hop is None:
                 return
+            hop, self.last_ready = hop
             last = time.monotonic()
+            if self.paused.is_set():
+                continue
             self.stats.hops += 1
             yield hop
 

@@ -41,6 +41,7 @@ class StreamedToken:
     patch: np.ndarray       # (96, 64) log-mel patch the token came from
     frontend_ms: float      # log-mel time for this hop
     vggish_ms: float        # VGGish time for this hop
+    ready_time: float = 0.0  # time.monotonic() when the hop's last sample was available
 
 
 class TokenStream:
@@ -52,9 +53,10 @@ class TokenStream:
 
     def __iter__(self):
         for t, hop in enumerate(self.source):
+            ready = getattr(self.source, "last_ready", None) or time.monotonic()
             t0 = time.perf_counter()
             patch = self.logmel.push(hop)
             t1 = time.perf_counter()
             token = self.embedder(patch[None])
             t2 = time.perf_counter()
-            yield StreamedToken(t, (t + 1) * 0.25, token, patch, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+            yield StreamedToken(t, (t + 1) * 0.25, token, patch, (t1 - t0) * 1e3, (t2 - t1) * 1e3, ready)
