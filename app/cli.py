@@ -18,6 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--budget", type=float, default=6.0, help="seconds per row (max)")
     b.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     b.add_argument("--out", default="bench_results/bench.md", help="Markdown output (JSON beside)")
+    b.add_argument("--gui", type=float, metavar="SECONDS",
+                   help="instead: the live window with 6 models on the demo signal for SECONDS")
+    b.add_argument("--evaluate", action="store_true",
+                   help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
+    b.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
     c = sub.add_parser("classify", help="classify a file, the microphone or the demo signal")
     classify.add_arguments(c)
     e = sub.add_parser("extract", help="GTZAN audio (or musicnn taggrams) -> a token file")
@@ -48,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "gui":
         from app.gui import launch
         return launch.run(args)
+    if command == "bench" and (args.gui or args.evaluate):
+        from app import bench_live
+        return bench_live.main(args.gui, args.evaluate, args.vggish_weights)
     if command == "bench":
         from app import bench
         windows = tuple(int(w) for w in args.windows.split(","))

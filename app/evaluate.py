@@ -55,7 +55,7 @@ class CheckpointResult:
     accuracy: float                 # at the last step of each test sequence
     per_class: list[float]          # (C,) recall
     confusion: list[list[int]]      # (C, C) rows: true class, columns: predicted
-    accuracy_by_step: list[float]   # (T,) over the sequences still running at that step
+    accuracy_by_step: list[float]   # (shortest test sequence,) accuracy after each step
     agreement: float                # streaming vs batch argmax at the last step
     max_logit_diff: float           # streaming vs batch logits
     test_size: int
@@ -184,11 +184,9 @@ def evaluate_checkpoint(model, payload, path, tokens: TokenSet, X: torch.Tensor,
     confusion = torch.zeros(C, C, dtype=torch.long)
     confusion.index_put_((labels, final), torch.ones_like(labels), accumulate=True)
     per_class = (confusion.diag().float() / confusion.sum(1).clamp(min=1)).tolist()
-    by_step = []
-    for t in range(preds.shape[1]):
-        alive = preds[:, t] >= 0
-        if alive.any():
-            by_step.append(float((preds[alive, t] == labels[alive]).float().mean()))
+    # only the steps every test sequence reaches: a tail of longer sequences is a biased subset
+    shortest = int(tokens.lengths[idx].min())
+    by_step = [float((preds[:, t] == labels).float().mean()) for t in range(shortest)]
     return CheckpointResult(
         path=str(path), seed=int(payload.get("metadata", {}).get("seed", -1)),
         accuracy=float((final == labels).float().mean()), per_class=per_class,

@@ -50,7 +50,7 @@ def plot(report: dict, out: Path) -> list[Path]:
         mean = curves.mean(0)
         x = (np.arange(len(mean)) + 1) * (hop or 1)
         ax.plot(x, 100 * mean, label=m["summary"]["name"])
-    ax.set(xlabel=xlabel, ylabel="test accuracy (%)", title="Accuracy as the stream goes on (mean over seeds)")
+    ax.set(xlabel=xlabel, ylabel="test accuracy (%)", title="Accuracy as the stream goes on (mean over seeds; up to the shortest test sequence)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -172,9 +172,9 @@ def test_end_to_end_on_gtzan_excerpts(shared_data, tmp_path, capsys):
     assert "| continual_nystrom/fixed | 6k |" in md
 
 
-@pytest.fixture(scope="module")
-def musicnn(shared_data, tmp_path_factory):
-    path = tmp_path_factory.mktemp("musicnn") / "musicnn.npz"
+@pytest.fixture
+def musicnn(shared_data, tmp_path):
+    path = tmp_path / "musicnn.npz"
     save_tokens(path, convert_musicnn(shared_data / "gtzan_musicnn_tokens"))
     return path
 

@@ -204,7 +204,7 @@ class MainWindow(QMainWindow):
         h.addWidget(main, 1)
         self.setCentralWidget(root)
 
-        self.status = {k: QLabel() for k in ("source", "rtf", "dropped", "vggish", "device", "delay")}
+        self.status = {k: QLabel() for k in ("source", "frontend", "rtf", "dropped", "vggish", "device", "delay")}
         for w in self.status.values():
             self.statusBar().addPermanentWidget(w)
         quit_action = QAction("Quit", self)
@@ -547,6 +547,9 @@ class MainWindow(QMainWindow):
         proc = [r.latency_ms["frontend"] + r.latency_ms["vggish"]
                 + sum(v for k, v in r.latency_ms.items() if k not in ("frontend", "vggish")) for r in recent]
         rtf = statistics.fmean(proc) / 250.0
+        front = sorted(r.latency_ms["frontend"] + r.latency_ms["vggish"] for r in list(self.history)[-240:])
+        self.status["frontend"].setText(f"Front end (log-mel + VGGish): {statistics.median(front):.1f} / "
+                                        f"{front[int(0.95 * (len(front) - 1))]:.1f} ms median / p95")
         source = self.runner.worker.source if self.runner else None
         rate = f", {source.input_rate} Hz in" if source is not None else ""
         self.status["source"].setText(f"Source: {last.source}{rate}{'  (paused)' if self.paused else ''}")
