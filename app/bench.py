@@ -126,8 +126,6 @@ def bench_stability(n: int, steps: int, budget: float, heads: int = 16, d_head: 
 def bench_frontend(steps: int, budget: float) -> list[Row]:
     """Per-hop latency of the log-mel front end and of VGGish (batch 1), and the real-time factor.
     VGGish weights do not change its cost, so a seeded random VGGish is timed."""
-    import numpy as np
-
     from audio.melspec import StreamingLogMel
     from audio.sources import DemoSource
     from audio.vggish import build_embedder

@@ -1,17 +1,8 @@
-"""`python main.py bench --gui SECONDS` and `bench --evaluate`: the live app and the evaluation
-mode, measured.
-
-GUI: the real window (offscreen unless a display is set) on the real-time demo signal with six
-models (the four variants, continual Nyström with fixed landmarks, and a 2-block continual
-Nyström), VGGish on every hop. Prints the GUI thread's frame time, the end-to-end delay from a
-hop's last sample to its drawn result (median/p95), the real-time factor and dropped hops.
-
-Evaluate: 300 synthetic sequences x 120 steps x 6 checkpoints streamed by `evaluate`, timed.
-"""
+"""`python main.py bench --gui SECONDS` and `bench --evaluate`: the live app (app/gui/bench.py)
+and the evaluation mode (300 synthetic sequences x 120 steps x 6 checkpoints), measured."""
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 
@@ -19,62 +10,13 @@ import numpy as np
 import torch
 
 
-def _pct(values, q):
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * (len(v) - 1)))] if v else float("nan")
-
-
-def gui(seconds: float, vggish_weights: str | None = None) -> dict:
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtCore import QSettings, QTimer
-    from PySide6.QtWidgets import QApplication
-
-    from app.gui.window import MainWindow, Options
-    from models.transformer import ModelConfig, build_model
-
-    app = QApplication.instance() or QApplication([])
-    settings = QSettings(os.path.join(tempfile.mkdtemp(), "bench.ini"), QSettings.IniFormat)
-    w = MainWindow(Options(source="demo", variants=["regular", "continual", "nystrom", "continual_nystrom"],
-                           vggish_weights=vggish_weights, random_vggish=None if vggish_weights else 0,
-                           autostart=False), settings)
-    w.show()
-    w.start()
-    torch.manual_seed(0)
-    w.engine.add_model("continual_nystrom 2-block", build_model(ModelConfig(variant="continual_nystrom", layers=2)))
-    fixed = build_model(ModelConfig(variant="continual_nystrom"))
-    w.engine.add_model("continual_nystrom fixed", fixed)
-    QTimer.singleShot(5000, lambda: w.engine.set_landmark_mode("continual_nystrom fixed", "fixed"))
-    QTimer.singleShot(int(seconds * 1000), app.quit)
-    t0 = time.monotonic()
-    app.exec()
-    wall = time.monotonic() - t0
-    history = list(w.history)
-    steady = history[20:] or history           # after start-up (model adds, landmark fit)
-    proc = [sum(r.latency_ms.values()) for r in steady]
-    source = w.runner.worker.source if w.runner else None
-    result = {
-        "seconds": wall, "hops": len(history), "models": len(history[-1].probabilities) if history else 0,
-        "frame_ms_median": statistics.median(w.frame_ms), "frame_ms_p95": _pct(w.frame_ms, 0.95),
-        "frame_ms_max": max(w.frame_ms),
-        "delay_ms_median": statistics.median(list(w.delay_ms)[20:] or w.delay_ms),
-        "delay_ms_p95": _pct(list(w.delay_ms)[20:] or w.delay_ms, 0.95),
-        "rtf": statistics.fmean(proc) / 250.0,
-        "dropped_hops": source.stats.dropped if source else history[-1].dropped_hops,
-        "vggish": history[-1].vggish if history else "",
-    }
-    w.close()
-    w.deleteLater()
-    app.processEvents()
-    return result
-
-
 def evaluate_speed(sequences: int = 300, steps: int = 120) -> dict:
     from app.evaluate import evaluate
-    from app.train import TrainConfig, train
+    from app.train import train
     from audio.gtzan import GENRES
     from audio.token_cache import pack, save_tokens
     from models.checkpoint import save_checkpoint
+    from models.training import TrainConfig
     from models.transformer import ModelConfig
 
     folder = tempfile.mkdtemp()
@@ -110,6 +52,7 @@ def main(gui_seconds: float | None, eval_speed: bool, vggish_weights: str | None
               f"with batch-forward agreement and cost streams, in {r['seconds']:.1f} s "
               f"({r['threads']} threads; goal < 120 s)")
     if gui_seconds:
+        from app.gui.bench import gui
         r = gui(gui_seconds, vggish_weights)
         print(f"GUI, {r['models']} models on the real-time demo signal for {r['seconds']:.0f} s "
               f"({r['hops']} hops, {r['vggish']}):")

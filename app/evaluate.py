@@ -1,6 +1,6 @@
 """`python main.py evaluate`: stream every test sequence through trained checkpoints, token by
 token (batched across tracks), and measure accuracy, agreement with the batch forward, FLOPs,
-latency and state memory. ``app/report.py`` writes the Markdown/JSON/PNG report.
+latency and state memory (``models/evaluation.py``). ``app/report.py`` writes the report.
 
 Each checkpoint is evaluated on the test sequences recorded in its own metadata (so several data
 seeds can be mixed); checkpoints that differ only in their seed are one row (mean ± std).
@@ -20,9 +20,10 @@ import torch
 
 from audio.token_cache import TokenFileError, TokenSet, load_tokens
 from models.checkpoint import CheckpointError, load_checkpoint
-from models.transformer import ModelConfig, build_model
+from models.evaluation import Costs, measure_costs, regular_reference, stream_metrics
+from models.transformer import ModelConfig
 
-from .train import batch_predict, file_sha256, length_groups, make_splits
+from .train import file_sha256, make_splits
 
 PAPER_ACCURACY = {  # Carreto Picón et al., Table II (GTZAN, VGGish tokens, n = 120, m = 4), %
     "regular": 93.1, "continual": 93.2, "nystrom": 93.5,
@@ -62,30 +63,6 @@ class CheckpointResult:
 
 
 @dataclass
-class Costs:
-    sda_flops: list[int]            # per step of the cost stream (batch 1)
-    model_flops: list[int]
-    latency_ms: list[float]
-    state_bytes: int
-    window: int
-
-    def steady(self, values):
-        return values[self.window:] or values
-
-    def summary(self) -> dict:
-        sda, model, lat = self.steady(self.sda_flops), self.steady(self.model_flops), self.steady(self.latency_ms)
-        lat_sorted = sorted(lat)
-        base = statistics.median(sda)
-        return {"sda_flops_mean": statistics.fmean(sda), "sda_flops_min": min(sda),
-                "sda_flops_max": max(sda), "model_flops_mean": statistics.fmean(model),
-                "update_steps": sum(1 for s in sda if s > 1.5 * base),
-                "steady_steps": len(sda),
-                "latency_ms_median": statistics.median(lat),
-                "latency_ms_p95": lat_sorted[min(len(lat) - 1, int(0.95 * len(lat)))],
-                "state_bytes": self.state_bytes}
-
-
-@dataclass
 class ModelResult:
     key: str
     name: str
@@ -111,54 +88,6 @@ class ModelResult:
         }
 
 
-# ----------------------------------------------------------------------------- streaming
-
-@torch.no_grad()
-def stream_logits(model, X: torch.Tensor, lengths: np.ndarray, idx: np.ndarray,
-                  batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-by-token logits of every sequence in ``idx``, batched across equal-length tracks.
-
-    Returns (per-step argmax (len(idx), T) with -1 after a sequence ends, last-step logits (len(idx), C)).
-    """
-    T, C = X.shape[1], model.cfg.num_classes
-    preds = torch.full((len(idx), T), -1, dtype=torch.long)
-    last = torch.empty(len(idx), C)
-    pos = {int(j): p for p, j in enumerate(idx)}
-    for L, group in length_groups(lengths, idx).items():
-        for i in range(0, len(group), batch_size):
-            b = group[i:i + batch_size]
-            rows = [pos[int(j)] for j in b]
-            model.reset(len(b))
-            for t in range(L):
-                logits = model.step(X[b, t]).float().cpu()
-                preds[rows, t] = logits.argmax(1)
-            last[rows] = logits
-    return preds, last
-
-
-@torch.no_grad()
-def measure_costs(model, tokens: torch.Tensor, steps: int) -> Costs:
-    """One batch-1 stream of ``steps`` tokens (cycling ``tokens`` (N, D)): FLOPs, latency, state."""
-    model.reset(1)
-    sda, total, lat = [], [], []
-    for t in range(steps):
-        x = tokens[t % len(tokens)].unsqueeze(0)
-        t0 = time.perf_counter()
-        model.step(x)
-        lat.append((time.perf_counter() - t0) * 1e3)
-        f = model.step_flops()
-        sda.append(f["sda"])
-        total.append(f["model"])
-    return Costs(sda, total, lat, model.state_nbytes(), model.cfg.window)
-
-
-def regular_reference(cfg: ModelConfig, steps: int) -> dict:
-    """Steady SDA and model FLOPs per step of an untrained `regular` model of the same shape."""
-    reg = build_model(ModelConfig(**{**cfg.to_dict(), "variant": "regular", "landmark_mode": None})).eval()
-    c = measure_costs(reg, torch.zeros(1, cfg.in_dim), min(steps, cfg.window + 1))
-    return {"sda": c.sda_flops[-1], "model": c.model_flops[-1]}
-
-
 # ----------------------------------------------------------------------------- evaluation
 
 def test_indices(tokens: TokenSet, payload: dict, path: str, data_seed: int) -> np.ndarray:
@@ -176,23 +105,9 @@ def test_indices(tokens: TokenSet, payload: dict, path: str, data_seed: int) -> 
 
 def evaluate_checkpoint(model, payload, path, tokens: TokenSet, X: torch.Tensor,
                         idx: np.ndarray) -> CheckpointResult:
-    labels = torch.as_tensor(tokens.labels[idx])
-    preds, last = stream_logits(model, X, tokens.lengths, idx)
-    batch = batch_predict(model, X, tokens.lengths, idx)
-    final = last.argmax(1)
-    C = len(tokens.genres)
-    confusion = torch.zeros(C, C, dtype=torch.long)
-    confusion.index_put_((labels, final), torch.ones_like(labels), accumulate=True)
-    per_class = (confusion.diag().float() / confusion.sum(1).clamp(min=1)).tolist()
-    # only the steps every test sequence reaches: a tail of longer sequences is a biased subset
-    shortest = int(tokens.lengths[idx].min())
-    by_step = [float((preds[:, t] == labels).float().mean()) for t in range(shortest)]
-    return CheckpointResult(
-        path=str(path), seed=int(payload.get("metadata", {}).get("seed", -1)),
-        accuracy=float((final == labels).float().mean()), per_class=per_class,
-        confusion=confusion.tolist(), accuracy_by_step=by_step,
-        agreement=float((final == batch.argmax(1)).float().mean()),
-        max_logit_diff=float((last - batch).abs().max()), test_size=len(idx))
+    m = stream_metrics(model, X, torch.as_tensor(tokens.labels), tokens.lengths, idx)
+    return CheckpointResult(path=str(path), seed=int(payload.get("metadata", {}).get("seed", -1)),
+                            test_size=len(idx), **m)
 
 
 def evaluate(tokens_path: str, checkpoints: list[str], *, variant: str | None = None,

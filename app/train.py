@@ -1,10 +1,6 @@
 """`python main.py train`: batch training of one variant on a token file, with the paper's
-two-phase fixed landmarks (Carreto Picón et al.).
-
-Whole sequences are classified at their last token (the window's newest token, as when
-streaming). Sequences of equal length are batched together, so zero padding never enters a
-window. Each sequence gets a random position start index (recycling positional encoding), so the
-model does not learn absolute positions it will not see when streaming past the period.
+two-phase fixed landmarks (Carreto Picón et al.). The training loop is ``models/training.py``;
+this module reads the token file, splits it and writes the checkpoint with its metadata.
 
 Splits: a token file with a predefined 'train'/'test' split (the musicnn converter) keeps its
 test set and draws the validation set (20 % of train, stratified, ``--data-seed``) from train;
@@ -16,37 +12,22 @@ are frozen, and phase 2 fine-tunes the weights (``--init CKPT`` skips phase 1).
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn import functional as nnf
 
 from audio.gtzan import stratified_split
 from audio.token_cache import TokenFileError, TokenSet, load_tokens
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from models.landmarks import fit_fixed_landmarks
 from models.sda import LANDMARK_MODES, VARIANTS
-from models.transformer import ModelConfig, build_model
-
-
-@dataclass
-class TrainConfig:
-    lr: float = 1e-5               # the paper's defaults
-    weight_decay: float = 1e-4
-    batch_size: int = 32
-    epochs: int = 50               # per phase, the most
-    patience: int = 10             # early stopping: epochs without a better validation score
-    seed: int = 0                  # weights, batch order, start indices
-    data_seed: int = 0             # split
-    kmeans_tokens: int = 20000     # Q/K tokens per head given to k-means (a random subset)
-    device: str = "cpu"
+from models.training import TrainConfig, fit, score
+from models.transformer import ModelConfig
 
 
 class TrainError(ValueError):
@@ -83,83 +64,6 @@ def make_splits(tokens: TokenSet, data_seed: int) -> dict[str, np.ndarray]:
     return parts
 
 
-def length_groups(lengths: np.ndarray, idx: np.ndarray) -> dict[int, np.ndarray]:
-    """Sequence length -> the indices in ``idx`` with that length."""
-    return {int(L): idx[lengths[idx] == L] for L in np.unique(lengths[idx])}
-
-
-def batches(lengths: np.ndarray, idx: np.ndarray, batch_size: int, rng: np.random.Generator):
-    """Shuffled batches of equal-length sequences: a list of index arrays."""
-    out = []
-    for group in length_groups(lengths, idx).values():
-        group = rng.permutation(group)
-        out += [group[i:i + batch_size] for i in range(0, len(group), batch_size)]
-    return [out[i] for i in rng.permutation(len(out))]
-
-
-@torch.no_grad()
-def batch_predict(model, X: torch.Tensor, lengths: np.ndarray, idx: np.ndarray,
-                  batch_size: int = 256) -> torch.Tensor:
-    """Logits (len(idx), classes) of each sequence's full window (start index 0, as streamed)."""
-    model.eval()
-    logits = torch.empty(len(idx), model.cfg.num_classes)
-    pos = {int(j): p for p, j in enumerate(idx)}
-    for group in length_groups(lengths, idx).values():
-        for i in range(0, len(group), batch_size):
-            b = group[i:i + batch_size]
-            out = model(X[b, :int(lengths[b[0]])]).float().cpu()
-            logits[[pos[int(j)] for j in b]] = out
-    return logits
-
-
-def score(model, X, labels: torch.Tensor, lengths, idx) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of the batch forward on ``idx``."""
-    logits = batch_predict(model, X, lengths, idx)
-    y = labels[idx]
-    return float((logits.argmax(1) == y).float().mean()), float(nnf.cross_entropy(logits, y))
-
-
-# ----------------------------------------------------------------------------- training
-
-def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: str, log) -> list[dict]:
-    """AdamW with early stopping on validation accuracy (then loss); restores the best weights."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
-    period = model.cfg.period
-    gen = torch.Generator().manual_seed(int(rng.integers(2**31)))
-    best, best_key, since, history = None, None, 0, []
-    for epoch in range(1, tc.epochs + 1):
-        t0 = time.monotonic()
-        model.train()
-        total, count = 0.0, 0
-        for b in batches(lengths, splits["train"], tc.batch_size, rng):
-            x = X[b, :int(lengths[b[0]])]
-            start = torch.randint(period, (len(b),), generator=gen).to(x.device)
-            loss = nnf.cross_entropy(model(x, start=start), labels[b].to(x.device))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total, count = total + loss.item() * len(b), count + len(b)
-        val_acc, val_loss = score(model, X, labels, lengths, splits["val"])
-        row = {"phase": phase, "epoch": epoch, "train_loss": total / max(count, 1),
-               "val_acc": val_acc, "val_loss": val_loss, "seconds": time.monotonic() - t0}
-        history.append(row)
-        key = (val_acc, -val_loss)
-        better = best_key is None or key > best_key
-        if better:
-            best, best_key, since = copy.deepcopy(model.state_dict()), key, 0
-        else:
-            since += 1
-        log(f"[{phase}] epoch {epoch:3d}/{tc.epochs}  train loss {row['train_loss']:.4f}  "
-            f"val acc {val_acc:6.2%}  val loss {val_loss:.4f}  {row['seconds']:.1f} s"
-            + ("  *" if better else ""))
-        if since >= tc.patience:
-            log(f"[{phase}] early stop: no better validation score for {tc.patience} epochs")
-            break
-    model.load_state_dict(best)
-    return history
-
-
 def train(tokens: TokenSet, cfg: ModelConfig, tc: TrainConfig, *, init=None, data_sha256: str = "",
           data_name: str = "", log=lambda s: print(s, file=sys.stderr, flush=True)):
     """Train ``cfg`` on ``tokens``; returns (model in eval mode, metadata for the checkpoint).
@@ -172,31 +76,10 @@ def train(tokens: TokenSet, cfg: ModelConfig, tc: TrainConfig, *, init=None, dat
         raise TrainError(f"sequences hold up to {tokens.X.shape[1]} tokens but the window is "
                          f"{cfg.window}; use --window {tokens.X.shape[1]} or more")
     splits = make_splits(tokens, tc.data_seed)
-    torch.manual_seed(tc.seed)
-    rng = np.random.default_rng(tc.seed)
     X = torch.as_tensor(tokens.X).to(tc.device)
     labels = torch.as_tensor(tokens.labels)
-    fixed = cfg.landmark_mode == "fixed"
-    phase1_cfg = ModelConfig(**{**cfg.to_dict(), "landmark_mode": None})
     t0 = time.monotonic()
-    history: list[dict] = []
-    if init is not None:
-        model = init.to(tc.device)
-        log(f"starting from the given checkpoint ({model.cfg.variant}, "
-            f"{model.cfg.layers} block(s), window {model.cfg.window})")
-    else:
-        model = build_model(phase1_cfg).to(tc.device)
-    if init is None or not fixed:
-        history += train_phase(model, X, labels, tokens.lengths, splits, tc, rng,
-                               "phase 1" if fixed else "train", log)
-    if fixed:
-        train_seqs = [X[g, :L] for L, g in length_groups(tokens.lengths, splits["train"]).items()]
-        k0 = time.monotonic()
-        fit_fixed_landmarks(model, train_seqs, seed=tc.seed, max_tokens=tc.kmeans_tokens)
-        log(f"fixed landmarks: k-means per head and block in {time.monotonic() - k0:.1f} s; "
-            f"fine-tuning with them frozen")
-        history += train_phase(model, X, labels, tokens.lengths, splits, tc, rng, "phase 2", log)
-    model.eval()
+    model, history = fit(cfg, X, labels, tokens.lengths, splits, tc, init=init, log=log)
     val_acc, val_loss = score(model, X, labels, tokens.lengths, splits["val"])
     test_acc, test_loss = score(model, X, labels, tokens.lengths, splits["test"])
     log(f"done in {time.monotonic() - t0:.0f} s: val acc {val_acc:.2%}, test acc {test_acc:.2%} "

@@ -601,7 +601,6 @@ class StreamingSDA:
         return out
 
     def _retro_nystrom_output(self, st, a, slot, n_t) -> Tensor:
-        s = 1.0 / math.sqrt(st.d)
         self._p_rebuilt = st.p is None
         if st.p is None:
             st.p = torch.zeros(self._batch, self.n, st.q_land.shape[1], device=st.k.device,

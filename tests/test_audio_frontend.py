@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 import torch
 
-from audio import melspec
 from audio.melspec import HOP, PAD, StreamingLogMel, log_mel_frames, num_tokens, offline_patches
 from audio.sources import FileSource
 from audio.tokens import TokenStream, tokens_for_file, tokens_for_signal

@@ -1,7 +1,6 @@
 """File and demo sources on generated audio of many formats, and every bad input."""
 import numpy as np
 import pytest
-import soundfile as sf
 
 from audio.errors import AudioFileError
 from audio.melspec import HOP

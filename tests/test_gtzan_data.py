@@ -8,7 +8,7 @@ from app.extract import extract_gtzan
 from audio.gtzan import GENRES, GTZANError, discover, stratified_split
 from audio.token_cache import TokenFileError, TokenSet, convert_musicnn, load_tokens, pack, save_tokens
 from audio.vggish import build_embedder
-from audio_helpers import tone, write
+from audio_helpers import tone
 
 
 def make_gtzan(root, layout, per_genre=2, seconds=1.3, genres=GENRES[:3], ext="wav"):

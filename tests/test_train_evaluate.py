@@ -7,10 +7,11 @@ import torch
 
 from app.cli import main
 from app.evaluate import EvaluateError, evaluate
-from app.train import TrainConfig, TrainError, make_splits, train
+from app.train import TrainError, make_splits, train
 from audio.gtzan import GENRES
 from audio.token_cache import TokenSet, convert_musicnn, load_tokens, pack, save_tokens
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from models.checkpoint import load_checkpoint, save_checkpoint
+from models.training import TrainConfig
 from models.transformer import ModelConfig
 
 TINY = dict(d_model=32, heads=4, ff_dim=64, dropout=0.0)
@@ -51,7 +52,7 @@ def test_splits_predefined_and_random():
 
 
 def test_fixed_training_runs_both_phases_and_keeps_landmarks_frozen(tmp_path, monkeypatch):
-    import app.train as T
+    import models.training as T
     tokens = synthetic_tokens()
     cfg = tiny_config(tokens, variant="continual_nystrom", landmark_mode="fixed", layers=2)
     fitted, real = [], T.fit_fixed_landmarks

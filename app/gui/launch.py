@@ -55,6 +55,5 @@ def run(args) -> int:
     # Tear the window down while Qt is alive: PySide6 + pyqtgraph can crash in interpreter
     # finalisation if widgets are left for the garbage collector.
     window.deleteLater()
-    del window
     app.processEvents()
     return code
