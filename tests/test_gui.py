@@ -108,6 +108,11 @@ def test_models_are_added_and_removed_mid_stream(make_window, qtbot):
     qtbot.wait(200)
     assert w.table.rowCount() == 1 and w.table.item(0, 0).text() == "nystrom"
     assert "continual" not in w.plots.flops_curves
+    wait_steps(qtbot, w, len(w.history) + 9)               # the window (n = 8) is full
+    full = w.history[-1].flops["nystrom"]["sda"]
+    w.reset_btn.click()
+    qtbot.waitUntil(lambda: any("reset all models" in e for e in w.history[-1].events), timeout=10000)
+    assert w.history[-1].flops["nystrom"]["sda"] < full / 4  # recomputes a 1-token window again
 
 
 def test_export_csv_rows_match_the_engine_records(make_window, qtbot, tmp_path):
