@@ -368,7 +368,8 @@ class MainWindow(QMainWindow):
         if self.engine is None:
             return
         wanted = self.untrained_models()
-        running = {n for n, s in self.engine.slots.items() if not s.trained} | self._pending_adds
+        slots = list(self.engine.slots.items())      # the worker may change the dict meanwhile
+        running = {n for n, s in slots if not s.trained} | self._pending_adds
         for name in running - set(wanted) if not rebuild else running:
             self.engine.remove_model(name)
             self._pending_adds.discard(name)
@@ -404,19 +405,24 @@ class MainWindow(QMainWindow):
                             f"Put vggish-10086976.pth in the torch hub cache or pass --vggish-weights FILE.")
             return build_embedder(random_seed=0, device=self.device)
 
-    def make_source(self):
+    def source_factory(self):
+        """A function that opens the chosen source. The widgets are read here, in the GUI thread;
+        the function runs in the worker (opening a device or decoding a file takes time)."""
         from audio.sources import DemoSource, FileSource, MicrophoneSource
-        kind = self.source_kind.currentIndex()
-        if kind == 0:
-            return DemoSource(realtime=True)
-        if kind == 1:
-            device = self.device_box.currentData()
-            if device is None and self.device_box.isEditable():
-                device = self.device_box.currentText()
-            return MicrophoneSource(device).start()
-        if not self.file_path:
-            raise AudioError("no file chosen: open a file (or drop one on the window) first")
-        return FileSource(self.file_path, realtime=True, loop=self.loop_box.isChecked())
+        kind, path, loop = self.source_kind.currentIndex(), self.file_path, self.loop_box.isChecked()
+        device = self.device_box.currentData()
+        if device is None and self.device_box.isEditable():
+            device = self.device_box.currentText()
+
+        def make():
+            if kind == 0:
+                return DemoSource(realtime=True)
+            if kind == 1:
+                return MicrophoneSource(device).start()
+            if not path:
+                raise AudioError("no file chosen: open a file (or drop one on the window) first")
+            return FileSource(path, realtime=True, loop=loop)
+        return make
 
     def start(self) -> None:
         self.stop()
@@ -436,13 +442,12 @@ class MainWindow(QMainWindow):
             self.switch_landmarks()
         self.history.clear()
         self.plots.spec_data[:] = -10.0
-        worker = EngineWorker(self.engine, self.make_source)
+        worker = EngineWorker(self.engine, self.source_factory())
         worker.error.connect(self.on_worker_error)
         self.runner = WorkerThread(worker)
         self.runner.start()
         self.paused = False
         self.pause_btn.setText("Pause")
-        self.started_at = time.monotonic()
         self.save_settings()
 
     def toggle_pause(self) -> None:
