@@ -323,7 +323,7 @@ class MicrophoneSource:
                 hop, self._pending = self._pending[:HOP].copy(), self._pending[HOP:]
                 self._offer((hop, time.monotonic()))
 
-    def _offer(self, hop: np.ndarray) -> None:
+    def _offer(self, hop: tuple[np.ndarray, float]) -> None:   # (samples, ready time)
         while True:
             try:
                 self._queue.put_nowait(hop)
