@@ -78,6 +78,17 @@ def test_window_runs_a_file_and_every_plot_gets_data(make_window, qtbot, music_f
     assert 1.5 < steps[-1] - steps[0] < 2.6
 
 
+def test_dropping_a_file_on_the_window_plays_it(make_window, qtbot, music_file):
+    from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+    from PySide6.QtGui import QDropEvent
+    w = make_window(source="demo", start=False)
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(music_file))])
+    w.dropEvent(QDropEvent(QPointF(50, 50), Qt.CopyAction, mime, Qt.LeftButton, Qt.NoModifier))
+    wait_steps(qtbot, w, 2)
+    assert w.file_path == str(music_file) and w.history[-1].source == "file:music.wav"
+
+
 def test_landmark_switch_changes_the_flops_curve_live(make_window, qtbot):
     w = make_window(source="demo", variants=("continual_nystrom",))
     wait_steps(qtbot, w, 20)
