@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from models import flops as F
+from models.evaluation import percentile
 from models.landmarks import fit_fixed_landmarks
 from models.sda import StreamingSDA
 from models.transformer import ModelConfig, build_model
@@ -44,8 +45,7 @@ def time_steps(fn, steps: int, budget_s: float) -> tuple[float, float]:
         times.append(time.perf_counter() - t0)
         if time.perf_counter() > deadline and len(times) >= 10:
             break
-    times.sort()
-    return statistics.median(times) * 1e6, times[min(len(times) - 1, int(0.95 * len(times)))] * 1e6
+    return statistics.median(times) * 1e6, percentile(times, 0.95) * 1e6
 
 
 def warm(fn, count: int) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from audio.gtzan import GENRES
+from audio.melspec import FRAMES_PER_HOP
 from audio.tokens import TokenStream
 from audio.vggish import Embedder
 from models.landmarks import fit_fixed_landmarks
@@ -55,9 +56,7 @@ class StepResult:
 @dataclass
 class Slot:
     model: torch.nn.Module
-    trained: bool
-    checkpoint: str | None = None
-    live_fitted: bool = False    # fixed landmarks fitted by k-means on the stream (untrained model)
+    trained: bool                # weights from a trained checkpoint
 
 
 class EngineError(ValueError):
@@ -83,9 +82,9 @@ class Engine:
         return {name: s.model for name, s in self.slots.items()}
 
     # ------------------------------------------------------------------ control (any thread)
-    def add_model(self, name: str, model, trained: bool = False, checkpoint: str | None = None) -> None:
+    def add_model(self, name: str, model, trained: bool = False) -> None:
         """Start running ``model`` from the next hop (its window fills from there)."""
-        self._ops.put(("add", name, (model, trained, checkpoint)))
+        self._ops.put(("add", name, (model, trained)))
 
     def remove_model(self, name: str) -> None:
         self._ops.put(("remove", name, None))
@@ -98,6 +97,11 @@ class Engine:
         """'continual' or 'fixed', live. An untrained model gets fixed landmarks by k-means of
         its Q/K on the recent stream tokens (the paper's phase-2 fit, without fine-tuning)."""
         self._ops.put(("mode", name, mode))
+
+    def use_fixed_landmarks(self, on: bool) -> None:
+        """Switch every Nyström model (those added before this call included) to fixed landmarks,
+        or back to its variant's default ('continual' / 'segment'), live."""
+        self._ops.put(("fixed_all", None, on))
 
     def stop(self) -> None:
         """End ``run`` after the hop in progress (close the source too, to stop waiting on it)."""
@@ -112,43 +116,54 @@ class Engine:
             except queue.Empty:
                 return events
             try:
-                events.append(self._apply(op, name, arg))
+                events += self._apply(op, name, arg)
             except (EngineError, ValueError) as e:
                 events.append(f"error: {e}")
 
-    def _apply(self, op: str, name: str | None, arg) -> str:
+    def _apply(self, op: str, name: str | None, arg) -> list[str]:
         if op == "add":
-            model, trained, checkpoint = arg
+            model, trained = arg
             if name in self.slots:
                 raise EngineError(f"a model named {name!r} is already running")
-            self.slots[name] = Slot(model.eval(), trained, checkpoint)
+            self.slots[name] = Slot(model.eval(), trained)
             if self._running:
                 model.reset(1)
-            return f"added {name}"
+            return [f"added {name}"]
         if name is not None and name not in self.slots:
             raise EngineError(f"no model named {name!r}")
         if op == "remove":
             del self.slots[name]
-            return f"removed {name}"
+            return [f"removed {name}"]
         if op == "reset":
             for n in ([name] if name else list(self.slots)):
                 self.slots[n].model.reset(1)
-            return f"reset {name or 'all models'}"
-        slot = self.slots[name]
-        cfg = slot.model.cfg
+            return [f"reset {name or 'all models'}"]
+        if op == "fixed_all":
+            lines = []
+            for n, slot in self.slots.items():
+                if slot.model.cfg.nystrom:
+                    mode = "fixed" if arg else LANDMARK_MODES[slot.model.cfg.variant][0]
+                    try:
+                        lines.append(self._set_mode(n, slot.model, mode))
+                    except EngineError as e:
+                        lines.append(f"error: {e}")
+            return lines or ["no Nyström model to switch"]
+        return [self._set_mode(name, self.slots[name].model, arg)]
+
+    def _set_mode(self, name: str, model, mode: str) -> str:
+        cfg = model.cfg
         if not cfg.nystrom:
             raise EngineError(f"{name} ({cfg.variant}) has no landmarks")
-        if arg not in LANDMARK_MODES[cfg.variant]:
-            raise EngineError(f"landmark mode {arg!r} is not one of {LANDMARK_MODES[cfg.variant]}")
+        if mode not in LANDMARK_MODES[cfg.variant]:
+            raise EngineError(f"landmark mode {mode!r} is not one of {LANDMARK_MODES[cfg.variant]}")
         note = ""
-        if arg == "fixed" and not bool(slot.model.blocks[0].attn.has_fixed):
-            self._fit_live(slot)
+        if mode == "fixed" and not bool(model.blocks[0].attn.has_fixed):
+            self._fit_live(model)
             note = f" (landmarks fitted by k-means on the last {len(self._recent)} stream tokens)"
-        slot.model.set_landmark_mode(arg)
-        return f"{name}: {arg} landmarks{note}"
+        model.set_landmark_mode(mode)
+        return f"{name}: {mode} landmarks{note}"
 
-    def _fit_live(self, slot: Slot) -> None:
-        model = slot.model
+    def _fit_live(self, model) -> None:
         n, m = model.cfg.window, model.cfg.num_landmarks
         if len(self._recent) < m:
             raise EngineError(f"fixed landmarks for an untrained model are fitted on the stream; "
@@ -158,7 +173,6 @@ class Engine:
         groups = [torch.stack(chunks[:-1])] if len(chunks) > 1 else []
         groups.append(chunks[-1][None])
         fit_fixed_landmarks(model, groups, seed=0)      # installs them and switches to 'fixed'
-        slot.live_fitted = True
 
     # ------------------------------------------------------------------ streaming
     def run(self, source):
@@ -191,16 +205,16 @@ class Engine:
             logits = model.step(token.to(model.embed.weight.device))
             p = torch.softmax(logits[0].float(), dim=-1).cpu()      # .cpu() waits for CUDA
             latency[name] = (time.perf_counter() - t0) * 1e3
-            probabilities[name] = [round(float(x), 6) for x in p]
+            probabilities[name] = [round(x, 6) for x in p.tolist()]
             best = int(p.argmax())
             top[name] = (GENRES[best], float(p[best]))
             flops[name] = model.step_flops()
             memory[name] = model.state_nbytes()
-            modes[name] = model.cfg.landmark_mode if model.cfg.nystrom else None
-            if modes[name] is None and model.cfg.nystrom:
-                modes[name] = LANDMARK_MODES[model.cfg.variant][0]
+            cfg = model.cfg
+            modes[name] = (cfg.landmark_mode or LANDMARK_MODES[cfg.variant][0]) if cfg.nystrom else None
         return StepResult(item.index, item.audio_time, source.name, self.embedder.description,
                           probabilities, top, flops, latency, memory,
                           {n: not s.trained for n, s in self.slots.items()}, modes,
                           dropped_hops=source.stats.dropped, ready_time=item.ready_time,
-                          done_time=time.monotonic(), events=events, mel=item.patch[-25:])
+                          done_time=time.monotonic(), events=events,
+                          mel=item.patch[-FRAMES_PER_HOP:])

@@ -27,11 +27,12 @@ def _si(x: float) -> str:
 
 
 def _hop(report: dict) -> tuple[float | None, str]:
-    meta = report["tokens"]["metadata"]
-    hop = meta.get("hop_s") or (meta.get("frontend", {}).get("hop") if meta.get("frontend") else None)
-    if hop and hop > 10:            # VGGish front end stores the hop in samples at 16 kHz
-        hop = hop / meta["frontend"]["sample_rate"]
-    return hop, ("stream time (s)" if hop else "tokens streamed")
+    """Seconds per token and the x label: VGGish token files record their hop (in samples);
+    others (the musicnn taggrams) do not, and their plots count tokens."""
+    frontend = report["tokens"]["metadata"].get("frontend")
+    if not frontend:
+        return None, "tokens streamed"
+    return frontend["hop"] / frontend["sample_rate"], "stream time (s)"
 
 
 def plot(report: dict, out: Path) -> list[Path]:

@@ -17,11 +17,18 @@ from .training import batch_predict, length_groups
 from .transformer import ModelConfig, build_model
 
 
+def percentile(values, q: float) -> float:
+    """The q-quantile (0 <= q <= 1) of ``values``, nearest rank below; nan if there are none."""
+    v = sorted(values)
+    return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
+
+
 @dataclass
 class Costs:
     sda_flops: list[int]            # per step of the cost stream (batch 1)
     model_flops: list[int]
     latency_ms: list[float]
+    landmark_updates: list[bool]    # the step installed a new continual landmark
     state_bytes: int
     window: int
 
@@ -30,14 +37,12 @@ class Costs:
 
     def summary(self) -> dict:
         sda, model, lat = self.steady(self.sda_flops), self.steady(self.model_flops), self.steady(self.latency_ms)
-        lat_sorted = sorted(lat)
-        base = statistics.median(sda)
         return {"sda_flops_mean": statistics.fmean(sda), "sda_flops_min": min(sda),
                 "sda_flops_max": max(sda), "model_flops_mean": statistics.fmean(model),
-                "update_steps": sum(1 for s in sda if s > 1.5 * base),
+                "update_steps": sum(self.steady(self.landmark_updates)),
                 "steady_steps": len(sda),
                 "latency_ms_median": statistics.median(lat),
-                "latency_ms_p95": lat_sorted[min(len(lat) - 1, int(0.95 * len(lat)))],
+                "latency_ms_p95": percentile(lat, 0.95),
                 "state_bytes": self.state_bytes}
 
 
@@ -68,7 +73,7 @@ def stream_logits(model, X: torch.Tensor, lengths: np.ndarray, idx: np.ndarray,
 def measure_costs(model, tokens: torch.Tensor, steps: int) -> Costs:
     """One batch-1 stream of ``steps`` tokens (cycling ``tokens`` (N, D)): FLOPs, latency, state."""
     model.reset(1)
-    sda, total, lat = [], [], []
+    sda, total, lat, updates = [], [], [], []
     for t in range(steps):
         x = tokens[t % len(tokens)].unsqueeze(0)
         t0 = time.perf_counter()
@@ -77,7 +82,8 @@ def measure_costs(model, tokens: torch.Tensor, steps: int) -> Costs:
         f = model.step_flops()
         sda.append(f["sda"])
         total.append(f["model"])
-    return Costs(sda, total, lat, model.state_nbytes(), model.cfg.window)
+        updates.append(model.landmark_updated())
+    return Costs(sda, total, lat, updates, model.state_nbytes(), model.cfg.window)
 
 
 def regular_reference(cfg: ModelConfig, steps: int) -> dict:

@@ -220,6 +220,17 @@ class StreamingSDA:
     def last_step_flops(self) -> int:
         return self.last_step.total
 
+    @property
+    def landmark_updated(self) -> bool:
+        """True if the last step installed new landmarks (and their pseudo-inverse), not counting
+        the warm-up rule's per-step rebuilds: with continual landmarks and the window full, every
+        n/m steps; also the first install of a window-fed block."""
+        if self._flops_args is None:
+            return False
+        kw = self._flops_args[2]
+        return kw.get("event") == "landmark" or (kw.get("landmark_update", False)
+                                                 and not kw.get("warmup_landmarks", False))
+
     def _account(self, formula, *args, n_t: int = 0, **kw) -> None:
         st = self.st
         self._flops_args = (formula, args, kw, n_t, st.refreshed, st.d)

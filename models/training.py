@@ -34,7 +34,6 @@ class TrainConfig:
     device: str = "cpu"
 
 
-
 def length_groups(lengths: np.ndarray, idx: np.ndarray) -> dict[int, np.ndarray]:
     """Sequence length -> the indices in ``idx`` with that length."""
     return {int(L): idx[lengths[idx] == L] for L in np.unique(lengths[idx])}

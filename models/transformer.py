@@ -232,6 +232,10 @@ class GenreTransformer(nn.Module):
             return None
         return [b.attn.landmarks() for b in self.blocks]
 
+    def landmark_updated(self) -> bool:
+        """True if the last step installed a new continual landmark in any block."""
+        return self.continual and any(b.attn.sda.landmark_updated for b in self.blocks)
+
     def window_start(self) -> int:
         """Position index of the oldest token of the current window (for ``forward(start=...)``)."""
         return (self._t - min(self._t, self.cfg.window)) % self.cfg.period

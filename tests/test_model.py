@@ -153,3 +153,20 @@ def test_model_bad_inputs():
         model.step(torch.randn(2, 16, dtype=torch.float64))
     with pytest.raises(ValueError, match="at most 12"):
         model(torch.randn(1, 13, 16))
+
+
+def test_landmark_updates_are_reported_every_n_over_m_steps_once_the_window_is_full():
+    torch.manual_seed(0)
+    model = build_model(small_config(variant="continual_nystrom", window=12, num_landmarks=3)).eval()
+    model.reset(1)
+    updated = []
+    for t in range(1, 49):
+        model.step(torch.randn(1, 16))
+        if model.landmark_updated():
+            updated.append(t)
+    assert updated == [16, 20, 24, 28, 32, 36, 40, 44, 48]       # n/m = 4; t = n is a warm-up rebuild
+    fit_fixed_landmarks(model, torch.randn(4, 12, 16))
+    model.reset(1)
+    for _ in range(30):
+        model.step(torch.randn(1, 16))
+        assert not model.landmark_updated()

@@ -12,10 +12,7 @@ import time
 
 import torch
 
-
-def _pct(values, q):
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * (len(v) - 1)))] if v else float("nan")
+from models.evaluation import percentile
 
 
 def gui(seconds: float, vggish_weights: str | None = None) -> dict:
@@ -49,10 +46,10 @@ def gui(seconds: float, vggish_weights: str | None = None) -> dict:
     source = w.runner.worker.source if w.runner else None
     result = {
         "seconds": wall, "hops": len(history), "models": len(history[-1].probabilities) if history else 0,
-        "frame_ms_median": statistics.median(w.frame_ms), "frame_ms_p95": _pct(w.frame_ms, 0.95),
+        "frame_ms_median": statistics.median(w.frame_ms), "frame_ms_p95": percentile(w.frame_ms, 0.95),
         "frame_ms_max": max(w.frame_ms),
         "delay_ms_median": statistics.median(list(w.delay_ms)[20:] or w.delay_ms),
-        "delay_ms_p95": _pct(list(w.delay_ms)[20:] or w.delay_ms, 0.95),
+        "delay_ms_p95": percentile(list(w.delay_ms)[20:] or w.delay_ms, 0.95),
         "rtf": statistics.fmean(proc) / 250.0,
         "dropped_hops": source.stats.dropped if source else history[-1].dropped_hops,
         "vggish": history[-1].vggish if history else "",

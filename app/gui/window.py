@@ -24,6 +24,7 @@ from app.engine import Engine
 from audio.errors import AudioError, VGGishWeightsError
 from audio.gtzan import GENRES
 from models.checkpoint import CheckpointError, load_checkpoint
+from models.evaluation import percentile
 from models.sda import VARIANTS
 from models.transformer import ModelConfig, build_model
 
@@ -31,6 +32,7 @@ from .plots import LivePlots
 from .worker import EngineWorker, WorkerThread
 
 HISTORY = 14400               # StepResults kept for export (one hour of hops)
+RECENT = 480                  # StepResults drawn: two minutes of hops
 FRAME_MS = 33                 # GUI redraw period (about 30 fps at most)
 
 
@@ -57,7 +59,8 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings("Nystream", "Nystream")
         self.setWindowTitle("Nystream — continual Nyström transformers, live")
         self.resize(1500, 950)
-        self.history: deque = deque(maxlen=HISTORY)
+        self.history: deque = deque(maxlen=HISTORY)   # for export
+        self.recent: deque = deque(maxlen=RECENT)     # what the plots and the table show
         self.frame_ms: deque = deque(maxlen=2000)     # GUI-thread time per redraw
         self.delay_ms: deque = deque(maxlen=2000)     # hop's last sample -> result drawn
         self.runner: WorkerThread | None = None
@@ -66,7 +69,7 @@ class MainWindow(QMainWindow):
         self.file_path: str | None = None
         self.checkpoint_models: dict[str, tuple] = {}   # name -> (model, path)
         self.paused = False
-        self._pending_adds: set[str] = set()        # models queued for the engine, not yet seen
+        self.untrained_names: set[str] = set()       # untrained models this window asked to run
         self._build_ui()
         self._load_settings()
         self._apply_options()
@@ -344,7 +347,7 @@ class MainWindow(QMainWindow):
         name = model_name(model.cfg, tag)
         self.checkpoint_models[name] = (model, path)
         if self.engine is not None:
-            self.engine.add_model(name, model, trained=True, checkpoint=path)
+            self.engine.add_model(name, model, trained=True)
         return True
 
     # ------------------------------------------------------------------ models
@@ -352,45 +355,36 @@ class MainWindow(QMainWindow):
     def device(self) -> str:
         return self.compute_box.currentData() or "cpu"
 
-    def untrained_models(self) -> dict:
+    def untrained_configs(self) -> dict[str, ModelConfig]:
+        """Name -> config of each ticked variant, in the chosen shape."""
         n, layers = self.window_box.value(), self.layers_box.value()
         m = min(self.landmarks_box.value(), n)
-        out = {}
-        for v, box in self.variant_boxes.items():
-            if box.isChecked():
-                torch.manual_seed(0)
-                cfg = ModelConfig(variant=v, layers=layers, window=n, num_landmarks=m)
-                out[model_name(cfg)] = build_model(cfg).to(self.device)
-        return out
+        configs = (ModelConfig(variant=v, layers=layers, window=n, num_landmarks=m)
+                   for v, box in self.variant_boxes.items() if box.isChecked())
+        return {model_name(cfg): cfg for cfg in configs}
+
+    def build_untrained(self, cfg: ModelConfig):
+        torch.manual_seed(0)                         # the same untrained weights every run
+        return build_model(cfg).to(self.device)
 
     def sync_models(self, rebuild: bool = False) -> None:
         """Make the running untrained models match the checkboxes (and shape, if ``rebuild``)."""
         if self.engine is None:
             return
-        wanted = self.untrained_models()
-        slots = list(self.engine.slots.items())      # the worker may change the dict meanwhile
-        running = {n for n, s in slots if not s.trained} | self._pending_adds
-        for name in running - set(wanted) if not rebuild else running:
+        wanted = self.untrained_configs()
+        for name in (self.untrained_names if rebuild else self.untrained_names - set(wanted)):
             self.engine.remove_model(name)
-            self._pending_adds.discard(name)
-        for name, model in wanted.items():
-            if rebuild or name not in running:
-                self.engine.add_model(name, model)
-                self._pending_adds.add(name)
+        for name, cfg in wanted.items():
+            if rebuild or name not in self.untrained_names:
+                self.engine.add_model(name, self.build_untrained(cfg))
+        self.untrained_names = set(wanted)
         if self.mode_fixed.isChecked():
             self.switch_landmarks()
 
     def switch_landmarks(self) -> None:
-        """Apply the landmark switch to every Nyström model, live."""
-        if self.engine is None:
-            return
-        fixed = self.mode_fixed.isChecked()
-        names = set(self.engine.slots) | self._pending_adds | set(self.checkpoint_models)
-        for name in sorted(names):
-            variant = name.split()[0]
-            if variant in ("nystrom", "continual_nystrom"):
-                mode = "fixed" if fixed else ("continual" if variant == "continual_nystrom" else "segment")
-                self.engine.set_landmark_mode(name, mode)
+        """Apply the landmark switch to every Nyström model, live (also to models just added)."""
+        if self.engine is not None:
+            self.engine.use_fixed_landmarks(self.mode_fixed.isChecked())
 
     # ------------------------------------------------------------------ run control
     def _embedder(self):
@@ -432,8 +426,8 @@ class MainWindow(QMainWindow):
         except AudioError as e:
             self.show_error(str(e))
             return
-        self._pending_adds: set[str] = set()
-        models = self.untrained_models()
+        models = {name: self.build_untrained(cfg) for name, cfg in self.untrained_configs().items()}
+        self.untrained_names = set(models)
         trained = {n: False for n in models}
         for name, (model, _) in self.checkpoint_models.items():
             models[name], trained[name] = model.to(self.device), True
@@ -441,6 +435,7 @@ class MainWindow(QMainWindow):
         if self.mode_fixed.isChecked():
             self.switch_landmarks()
         self.history.clear()
+        self.recent.clear()
         self.plots.spec_data[:] = -10.0
         worker = EngineWorker(self.engine, self.source_factory())
         worker.error.connect(self.on_worker_error)
@@ -493,12 +488,12 @@ class MainWindow(QMainWindow):
             return
         for r in new:
             self.history.append(r)
+            self.recent.append(r)
             if r.mel is not None:
                 self.plots.push_mel(r.mel)
             for e in r.events:
                 if e.startswith("error"):
                     self.show_error(e)
-            self._pending_adds -= set(r.probabilities)
         last = new[-1]
         models = list(last.probabilities)
         focus = self.focus_box.currentText()
@@ -514,33 +509,34 @@ class MainWindow(QMainWindow):
                 self.focus_box.setCurrentText((trained or preferred)[0])
             self.focus_box.blockSignals(False)
         focus = self.focus_box.currentText()
-        self.plots.update(list(self.history)[-480:], focus, models)
+        recent = list(self.recent)
+        self.plots.update(recent, focus, models)
         if focus in last.top:
             genre, p = last.top[focus]
             warn = "  (untrained)" if last.untrained[focus] else ""
             self.top_label.setText(f"{genre}  {100 * p:.0f}%{warn}")
             self.focus_label.setText(f"focused: {focus}")
-        self.update_table(models)
-        self.update_status(last)
+        self.update_table(recent[-240:], models)
+        self.update_status(recent[-240:])
         now = time.monotonic()
         for r in new:
             if r.ready_time:
                 self.delay_ms.append((now - r.ready_time) * 1e3)
         self.frame_ms.append((time.perf_counter() - t0) * 1e3)
 
-    def update_table(self, models: list[str]) -> None:
-        recent = list(self.history)[-240:]
+    def update_table(self, recent: list, models: list[str]) -> None:
+        """One row per model over ``recent`` (the last minute of StepResults)."""
         last = recent[-1]
         self.table.setRowCount(len(models))
         for row, name in enumerate(models):
-            lat = sorted(r.latency_ms[name] for r in recent if name in r.latency_ms)
+            lat = [r.latency_ms[name] for r in recent if name in r.latency_ms]
             steps = [r for r in recent if name in r.top and "regular" in r.top]
             agree = (f"{100 * sum(r.top[name][0] == r.top['regular'][0] for r in steps) / len(steps):.0f}%"
                      if steps and name != "regular" else "—")
             cells = [name, last.landmark_mode[name] or "—",
                      f"{last.top[name][0]} {100 * last.top[name][1]:.0f}%", agree,
                      f"{last.flops[name]['sda']:,}", f"{last.flops[name]['model']:,}",
-                     f"{statistics.median(lat):.2f} / {lat[min(len(lat) - 1, int(0.95 * len(lat)))]:.2f}",
+                     f"{statistics.median(lat):.2f} / {percentile(lat, 0.95):.2f}",
                      f"{last.state_bytes[name] / 1024:.1f} KiB",
                      "UNTRAINED (random)" if last.untrained[name] else "trained"]
             for c, text in enumerate(cells):
@@ -550,14 +546,13 @@ class MainWindow(QMainWindow):
                     self.table.setItem(row, c, item)
                 item.setText(text)
 
-    def update_status(self, last) -> None:
-        recent = list(self.history)[-40:]
-        proc = [r.latency_ms["frontend"] + r.latency_ms["vggish"]
-                + sum(v for k, v in r.latency_ms.items() if k not in ("frontend", "vggish")) for r in recent]
-        rtf = statistics.fmean(proc) / 250.0
-        front = sorted(r.latency_ms["frontend"] + r.latency_ms["vggish"] for r in list(self.history)[-240:])
+    def update_status(self, recent: list) -> None:
+        """The status bar from ``recent`` (the last minute of StepResults)."""
+        last = recent[-1]
+        rtf = statistics.fmean(sum(r.latency_ms.values()) for r in recent) / 250.0
+        front = [r.latency_ms["frontend"] + r.latency_ms["vggish"] for r in recent]
         self.status["frontend"].setText(f"Front end (log-mel + VGGish): {statistics.median(front):.1f} / "
-                                        f"{front[int(0.95 * (len(front) - 1))]:.1f} ms median / p95")
+                                        f"{percentile(front, 0.95):.1f} ms median / p95")
         source = self.runner.worker.source if self.runner else None
         rate = f", {source.input_rate} Hz in" if source is not None else ""
         self.status["source"].setText(f"Source: {last.source}{rate}{'  (paused)' if self.paused else ''}")
@@ -566,8 +561,7 @@ class MainWindow(QMainWindow):
         self.status["vggish"].setText(f"VGGish: {last.vggish}")
         self.status["device"].setText(f"Compute: {self.device}")
         if self.delay_ms:
-            d = sorted(self.delay_ms)
-            self.status["delay"].setText(f"Delay p95: {d[int(0.95 * (len(d) - 1))]:.0f} ms")
+            self.status["delay"].setText(f"Delay p95: {percentile(self.delay_ms, 0.95):.0f} ms")
 
     # ------------------------------------------------------------------ export
     def export_csv(self, path: str) -> int:
