@@ -6,6 +6,11 @@
 #                platform default, which on Linux is a CUDA build).
 #   TORCH_INDEX  optional extra index for torch (e.g. PyTorch's CPU or cu12x wheel index).
 #   PYTHON       interpreter used to create the venv.
+#
+# Beside the project, two packages are installed *without* their dependencies, for data only:
+#   musicnn==0.1.0  its pretrained TF1 checkpoints (read with numpy; TensorFlow is never needed)
+#   resampy==0.2.2  its kaiser_best filter table, into $(VENV)/vendor/ (torchvggish needs a current
+#                   resampy in site-packages; only `extract --frontend musicnn` reads this one)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,13 +19,15 @@ TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench clean sysdeps sysdeps-test
+.PHONY: setup run test bench assets accuracy clean sysdeps sysdeps-test
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
 	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --no-deps musicnn==0.1.0
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/vendor/resampy-0.2.2 resampy==0.2.2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -39,6 +46,14 @@ test: sysdeps-test $(STAMP)
 
 bench: $(STAMP)
 	$(PY) main.py bench $(ARGS)
+
+# The trained models shipped in assets/models/ (needs ../shared/data/gtzan_musicnn_tokens).
+assets: $(STAMP)
+	bash scripts/build_assets.sh
+
+# Genre accuracy from audio on the shared GTZAN excerpts -> docs/audio_accuracy/.
+accuracy: $(STAMP)
+	$(PY) main.py accuracy --audio ../shared/data/gtzan_excerpts --out docs/audio_accuracy
 
 clean:
 	rm -rf $(VENV)

@@ -45,7 +45,8 @@ def evaluate_speed(sequences: int = 300, steps: int = 120) -> dict:
             "threads": torch.get_num_threads()}
 
 
-def main(gui_seconds: float | None, eval_speed: bool, vggish_weights: str | None = None) -> int:
+def main(gui_seconds: float | None, eval_speed: bool, vggish_weights: str | None = None,
+         frontend: str = "musicnn") -> int:
     if eval_speed:
         r = evaluate_speed()
         print(f"evaluate: {r['sequences']} sequences x {r['steps']} steps x {r['models']} models streamed, "
@@ -53,9 +54,9 @@ def main(gui_seconds: float | None, eval_speed: bool, vggish_weights: str | None
               f"({r['threads']} threads; goal < 120 s)")
     if gui_seconds:
         from app.gui.bench import gui
-        r = gui(gui_seconds, vggish_weights)
+        r = gui(gui_seconds, vggish_weights, frontend)
         print(f"GUI, {r['models']} models on the real-time demo signal for {r['seconds']:.0f} s "
-              f"({r['hops']} hops, {r['vggish']}):")
+              f"({r['hops']} hops, {r['frontend']}):")
         print(f"  GUI-thread frame time: median {r['frame_ms_median']:.1f} ms, p95 {r['frame_ms_p95']:.1f} ms, "
               f"max {r['frame_ms_max']:.1f} ms")
         print(f"  end-to-end delay, hop's last sample -> drawn: median {r['delay_ms_median']:.0f} ms, "

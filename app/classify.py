@@ -8,10 +8,10 @@ import sys
 import torch
 
 from audio.errors import AudioError, VGGishWeightsError
+from audio.frontends import FRONTENDS
 from audio.gtzan import GENRES
 from models.checkpoint import CheckpointError
 from models.sda import VARIANTS
-from models.transformer import ModelConfig, build_model
 
 
 def add_arguments(p) -> None:
@@ -24,12 +24,18 @@ def add_arguments(p) -> None:
     p.add_argument("--seconds", type=float, help="stop after this much audio")
     p.add_argument("--realtime", action="store_true", help="pace a file/demo in real time")
     p.add_argument("--loop", action="store_true", help="loop a file")
+    p.add_argument("--frontend", choices=FRONTENDS, default=None,
+                   help="token front end: musicnn (default; its weights ship) or vggish (the "
+                        "paper's; implied by --vggish-weights / --random-vggish)")
     p.add_argument("--variant", nargs="+", choices=VARIANTS,
-                   help="untrained models of these variants (default: all, unless checkpoints)")
+                   help="add untrained models of these variants (default: none when trained "
+                        "models exist, else all)")
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
-                   help="trained models (one per checkpoint), run side by side")
+                   help="trained models (default: the shipped ones in assets/models/ for the "
+                        "front end)")
     p.add_argument("--layers", type=int, choices=(1, 2), default=1)
-    p.add_argument("--window", type=int, default=120, help="window n in tokens (0.25 s each)")
+    p.add_argument("--window", type=int, default=None,
+                   help="window n of untrained models in tokens (default 29 musicnn, 120 vggish)")
     p.add_argument("--landmarks", type=int, default=4, help="Nyström landmarks m")
     p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
     w = p.add_mutually_exclusive_group()
@@ -38,7 +44,10 @@ def add_arguments(p) -> None:
                    help="random VGGish weights (seeded), for tests and demos")
     p.add_argument("--fallback-random-vggish", action="store_true",
                    help="if no VGGish weights are found, say so and use random ones (default run)")
-    p.add_argument("--cuda", action="store_true", help="run VGGish and models on CUDA if available")
+    p.add_argument("--recompute-frontend", action="store_true",
+                   help="recompute musicnn's whole 3 s patch every hop (the reference) instead of "
+                        "the continual front end")
+    p.add_argument("--cuda", action="store_true", help="run the front end and models on CUDA if available")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
     out.add_argument("--csv", metavar="FILE", help="write records to a CSV file")
@@ -57,30 +66,17 @@ def make_source(args):
     return FileSource(args.path, realtime=args.realtime, loop=args.loop)
 
 
-def load_models(args, device) -> tuple[dict, dict]:
-    """Trained models from --checkpoint files, untrained ones for --variant (default: all)."""
-    from models.checkpoint import load_checkpoint
-
-    models, trained = {}, {}
-    for path in args.checkpoint:
-        model, payload = load_checkpoint(path, in_dim=128, classes=list(GENRES), device=device)
-        name = model.cfg.variant + ("/fixed" if model.cfg.landmark_mode == "fixed" else "")
-        while name in models:
-            name += "'"
-        models[name], trained[name] = model, True
-    variants = args.variant if args.variant is not None else ([] if args.checkpoint else list(VARIANTS))
-    for v in variants:
-        torch.manual_seed(args.seed)
-        cfg = ModelConfig(variant=v, layers=args.layers, window=args.window,
-                          num_landmarks=min(args.landmarks, args.window))
-        name = v if v not in models else f"{v} (untrained)"
-        models[name], trained[name] = build_model(cfg).to(device), False
-    return models, trained
+def load_models(args, frontend, device) -> list:
+    """Trained models (--checkpoint, else the shipped ones), untrained ones for --variant."""
+    from app.lineup import default_lineup
+    return default_lineup(frontend, device, checkpoints=args.checkpoint, variants=args.variant,
+                          layers=args.layers, window=args.window, landmarks=args.landmarks,
+                          seed=args.seed)
 
 
 def csv_row(r) -> dict:
-    row = {"step": r.step, "audio_time_s": r.audio_time, "source": r.source, "vggish": r.vggish,
-           "frontend_ms": round(r.latency_ms["frontend"], 3), "vggish_ms": round(r.latency_ms["vggish"], 3),
+    row = {"step": r.step, "audio_time_s": r.audio_time, "source": r.source, "frontend": r.frontend,
+           "frontend_ms": round(r.latency_ms["frontend"], 3), "frontend_flops": r.frontend_flops,
            "dropped_hops": r.dropped_hops}
     for name, probs in r.probabilities.items():
         row[f"{name}.top"] = r.top[name][0]
@@ -100,14 +96,39 @@ def human(r) -> str:
         mark = "*" if r.untrained[name] else ""
         cells.append(f"{name}{mark}: {genre} {p:.2f} ({r.flops[name]['sda'] / 1e3:.1f}k SDA FLOPs, "
                      f"{r.latency_ms[name]:.2f} ms)")
-    return (f"[{r.step:4d}] {r.audio_time:7.2f}s  front {r.latency_ms['frontend']:.1f} ms, "
-            f"vggish {r.latency_ms['vggish']:.1f} ms | " + " | ".join(cells))
+    return (f"[{r.step:4d}] {r.audio_time:7.2f}s  front end {r.latency_ms['frontend']:.1f} ms, "
+            f"{r.frontend_flops / 1e6:.0f}M FLOPs | " + " | ".join(cells))
+
+
+def final_verdict(counts: dict, last) -> str:
+    """Per model: the genre of the last step and the genre most often on top over the run."""
+    lines = []
+    for name, c in counts.items():
+        top, n = max(c.items(), key=lambda kv: kv[1])
+        total = sum(c.values())
+        lines.append(f"#   {name}: last {last.top[name][0]} ({last.top[name][1]:.2f}); most often "
+                     f"{top} ({n}/{total} steps)")
+    return "\n".join(lines)
+
+
+def build_frontend_for(args, device):
+    """The chosen front end; with --fallback-random-vggish a missing VGGish becomes random."""
+    from audio.frontends import build_frontend, resolve_name
+    args.frontend = resolve_name(args.frontend, args.vggish_weights, args.random_vggish)
+    try:
+        return build_frontend(args.frontend, device=device, vggish_weights=args.vggish_weights,
+                              random_vggish=args.random_vggish,
+                              continual=not getattr(args, "recompute_frontend", False))
+    except VGGishWeightsError as e:
+        if not getattr(args, "fallback_random_vggish", False):
+            raise
+        print(f"# {e}\n# continuing with RANDOM VGGish weights", file=sys.stderr)
+        return build_frontend("vggish", device=device, random_vggish=0)
 
 
 def run(args) -> int:
     from app.engine import Engine
     from audio.sources import list_input_devices
-    from audio.vggish import build_embedder
 
     try:
         if args.list_devices:
@@ -116,24 +137,28 @@ def run(args) -> int:
                       f"{d['default_rate']:.0f} Hz)")
             return 0
         device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
-        try:
-            embedder = build_embedder(args.vggish_weights, random_seed=args.random_vggish, device=device)
-        except VGGishWeightsError as e:
-            if not args.fallback_random_vggish:
-                raise
-            print(f"# {e}\n# continuing with RANDOM VGGish weights", file=sys.stderr)
-            embedder = build_embedder(random_seed=0, device=device)
-        models, trained = load_models(args, device)
+        frontend = build_frontend_for(args, device)
+        entries = load_models(args, frontend, device)
         source = make_source(args)
-        engine = Engine(embedder, models, trained)
-        untrained = [n for n in models if not trained[n]]
-        print(f"# source {source.name}; {embedder.description}; "
-              + (f"UNTRAINED models (random weights, seed {args.seed}), marked *: "
-                 f"{', '.join(untrained)}" if untrained else "all models trained"), file=sys.stderr)
-        writer, csv_file = None, None
+        engine = Engine(frontend, {e.name: e.model for e in entries},
+                        {e.name: e.trained for e in entries},
+                        spacing={e.name: e.spacing for e in entries},
+                        frontends={e.name: e.frontend for e in entries if e.frontend})
+        untrained = [e.name for e in entries if not e.trained]
+        trained = [f"{e.name} ({e.path})" for e in entries if e.trained]
+        print(f"# source {source.name}; front end: {frontend.description}"
+              + (f"; trained: {', '.join(trained)}" if trained else "")
+              + (f"; UNTRAINED models (random weights, seed {args.seed}), marked *: "
+                 f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)
+        writer, csv_file, last = None, None, None
+        counts = {e.name: {} for e in entries}
         limit = None if args.seconds is None else int(args.seconds / 0.25)
         try:
             for r in engine.run(source):
+                last = r
+                for name, (genre, _) in r.top.items():
+                    c = counts.setdefault(name, {})
+                    c[genre] = c.get(genre, 0) + 1
                 if args.jsonl:
                     print(json.dumps(r.to_dict()), flush=True)
                 elif args.csv:
@@ -157,6 +182,9 @@ def run(args) -> int:
         print(f"# {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input overflows, "
               f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped",
               file=sys.stderr)
+        if last is not None and not args.jsonl:
+            print("# verdict:\n" + final_verdict({k: v for k, v in counts.items() if v}, last),
+                  file=sys.stderr)
         return 0
     except (AudioError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -8,7 +8,7 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="main.py", description=__doc__)
     sub = p.add_subparsers(dest="command")
-    from app import classify, evaluate, extract, train
+    from app import audio_accuracy, classify, evaluate, extract, train
     from app.gui import launch
     g = sub.add_parser("gui", help="the desktop window (the default command)")
     launch.add_arguments(g)
@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     b.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
+    b.add_argument("--frontend", choices=("musicnn", "vggish", "all"), default="all",
+                   help="front end(s) whose per-hop cost is measured")
+    b.add_argument("--frontend-only", action="store_true", help="only the front-end rows")
     c = sub.add_parser("classify", help="classify a file, the microphone or the demo signal")
     classify.add_arguments(c)
     e = sub.add_parser("extract", help="GTZAN audio (or musicnn taggrams) -> a token file")
@@ -31,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_arguments(t)
     v = sub.add_parser("evaluate", help="stream test sequences through checkpoints; write a report")
     evaluate.add_arguments(v)
+    a = sub.add_parser("accuracy", help="genre accuracy from audio files through the live path")
+    audio_accuracy.add_arguments(a)
     d = sub.add_parser("demo", help="stream synthetic tokens through every variant (terminal)")
     d.add_argument("--steps", type=int, default=240, help="tokens (0.25 s each)")
     d.add_argument("--window", type=int, default=120)
@@ -55,11 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         return launch.run(args)
     if command == "bench" and (args.gui or args.evaluate):
         from app import bench_live
-        return bench_live.main(args.gui, args.evaluate, args.vggish_weights)
+        return bench_live.main(args.gui, args.evaluate, args.vggish_weights,
+                               "vggish" if args.frontend == "vggish" else "musicnn")
     if command == "bench":
         from app import bench
         windows = tuple(int(w) for w in args.windows.split(","))
-        bench.run(windows, steps=args.steps, budget_s=args.budget, out=args.out, threads=args.threads)
+        bench.run(windows, steps=args.steps, budget_s=args.budget, out=args.out, threads=args.threads,
+                  frontends=("musicnn", "vggish") if args.frontend == "all" else (args.frontend,),
+                  frontend_only=args.frontend_only)
         return 0
     if command == "extract":
         from app import extract
@@ -70,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "evaluate":
         from app import evaluate
         return evaluate.run(args)
+    if command == "accuracy":
+        from app import audio_accuracy
+        return audio_accuracy.run(args)
     if command == "classify":
         from app import classify
         return classify.run(args)

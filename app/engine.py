@@ -1,4 +1,4 @@
-"""The streaming engine: source -> log-mel -> VGGish token (once per hop) -> every model's step.
+"""The streaming engine: source -> front end token (once per hop) -> every model's step.
 
 A plain Python object (no Qt): the CLI, the GUI and the tests drive it the same way. Each hop gives
 one ``StepResult`` with the probabilities, FLOPs, latency and state memory of every model.
@@ -21,9 +21,10 @@ import numpy as np
 import torch
 
 from audio.gtzan import GENRES
-from audio.melspec import FRAMES_PER_HOP
+from audio.errors import FrontEndMismatchError
+from audio.frontends import FrontEnd, as_frontend
 from audio.tokens import TokenStream
-from audio.vggish import Embedder
+from models.interleaved import InterleavedStreams
 from models.landmarks import fit_fixed_landmarks
 from models.sda import LANDMARK_MODES
 
@@ -33,11 +34,11 @@ class StepResult:
     step: int                                   # hop / token index
     audio_time: float                           # seconds of audio up to the end of this hop
     source: str
-    vggish: str                                 # which VGGish weights made the token
+    frontend: str                               # which front end (and weights) made the token
     probabilities: dict[str, list[float]]       # model -> 10 genre probabilities
     top: dict[str, tuple[str, float]]           # model -> (genre, probability)
     flops: dict[str, dict[str, int]]            # model -> {'sda', 'attention', 'model'} this step
-    latency_ms: dict[str, float]                # 'frontend', 'vggish', and one per model
+    latency_ms: dict[str, float]                # 'frontend' (= 'mel' + 'network'), one per model
     state_bytes: dict[str, int]                 # model -> streaming state size
     untrained: dict[str, bool]                  # model -> no trained checkpoint loaded
     landmark_mode: dict[str, str | None]        # model -> 'continual' / 'fixed' / None
@@ -45,7 +46,9 @@ class StepResult:
     ready_time: float = 0.0                     # time.monotonic() when the hop's last sample arrived
     done_time: float = 0.0                      # time.monotonic() when every model had stepped
     events: list[str] = field(default_factory=list)   # control changes applied before this hop
-    mel: np.ndarray | None = field(default=None, repr=False)   # (25, 64) this hop's log-mel frames
+    frontend_flops: int = 0                     # FLOPs of the front-end network for this hop
+    spacing: dict[str, int] = field(default_factory=dict)   # model -> hops between its tokens
+    mel: np.ndarray | None = field(default=None, repr=False)   # (k, bands) this hop's log-mel frames
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -55,8 +58,10 @@ class StepResult:
 
 @dataclass
 class Slot:
-    model: torch.nn.Module
+    model: torch.nn.Module       # a GenreTransformer, or InterleavedStreams of one
     trained: bool                # weights from a trained checkpoint
+    spacing: int = 1             # hops between the tokens the model is fed
+    home_mode: str | None = None  # landmark mode the model came with (None: its variant's default)
 
 
 class EngineError(ValueError):
@@ -64,14 +69,22 @@ class EngineError(ValueError):
 
 
 class Engine:
-    """Runs every model on the tokens of one source. ``models``: name -> GenreTransformer."""
+    """Runs every model on the tokens of one source and one front end (computed once per hop).
 
-    def __init__(self, embedder: Embedder, models: dict | None = None,
-                 trained: dict[str, bool] | None = None, *, recent_tokens: int = 480):
-        self.embedder = embedder
+    ``frontend``: a FrontEnd (or a VGGish Embedder); ``models``: name -> GenreTransformer;
+    ``trained``: name -> bool; ``spacing``: name -> hops between the tokens the model was trained
+    on (default 1), fed as interleaved streams; ``frontends``: name -> the front-end name a model
+    was trained on (a mismatch is refused).
+    """
+
+    def __init__(self, frontend: FrontEnd, models: dict | None = None,
+                 trained: dict[str, bool] | None = None, *, spacing: dict[str, int] | None = None,
+                 frontends: dict[str, str] | None = None, recent_tokens: int = 480):
+        self.frontend = as_frontend(frontend)
         self.slots: dict[str, Slot] = {}
         for name, model in (models or {}).items():
-            self.slots[name] = Slot(model.eval(), (trained or {}).get(name, False))
+            self.slots[name] = self._slot(name, model, (trained or {}).get(name, False),
+                                          (spacing or {}).get(name, 1), (frontends or {}).get(name))
         self._ops: queue.SimpleQueue = queue.SimpleQueue()
         self._recent: deque = deque(maxlen=recent_tokens)   # recent tokens, for live-fitted landmarks
         self._stop = threading.Event()
@@ -81,10 +94,21 @@ class Engine:
     def models(self) -> dict:
         return {name: s.model for name, s in self.slots.items()}
 
+    def _slot(self, name: str, model, trained: bool, spacing: int, frontend: str | None) -> Slot:
+        fe = self.frontend
+        if (frontend is not None and frontend != fe.name) or model.cfg.in_dim != fe.token_dim:
+            raise FrontEndMismatchError(
+                f"{name} was trained on {frontend or f'{model.cfg.in_dim}-d'} tokens but this stream's "
+                f"front end is {fe.name} ({fe.token_dim}-d); choose the front end it was trained on")
+        if spacing > 1:
+            model = InterleavedStreams(model, spacing)
+        return Slot(model.eval(), trained, spacing, model.cfg.landmark_mode)
+
     # ------------------------------------------------------------------ control (any thread)
-    def add_model(self, name: str, model, trained: bool = False) -> None:
+    def add_model(self, name: str, model, trained: bool = False, *, spacing: int = 1,
+                  frontend: str | None = None) -> None:
         """Start running ``model`` from the next hop (its window fills from there)."""
-        self._ops.put(("add", name, (model, trained)))
+        self._ops.put(("add", name, (model, trained, spacing, frontend)))
 
     def remove_model(self, name: str) -> None:
         self._ops.put(("remove", name, None))
@@ -100,7 +124,8 @@ class Engine:
 
     def use_fixed_landmarks(self, on: bool) -> None:
         """Switch every Nyström model (those added before this call included) to fixed landmarks,
-        or back to its variant's default ('continual' / 'segment'), live."""
+        or back to the mode it came with (a trained fixed-landmark model stays fixed; others
+        return to their variant's default, 'continual' / 'segment'), live."""
         self._ops.put(("fixed_all", None, on))
 
     def stop(self) -> None:
@@ -122,12 +147,15 @@ class Engine:
 
     def _apply(self, op: str, name: str | None, arg) -> list[str]:
         if op == "add":
-            model, trained = arg
+            model, trained, spacing, frontend = arg
             if name in self.slots:
                 raise EngineError(f"a model named {name!r} is already running")
-            self.slots[name] = Slot(model.eval(), trained)
+            try:
+                self.slots[name] = slot = self._slot(name, model, trained, spacing, frontend)
+            except FrontEndMismatchError as e:
+                raise EngineError(str(e)) from e
             if self._running:
-                model.reset(1)
+                slot.model.reset(1)
             return [f"added {name}"]
         if name is not None and name not in self.slots:
             raise EngineError(f"no model named {name!r}")
@@ -142,7 +170,7 @@ class Engine:
             lines = []
             for n, slot in self.slots.items():
                 if slot.model.cfg.nystrom:
-                    mode = "fixed" if arg else LANDMARK_MODES[slot.model.cfg.variant][0]
+                    mode = "fixed" if arg else (slot.home_mode or LANDMARK_MODES[slot.model.cfg.variant][0])
                     try:
                         lines.append(self._set_mode(n, slot.model, mode))
                     except EngineError as e:
@@ -172,7 +200,7 @@ class Engine:
         chunks = [tokens[i:i + n] for i in range(0, len(tokens), n)]
         groups = [torch.stack(chunks[:-1])] if len(chunks) > 1 else []
         groups.append(chunks[-1][None])
-        fit_fixed_landmarks(model, groups, seed=0)      # installs them and switches to 'fixed'
+        fit_fixed_landmarks(getattr(model, "primary", model), groups, seed=0)   # installs them
 
     # ------------------------------------------------------------------ streaming
     def run(self, source):
@@ -184,7 +212,7 @@ class Engine:
             slot.model.reset(1)
         self._running = True
         try:
-            for item in TokenStream(source, self.embedder):
+            for item in TokenStream(source, self.frontend):
                 events += self.apply_pending()
                 if self._stop.is_set():
                     return
@@ -198,7 +226,8 @@ class Engine:
 
     def _step(self, item, token, source, events) -> StepResult:
         probabilities, top, flops, memory, modes = {}, {}, {}, {}, {}
-        latency = {"frontend": item.frontend_ms, "vggish": item.vggish_ms}
+        latency = {"frontend": item.mel_ms + item.network_ms, "mel": item.mel_ms,
+                   "network": item.network_ms}
         for name, slot in self.slots.items():
             model = slot.model
             t0 = time.perf_counter()
@@ -212,9 +241,9 @@ class Engine:
             memory[name] = model.state_nbytes()
             cfg = model.cfg
             modes[name] = (cfg.landmark_mode or LANDMARK_MODES[cfg.variant][0]) if cfg.nystrom else None
-        return StepResult(item.index, item.audio_time, source.name, self.embedder.description,
+        return StepResult(item.index, item.audio_time, source.name, self.frontend.description,
                           probabilities, top, flops, latency, memory,
                           {n: not s.trained for n, s in self.slots.items()}, modes,
                           dropped_hops=source.stats.dropped, ready_time=item.ready_time,
-                          done_time=time.monotonic(), events=events,
-                          mel=item.patch[-FRAMES_PER_HOP:])
+                          done_time=time.monotonic(), events=events, frontend_flops=item.flops,
+                          spacing={n: s.spacing for n, s in self.slots.items()}, mel=item.mel)

@@ -20,8 +20,6 @@ from audio import melspec
 from audio.errors import AudioError, AudioFileError
 from audio.gtzan import GENRES, discover
 from audio.token_cache import TokenFileError, convert_musicnn, pack, save_tokens
-from audio.tokens import tokens_for_file
-from audio.vggish import Embedder
 
 FRONTEND = {"sample_rate": melspec.SAMPLE_RATE, "hop": melspec.HOP, "window": melspec.WIN,
             "frame_step": melspec.STEP, "fft": melspec.FFT, "bands": melspec.BANDS,
@@ -29,15 +27,24 @@ FRONTEND = {"sample_rate": melspec.SAMPLE_RATE, "hop": melspec.HOP, "window": me
             "patch_frames": melspec.FRAMES}
 
 
-def extract_gtzan(gtzan_dir: str | Path, out: str | Path, embedder: Embedder, batch_size: int = 64,
+MUSICNN_GRID = {"sample_rate": 16000, "resampler": "resampy 0.2.2 kaiser_best", "fft": 512,
+                "frame_hop": 256, "bands": 96, "patch_frames": 187, "patch_hop_frames": 61}
+
+
+def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: int = 64,
                   log=lambda s: print(s, file=sys.stderr, flush=True)):
-    """Tokens of every GTZAN track under ``gtzan_dir`` into the token file ``out``."""
+    """Tokens of every GTZAN track under ``gtzan_dir`` into the token file ``out``. ``frontend``:
+    a FrontEnd or a VGGish Embedder. VGGish: one token per 0.25 s hop; musicnn: the original
+    implementation's grid (one taggram every 61 frames, as in the shared token files)."""
+    from audio.frontends import as_frontend
+    frontend = as_frontend(frontend)
+    grid = FRONTEND if frontend.name == "vggish" else MUSICNN_GRID
     tracks = discover(gtzan_dir)
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
     parts.mkdir(parents=True, exist_ok=True)
-    manifest = {"tracks": [t.track_id for t in tracks], "vggish": embedder.checksum,
-                "frontend": FRONTEND}
+    manifest = {"tracks": [t.track_id for t in tracks], "vggish": frontend.checksum,
+                "frontend": grid, "frontend_name": frontend.name}
     mpath = parts / "manifest.json"
     if mpath.exists() and json.loads(mpath.read_text()) != manifest:
         raise TokenFileError(f"{parts} holds a partial extraction with other tracks or VGGish "
@@ -50,7 +57,7 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, embedder: Embedder, ba
             continue
         t0 = time.monotonic()
         try:
-            tokens, _ = tokens_for_file(track.path, embedder, batch_size)
+            tokens, _ = frontend.file_tokens(track.path)
         except AudioFileError as e:
             skip.write_text(str(e))
             log(f"[{i + 1}/{len(tracks)}] {track.track_id}: SKIPPED ({e})")
@@ -70,8 +77,11 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, embedder: Embedder, ba
         labels.append(track.label)
         ids.append(track.track_id)
     tokens = pack(seqs, labels, ids, GENRES, metadata={
-        "source": str(Path(gtzan_dir).resolve()), "frontend": FRONTEND, "vggish": embedder.checksum,
-        "vggish_description": embedder.description, "skipped": skipped})
+        "source": str(Path(gtzan_dir).resolve()), "frontend": grid, "vggish": frontend.checksum,
+        "vggish_description": frontend.description, "skipped": skipped,
+        "frontend_info": {**frontend.metadata(),
+                          "spacing_s": (melspec.HOP / melspec.SAMPLE_RATE if frontend.name == "vggish"
+                                        else 61 * 256 / 16000)}})
     save_tokens(out, tokens)
     shutil.rmtree(parts)
     log(f"wrote {out}: {len(seqs)} tracks, X {tokens.X.shape}, {len(skipped)} skipped"
@@ -80,7 +90,7 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, embedder: Embedder, ba
 
 
 def run(args) -> int:
-    from audio.vggish import build_embedder
+    from audio.frontends import build_frontend, resolve_name
     try:
         if args.musicnn:
             tokens = convert_musicnn(args.musicnn)
@@ -93,8 +103,10 @@ def run(args) -> int:
             return 2
         import torch
         device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
-        embedder = build_embedder(args.vggish_weights, random_seed=args.random_vggish, device=device)
-        extract_gtzan(args.gtzan, args.out, embedder, args.batch_size)
+        frontend = build_frontend(resolve_name(args.frontend, args.vggish_weights, args.random_vggish),
+                                  device=device, vggish_weights=args.vggish_weights,
+                                  random_vggish=args.random_vggish)
+        extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)
         return 0
     except AudioError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -109,6 +121,10 @@ def add_arguments(p) -> None:
     p.add_argument("--gtzan", metavar="DIR", help="GTZAN folder (see audio/gtzan.py for layouts)")
     p.add_argument("--musicnn", metavar="DIR", help="convert the musicnn GTZAN taggram .npz files")
     p.add_argument("--out", required=True, help="token file to write (.npz)")
+    p.add_argument("--frontend", choices=("musicnn", "vggish"), default=None,
+                   help="tokens to extract from --gtzan audio: musicnn (default; the shared token "
+                        "files' grid) or vggish (the paper's, one per 0.25 s; implied by "
+                        "--vggish-weights / --random-vggish)")
     w = p.add_mutually_exclusive_group()
     w.add_argument("--vggish-weights", help="VGGish state dict (default: env/hub cache/download)")
     w.add_argument("--random-vggish", nargs="?", type=int, const=0, metavar="SEED")

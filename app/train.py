@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from audio.frontends import frontend_of_tokens
 from audio.gtzan import stratified_split
 from audio.token_cache import TokenFileError, TokenSet, load_tokens
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -123,6 +124,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--data-seed", type=int, default=d.data_seed)
     p.add_argument("--kmeans-tokens", type=int, default=d.kmeans_tokens)
+    p.add_argument("--crop-min", type=int, default=d.crop_min,
+                   help="train on random contiguous crops of at least this many tokens "
+                        "(0: whole sequences, the paper's setting)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
 
 
@@ -153,10 +157,11 @@ def run(args) -> int:
         tc = TrainConfig(lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch_size,
                          epochs=args.epochs, patience=args.patience, seed=args.seed,
                          data_seed=args.data_seed, kmeans_tokens=args.kmeans_tokens,
-                         device=args.device)
+                         crop_min=args.crop_min, device=args.device)
         model, meta = train(tokens, cfg, tc, init=init, data_sha256=file_sha256(args.tokens),
                             data_name=Path(args.tokens).name)
-        save_checkpoint(model, args.out, classes=list(tokens.genres), metadata=meta)
+        save_checkpoint(model, args.out, classes=list(tokens.genres), metadata=meta,
+                        frontend=frontend_of_tokens(tokens.metadata, cfg.in_dim))
         print(json.dumps({"checkpoint": str(args.out), **{k: meta["metrics"][k] for k in
                           ("val_acc", "test_acc", "epochs")}}))
         return 0

@@ -19,3 +19,11 @@ class DeviceLostError(AudioDeviceError):
 
 class VGGishWeightsError(AudioError):
     """VGGish weights missing, unreadable, or not a VGGish state dict."""
+
+
+class MusicnnWeightsError(AudioError):
+    """The musicnn package (its pretrained checkpoint files) missing, unreadable or corrupt."""
+
+
+class FrontEndMismatchError(AudioError):
+    """A model trained on tokens of one front end was asked to run on another's."""

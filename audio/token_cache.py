@@ -124,4 +124,6 @@ def convert_musicnn(folder: str | Path) -> TokenSet:
             ids.append(IDS[a])
             split.append(name)
     return pack(seqs, labels, ids, GENRES, split,
-                {"source": "musicnn MSD taggram (GTZAN, fault-filtered artist split)", "dim": 50})
+                {"source": "musicnn MSD taggram (GTZAN, fault-filtered artist split)", "dim": 50,
+                 "frontend_info": {"name": "musicnn", "token_dim": 50, "spacing_hops": 4,
+                                   "spacing_s": 61 * 256 / 16000, "weights": "MSD_musicnn"}})

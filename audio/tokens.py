@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .melspec import StreamingLogMel, offline_patches
+from .melspec import HOP, SAMPLE_RATE, offline_patches
 from .sources import SourceStats, decode_file
 from .vggish import Embedder
 
@@ -37,26 +37,26 @@ def tokens_for_signal(signal: np.ndarray, embedder: Embedder, batch_size: int = 
 class StreamedToken:
     index: int              # token / hop index t
     audio_time: float       # seconds of audio up to the end of this hop, (t + 1) * 0.25
-    token: torch.Tensor     # (1, 128)
-    patch: np.ndarray       # (96, 64) log-mel patch the token came from
-    frontend_ms: float      # log-mel time for this hop
-    vggish_ms: float        # VGGish time for this hop
+    token: torch.Tensor     # (1, D)
+    mel: np.ndarray         # (k, bands) log-mel frames this hop added
+    mel_ms: float           # log-mel time for this hop
+    network_ms: float       # front-end network time for this hop
+    flops: int = 0          # front-end network FLOPs for this hop
     ready_time: float = 0.0  # time.monotonic() when the hop's last sample was available
 
 
 class TokenStream:
-    """Iterate a hop source into tokens, one per hop, computing only each hop's new frames."""
+    """Iterate a hop source into tokens of ``frontend`` (a FrontEnd or a VGGish Embedder), one
+    per hop, computing only what each hop changes."""
 
-    def __init__(self, source, embedder: Embedder):
-        self.source, self.embedder = source, embedder
-        self.logmel = StreamingLogMel()
+    def __init__(self, source, frontend):
+        from .frontends import as_frontend
+        self.source, self.frontend = source, as_frontend(frontend)
+        self.state = self.frontend.stream()
 
     def __iter__(self):
         for t, hop in enumerate(self.source):
             ready = getattr(self.source, "last_ready", None) or time.monotonic()
-            t0 = time.perf_counter()
-            patch = self.logmel.push(hop)
-            t1 = time.perf_counter()
-            token = self.embedder(patch[None])
-            t2 = time.perf_counter()
-            yield StreamedToken(t, (t + 1) * 0.25, token, patch, (t1 - t0) * 1e3, (t2 - t1) * 1e3, ready)
+            h = self.state.push(hop)
+            yield StreamedToken(t, (t + 1) * HOP / SAMPLE_RATE, h.token, h.mel, h.mel_ms,
+                                h.network_ms, h.flops, ready)

@@ -19,11 +19,13 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[str],
-                    metadata: dict | None = None) -> None:
-    """Write model (config, weights, fixed landmarks), class names and metadata atomically."""
+                    metadata: dict | None = None, frontend: dict | None = None) -> None:
+    """Write model (config, weights, fixed landmarks), class names, the front end its tokens
+    came from ({'name', 'token_dim', 'spacing_hops', 'weights', ...}) and metadata atomically."""
     path = Path(path)
     payload = {"format": FORMAT, "version": VERSION, "config": model.cfg.to_dict(),
                "state_dict": model.state_dict(), "classes": [str(c) for c in classes],
+               "frontend": plain(frontend or infer_frontend(model.cfg.in_dim)),
                "metadata": plain(metadata or {})}
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(payload, tmp)
@@ -42,9 +44,18 @@ def plain(metadata: dict) -> dict:
     return json.loads(json.dumps(metadata, default=convert))
 
 
+def infer_frontend(in_dim: int) -> dict:
+    """The front-end record of a checkpoint that has none (made before front ends were
+    recorded): the token size tells which (50: musicnn taggrams 4 hops apart, 128: VGGish)."""
+    name = {50: "musicnn", 128: "vggish"}.get(in_dim, "unknown")
+    return {"name": name, "token_dim": in_dim, "spacing_hops": 4 if name == "musicnn" else 1}
+
+
 def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int | None = None,
-                    classes: list[str] | None = None, device: str | torch.device = "cpu"):
-    """(model in eval mode, payload) from ``path``; checks variant, token dimension and classes."""
+                    classes: list[str] | None = None, frontend: str | None = None,
+                    device: str | torch.device = "cpu"):
+    """(model in eval mode, payload) from ``path``; checks variant, token dimension, front end
+    and classes. ``payload['frontend']`` is always set (inferred for older checkpoints)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -60,6 +71,12 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int
         raise CheckpointError(f"{path} has an invalid model config: {e}") from e
     if variant is not None and cfg.variant != variant:
         raise CheckpointError(f"{path} holds a {cfg.variant!r} model, not {variant!r}")
+    fe = payload.get("frontend")
+    if not isinstance(fe, dict) or "name" not in fe:
+        fe = payload["frontend"] = infer_frontend(cfg.in_dim)
+    if frontend is not None and fe["name"] != frontend:
+        raise CheckpointError(f"{path} was trained on {fe['name']} tokens; run it with "
+                              f"--frontend {fe['name']} (this run uses {frontend})")
     if in_dim is not None and cfg.in_dim != in_dim:
         raise CheckpointError(f"{path} expects {cfg.in_dim}-d tokens, these are {in_dim}-d")
     if classes is not None and list(payload.get("classes", [])) != list(classes):

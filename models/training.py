@@ -31,6 +31,8 @@ class TrainConfig:
     seed: int = 0                  # weights, batch order, start indices
     data_seed: int = 0             # split
     kmeans_tokens: int = 20000     # Q/K tokens per head given to k-means (a random subset)
+    crop_min: int = 0              # > 0: each batch is a random contiguous crop of >= this many
+                                   # tokens (models that must answer from partial windows)
     device: str = "cpu"
 
 
@@ -85,6 +87,10 @@ def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: 
         total, count = 0.0, 0
         for b in batches(lengths, splits["train"], tc.batch_size, rng):
             x = X[b, :int(lengths[b[0]])]
+            if 0 < tc.crop_min < x.shape[1]:
+                size = int(rng.integers(tc.crop_min, x.shape[1] + 1))
+                first = int(rng.integers(0, x.shape[1] - size + 1))
+                x = x[:, first:first + size]
             start = torch.randint(period, (len(b),), generator=gen).to(x.device)
             loss = nnf.cross_entropy(model(x, start=start), labels[b].to(x.device))
             opt.zero_grad(set_to_none=True)

@@ -2,6 +2,8 @@
 import csv
 import json
 import subprocess
+
+import pytest
 import sys
 from pathlib import Path
 
@@ -24,9 +26,9 @@ def test_classify_file_jsonl(tmp_path):
     first = records[0]
     assert set(first["probabilities"]) == {"regular", "continual", "nystrom", "continual_nystrom"}
     assert abs(sum(first["probabilities"]["continual"]) - 1) < 1e-4
-    assert all(first["untrained"].values()) and "RANDOM" in first["vggish"]
+    assert all(first["untrained"].values()) and "RANDOM" in first["frontend"]
     assert first["flops"]["continual_nystrom"]["sda"] > 0
-    assert {"frontend", "vggish", "regular"} <= set(first["latency_ms"])
+    assert {"frontend", "mel", "network", "regular"} <= set(first["latency_ms"])
     # exact variants agree at every step
     for x in records:
         assert x["top"]["regular"][0] == x["top"]["continual"][0]
@@ -70,3 +72,27 @@ def test_classify_with_a_checkpoint_marks_it_trained(tmp_path):
     assert rec["untrained"] == {"continual": False, "regular": True}
     bad = classify(path, "--random-vggish", "--checkpoint", path)
     assert bad.returncode == 1 and "not a readable checkpoint" in bad.stderr
+
+
+def test_classify_defaults_to_musicnn_and_the_shipped_trained_models(tmp_path):
+    """No flags: the musicnn front end (weights from the installed package) and every shipped
+    checkpoint, all trained, fed every 4th hop; the run ends with a verdict per model."""
+    path = write(tmp_path / "a.wav", tone(3.0, 22050, 440.0), 22050)
+    r = classify(path, "--jsonl")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(records) == 12
+    first = records[0]
+    assert set(first["probabilities"]) == {"regular", "continual", "nystrom", "continual_nystrom",
+                                           "continual_nystrom/fixed"}
+    assert not any(first["untrained"].values()) and first["frontend"].startswith("musicnn")
+    assert set(first["spacing"].values()) == {4} and first["frontend_flops"] > 0
+    for x in records:                 # the exact pairs agree at every step
+        assert x["top"]["regular"][0] == x["top"]["continual"][0]
+        assert x["probabilities"]["regular"] == pytest.approx(x["probabilities"]["continual"], abs=1e-5)
+
+
+def test_classify_refuses_a_checkpoint_of_another_front_end(tmp_path):
+    path = write(tmp_path / "a.wav", tone(1.2, 16000), 16000)
+    r = classify(path, "--checkpoint", ROOT / "assets/models/musicnn-continual.pt", "--random-vggish")
+    assert r.returncode == 1 and "trained on musicnn tokens" in r.stderr and "--frontend musicnn" in r.stderr

@@ -89,22 +89,23 @@ def test_extract_is_resumable_and_skips_corrupt_files(tmp_path, monkeypatch):
     assert [s["id"] for s in full.metadata["skipped"]] == ["blues/blues.00009.wav"]
     assert full.metadata["vggish"] == "random-0" and full.metadata["frontend"]["hop"] == 4000
 
-    import app.extract as ex
+    from audio.frontends import as_frontend
+    frontend = as_frontend(embedder)
     calls = []
-    real = ex.tokens_for_file
+    real = frontend.file_tokens
 
     def interrupted(path, *a, **k):
         calls.append(path)
         if len(calls) == 4:
             raise KeyboardInterrupt
         return real(path, *a, **k)
-    monkeypatch.setattr(ex, "tokens_for_file", interrupted)
+    monkeypatch.setattr(frontend, "file_tokens", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        extract_gtzan(root, tmp_path / "part.npz", embedder, log=lambda s: None)
+        extract_gtzan(root, tmp_path / "part.npz", frontend, log=lambda s: None)
     assert not (tmp_path / "part.npz").exists()
     assert len(list((tmp_path / "part.npz.parts").glob("*.npy"))) == 2     # tracks 1-2 kept
-    monkeypatch.setattr(ex, "tokens_for_file", real)
-    resumed = extract_gtzan(root, tmp_path / "part.npz", embedder, log=lambda s: None)
+    monkeypatch.setattr(frontend, "file_tokens", real)
+    resumed = extract_gtzan(root, tmp_path / "part.npz", frontend, log=lambda s: None)
     assert not (tmp_path / "part.npz.parts").exists()
     np.testing.assert_array_equal(resumed.X, full.X)
     assert list(resumed.ids) == list(full.ids)

@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def make_window(qtbot, tmp_path):
     windows = []
 
-    def make(source=None, variants=("regular", "continual", "continual_nystrom"), n=8, start=True, **kw):
+    def make(source=None, variants=("regular", "continual", "continual_nystrom"), n=8, start=True,
+             random_vggish=0, **kw):
         settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
-        w = MainWindow(Options(source=source, variants=list(variants), random_vggish=0, autostart=False, **kw),
-                       settings)
+        w = MainWindow(Options(source=source, variants=None if variants is None else list(variants),
+                               random_vggish=random_vggish, autostart=False, **kw), settings)
         qtbot.addWidget(w)
         w.show()
         w.window_box.setValue(n)
@@ -70,8 +71,10 @@ def test_window_runs_a_file_and_every_plot_gets_data(make_window, qtbot, music_f
         assert len(xs) >= 10 and (ys > 0).all()
         assert len(w.plots.latency_curves[name].getData()[0]) >= 10
     assert (w.plots.spec_data > -10).sum() > 25 * 64 * 8           # real log-mel frames arrived
-    assert w.table.rowCount() == 3 and w.table.item(0, 8).text() == "UNTRAINED (random)"
-    assert "RANDOM" in w.status["vggish"].text() and "Dropped hops: 0" == w.status["dropped"].text()
+    assert w.table.rowCount() == 4 and w.table.item(0, 8).text() == "UNTRAINED (random)"
+    assert w.table.item(3, 0).text().startswith("front end: RANDOM VGGish")        # its own row
+    assert int(w.table.item(3, 5).text().split()[0].replace(",", "")) == last.frontend_flops > 0
+    assert "RANDOM" in w.status["weights"].text() and "Dropped hops: 0" == w.status["dropped"].text()
     assert "untrained" in w.top_label.text()
     # real-time pace: about 4 hops per second of wall time
     steps = [r.done_time for r in list(w.history)[-9:]]
@@ -117,7 +120,7 @@ def test_models_are_added_and_removed_mid_stream(make_window, qtbot):
     steps = [r.step for r in w.history]
     assert steps == list(range(steps[0], steps[0] + len(steps)))     # the stream never restarted
     qtbot.wait(200)
-    assert w.table.rowCount() == 1 and w.table.item(0, 0).text() == "nystrom"
+    assert w.table.rowCount() == 2 and w.table.item(0, 0).text() == "nystrom"
     assert "continual" not in w.plots.flops_curves
     wait_steps(qtbot, w, len(w.history) + 9)               # the window (n = 8) is full
     full = w.history[-1].flops["nystrom"]["sda"]
@@ -149,7 +152,7 @@ def test_errors_show_a_message_and_the_app_stays_usable(make_window, qtbot, tmp_
     model = build_model(ModelConfig(variant="continual", in_dim=50, d_model=32, heads=4, ff_dim=64, window=29))
     save_checkpoint(model, tmp_path / "musicnn.pt", classes=["blues"] * 10)
     assert not w.load_checkpoint(str(tmp_path / "musicnn.pt"))
-    assert "128-d" in w.banner.text()
+    assert "trained on musicnn tokens" in w.banner.text()
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     assert not w.load_checkpoint(str(tmp_path / "junk.pt"))
     assert "not a readable checkpoint" in w.banner.text()
@@ -175,6 +178,34 @@ def test_trained_checkpoint_runs_beside_untrained_models(make_window, qtbot, tmp
     wait_steps(qtbot, w, 3)
     last = w.history[-1]
     assert last.untrained == {"continual": True, "continual_nystrom [cn]": False}
+
+
+def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, qtbot, music_file):
+    """Defaults (no VGGish option): the musicnn front end and every shipped checkpoint, trained,
+    each fed every 4th hop; nothing untrained; the spectrogram shows 96 musicnn bands."""
+    w = make_window(source=f"file:{music_file}", variants=None, random_vggish=None)
+    wait_steps(qtbot, w, 6)
+    qtbot.wait(100)
+    last = w.history[-1]
+    assert w.frontend_box.currentData() == "musicnn" and last.frontend.startswith("musicnn")
+    assert set(last.probabilities) == {"regular", "continual", "nystrom", "continual_nystrom",
+                                       "continual_nystrom/fixed"}
+    assert not any(last.untrained.values()) and set(last.spacing.values()) == {4}
+    assert "untrained" not in w.top_label.text() and w.plots.spec_data.shape[0] == 96
+    assert all(w.table.item(r, 8).text() == "trained" for r in range(5))
+    # unticking a variant removes its trained model(s); re-ticking brings them back, trained
+    w.variant_boxes["continual_nystrom"].setChecked(False)
+    qtbot.waitUntil(lambda: "continual_nystrom/fixed" not in w.history[-1].probabilities, timeout=10000)
+    w.variant_boxes["continual_nystrom"].setChecked(True)
+    qtbot.waitUntil(lambda: "continual_nystrom/fixed" in w.history[-1].probabilities, timeout=10000)
+    assert not any(w.history[-1].untrained.values())
+    # switching the front end restarts the stream on VGGish tokens: no shipped models there
+    w.options.random_vggish = 0
+    w.frontend_box.setCurrentIndex(w.frontend_box.findData("vggish"))
+    w.start()
+    qtbot.waitUntil(lambda: bool(w.history) and w.history[-1].frontend.startswith("RANDOM VGGish"),
+                    timeout=20000)
+    assert all(w.history[-1].untrained.values())
 
 
 def test_closing_stops_every_thread_within_a_second(make_window, qtbot):

@@ -1,6 +1,7 @@
 """`python main.py bench --gui SECONDS`: the real window (offscreen unless a display is set) on the
-real-time demo signal with six models (the four variants, continual Nyström with fixed landmarks,
-and a 2-block continual Nyström), VGGish on every hop. Measures the GUI thread's frame time, the
+real-time demo signal with six models, the front end on every hop: with musicnn (default) the five
+shipped trained models and an untrained 2-block continual Nyström; with VGGish the four variants,
+continual Nyström with fixed landmarks and a 2-block continual Nyström, all untrained. Measures the GUI thread's frame time, the
 end-to-end delay from a hop's last sample to its drawn result, the real-time factor and drops.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from models.evaluation import percentile
 
 
-def gui(seconds: float, vggish_weights: str | None = None) -> dict:
+def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musicnn") -> dict:
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QSettings, QTimer
@@ -26,23 +27,29 @@ def gui(seconds: float, vggish_weights: str | None = None) -> dict:
 
     app = QApplication.instance() or QApplication([])
     settings = QSettings(os.path.join(tempfile.mkdtemp(), "bench.ini"), QSettings.IniFormat)
+    vggish = frontend == "vggish"
     w = MainWindow(Options(source="demo", variants=["regular", "continual", "nystrom", "continual_nystrom"],
-                           vggish_weights=vggish_weights, random_vggish=None if vggish_weights else 0,
+                           frontend=frontend, vggish_weights=vggish_weights,
+                           random_vggish=0 if vggish and not vggish_weights else None,
                            autostart=False), settings)
     w.show()
     w.start()
     torch.manual_seed(0)
-    w.engine.add_model("continual_nystrom 2-block", build_model(ModelConfig(variant="continual_nystrom", layers=2)))
-    fixed = build_model(ModelConfig(variant="continual_nystrom"))
-    w.engine.add_model("continual_nystrom fixed", fixed)
-    QTimer.singleShot(5000, lambda: w.engine.set_landmark_mode("continual_nystrom fixed", "fixed"))
+    if vggish:
+        w.engine.add_model("continual_nystrom 2-block", build_model(ModelConfig(variant="continual_nystrom", layers=2)))
+        fixed = build_model(ModelConfig(variant="continual_nystrom"))
+        w.engine.add_model("continual_nystrom fixed", fixed)
+        QTimer.singleShot(5000, lambda: w.engine.set_landmark_mode("continual_nystrom fixed", "fixed"))
+    else:
+        cfg = ModelConfig(variant="continual_nystrom", in_dim=50, window=29, layers=2)
+        w.engine.add_model("continual_nystrom 2-block", build_model(cfg), spacing=4)
     QTimer.singleShot(int(seconds * 1000), app.quit)
     t0 = time.monotonic()
     app.exec()
     wall = time.monotonic() - t0
     history = list(w.history)
     steady = history[20:] or history           # after start-up (model adds, landmark fit)
-    proc = [sum(r.latency_ms.values()) for r in steady]
+    proc = [r.latency_ms["frontend"] + sum(r.latency_ms[n] for n in r.top) for r in steady]
     source = w.runner.worker.source if w.runner else None
     result = {
         "seconds": wall, "hops": len(history), "models": len(history[-1].probabilities) if history else 0,
@@ -52,7 +59,7 @@ def gui(seconds: float, vggish_weights: str | None = None) -> dict:
         "delay_ms_p95": percentile(list(w.delay_ms)[20:] or w.delay_ms, 0.95),
         "rtf": statistics.fmean(proc) / 250.0,
         "dropped_hops": source.stats.dropped if source else history[-1].dropped_hops,
-        "vggish": history[-1].vggish if history else "",
+        "frontend": history[-1].frontend if history else "",
     }
     w.close()
     w.deleteLater()

@@ -4,14 +4,19 @@ from __future__ import annotations
 import os
 import sys
 
+from audio.frontends import FRONTENDS
 from models.sda import VARIANTS
 
 
 def add_arguments(p) -> None:
     p.add_argument("--source", default=None, metavar="demo|mic[:DEVICE]|file:PATH",
                    help="what to start on (default: the last used source, else the demo signal)")
-    p.add_argument("--variant", nargs="+", choices=VARIANTS, help="untrained variants to run (default: all)")
-    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE", help="trained models to run")
+    p.add_argument("--frontend", choices=FRONTENDS, default=None,
+                   help="token front end (default: the last used, else musicnn, whose weights ship)")
+    p.add_argument("--variant", nargs="+", choices=VARIANTS,
+                   help="variants to run (default: all): the shipped trained model where one exists "
+                        "for the front end, else an untrained one")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE", help="more trained models to run")
     w = p.add_mutually_exclusive_group()
     w.add_argument("--vggish-weights", help="VGGish state dict (default: env/hub cache/download)")
     w.add_argument("--random-vggish", nargs="?", type=int, const=0, metavar="SEED")
@@ -40,6 +45,8 @@ def run(args) -> int:
     app.setApplicationName("Nystream")
     settings = QSettings(args.settings, QSettings.IniFormat) if args.settings else None
     window = MainWindow(Options(source=args.source, variants=args.variant, checkpoints=args.checkpoint,
+                                frontend=args.frontend or ("vggish" if args.vggish_weights or
+                                                           args.random_vggish is not None else None),
                                 vggish_weights=args.vggish_weights, random_vggish=args.random_vggish),
                         settings)
     window.show()

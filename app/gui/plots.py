@@ -56,12 +56,17 @@ class LivePlots(pg.GraphicsLayoutWidget):
         self.spec = pg.ImageItem(axisOrder="row-major")
         self.spec.setColorMap(pg.colormap.get("viridis"))
         self.spec_plot.addItem(self.spec)
-        self.spec_plot.setLabel("bottom", "frame (10 ms)")
-        self.spec_data = np.full((64, SPEC_FRAMES), -10.0, dtype=np.float32)
+        self.set_spectrogram(64, (-7.0, 3.0), 10)
         self.ci.layout.setRowStretchFactor(2, 0)
         self.flops_curves: dict[str, pg.PlotDataItem] = {}
         self.latency_curves: dict[str, pg.PlotDataItem] = {}
         self.flops_kind = "sda"
+
+    def set_spectrogram(self, bands: int, levels: tuple[float, float], frame_ms: float) -> None:
+        """Shape the spectrogram for a front end's log-mel: bands, colour levels, frame period."""
+        self.spec_levels = levels
+        self.spec_data = np.full((bands, SPEC_FRAMES), levels[0] - 3.0, dtype=np.float32)   # "no data yet"
+        self.spec_plot.setLabel("bottom", f"frame ({frame_ms:g} ms)")
 
     def _curve(self, store, plot, name, index, style=Qt.SolidLine):
         if name not in store:
@@ -76,7 +81,7 @@ class LivePlots(pg.GraphicsLayoutWidget):
                 plot.legend.removeItem(name)
 
     def push_mel(self, frames: np.ndarray) -> None:
-        """frames: (25, 64) new log-mel frames of one hop."""
+        """frames: (k, bands) new log-mel frames of one hop."""
         k = frames.shape[0]
         self.spec_data = np.roll(self.spec_data, -k, axis=1)
         self.spec_data[:, -k:] = frames.T
@@ -103,10 +108,17 @@ class LivePlots(pg.GraphicsLayoutWidget):
             s, f, lat = map(np.array, zip(*rows))
             self._curve(self.flops_curves, self.flops_plot, name, i).setData(s, np.maximum(f, 1))
             self._curve(self.latency_curves, self.latency_plot, name, i).setData(s, np.maximum(lat, 1e-3))
-        front = np.array([r.latency_ms["frontend"] + r.latency_ms["vggish"] for r in recent])
-        self._curve(self.latency_curves, self.latency_plot, "front end (log-mel + VGGish)", 9,
+        front = np.array([r.latency_ms["frontend"] for r in recent])
+        self._curve(self.latency_curves, self.latency_plot, "front end", 9,
                     Qt.DashLine).setData(steps, np.maximum(front, 1e-3))
+        if self.flops_kind == "model":        # whole-model view: the front end's cost beside them
+            ff = np.array([r.frontend_flops for r in recent], dtype=float)
+            self._curve(self.flops_curves, self.flops_plot, "front end", 9,
+                        Qt.DashLine).setData(steps, np.maximum(ff, 1))
+        elif "front end" in self.flops_curves:
+            self.flops_plot.removeItem(self.flops_curves.pop("front end"))
+            self.flops_plot.legend.removeItem("front end")
         for name in list(self.flops_curves):
-            if name not in models:
+            if name not in models and name != "front end":
                 self.drop_model(name)
-        self.spec.setImage(self.spec_data, autoLevels=False, levels=(-7.0, 3.0))
+        self.spec.setImage(self.spec_data, autoLevels=False, levels=self.spec_levels)

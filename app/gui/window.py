@@ -5,6 +5,7 @@ StepResults on a 33 ms timer (about 30 fps at most) and redraws. Settings persis
 """
 from __future__ import annotations
 
+import copy
 import csv
 import statistics
 import time
@@ -21,9 +22,10 @@ from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, 
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.engine import Engine
+from app.lineup import Entry, load_trained, shipped_checkpoints
 from audio.errors import AudioError, VGGishWeightsError
-from audio.gtzan import GENRES
-from models.checkpoint import CheckpointError, load_checkpoint
+from audio.frontends import DEFAULT_FRONTEND, FRONTENDS
+from models.checkpoint import CheckpointError
 from models.evaluation import percentile
 from models.sda import VARIANTS
 from models.transformer import ModelConfig, build_model
@@ -42,6 +44,7 @@ class Options:
     source: str | None = None                 # 'demo' | 'mic' | 'mic:DEVICE' | 'file:PATH'
     variants: list[str] | None = None
     checkpoints: list[str] = field(default_factory=list)
+    frontend: str | None = None               # 'musicnn' | 'vggish' (default: saved, else musicnn)
     vggish_weights: str | None = None
     random_vggish: int | None = None
     autostart: bool = True
@@ -65,11 +68,12 @@ class MainWindow(QMainWindow):
         self.delay_ms: deque = deque(maxlen=2000)     # hop's last sample -> result drawn
         self.runner: WorkerThread | None = None
         self.engine: Engine | None = None
-        self.embedder = None
+        self.frontend = None                          # the built FrontEnd (rebuilt on change)
         self.file_path: str | None = None
-        self.checkpoint_models: dict[str, tuple] = {}   # name -> (model, path)
+        self.checkpoint_models: dict[str, Entry] = {}   # name -> user-loaded trained model
+        self.shipped: dict[tuple, list[Entry]] = {}      # (front end, device) -> shipped models
         self.paused = False
-        self.untrained_names: set[str] = set()       # untrained models this window asked to run
+        self.auto_names: set[str] = set()            # ticked-variant models this window runs
         self._build_ui()
         self._load_settings()
         self._apply_options()
@@ -108,6 +112,13 @@ class MainWindow(QMainWindow):
         if torch.cuda.is_available():
             self.compute_box.addItem(f"CUDA ({torch.cuda.get_device_name(0)})", "cuda")
         f.addRow("Compute", self.compute_box)
+        self.frontend_box = QComboBox()
+        for name in FRONTENDS:
+            self.frontend_box.addItem({"musicnn": "musicnn (pretrained, ships)",
+                                       "vggish": "VGGish (the paper's)"}[name], name)
+        self.frontend_box.setToolTip("token front end; models run only on the tokens they were trained on")
+        self.frontend_box.activated.connect(lambda _: self.start())
+        f.addRow("Front end", self.frontend_box)
         buttons = QHBoxLayout()
         self.start_btn, self.pause_btn, self.stop_btn = (QPushButton(t) for t in ("Start", "Pause", "Stop"))
         self.start_btn.clicked.connect(self.start)
@@ -123,7 +134,8 @@ class MainWindow(QMainWindow):
         self.variant_boxes = {}
         for v in VARIANTS:
             box = QCheckBox(v)
-            box.toggled.connect(self.sync_models)
+            box.setToolTip("trained (shipped) model when one exists for the front end, else untrained")
+            box.toggled.connect(lambda _checked: self.sync_models())
             self.variant_boxes[v] = box
             f.addRow(box)
         self.layers_box = QSpinBox(minimum=1, maximum=2, value=1)
@@ -133,12 +145,16 @@ class MainWindow(QMainWindow):
         f.addRow("Blocks", self.layers_box)
         f.addRow("Window n", self.window_box)
         f.addRow("Landmarks m", self.landmarks_box)
-        rebuild = QPushButton("Apply shape (restarts untrained models)")
+        rebuild = QPushButton("Apply shape (untrained models only)")
         rebuild.clicked.connect(lambda: self.sync_models(rebuild=True))
         f.addRow(rebuild)
         lm = QHBoxLayout()
         self.mode_group = QButtonGroup(self)
-        self.mode_continual, self.mode_fixed = QRadioButton("continual"), QRadioButton("fixed")
+        self.mode_continual, self.mode_fixed = QRadioButton("as trained"), QRadioButton("all fixed")
+        self.mode_continual.setToolTip("each model's own landmarks: continual (stream segment means), "
+                                       "or the k-means ones a fixed-landmark model was trained with")
+        self.mode_fixed.setToolTip("every Nyström model on fixed landmarks; a model without them gets "
+                                   "k-means landmarks of its Q/K on the last 480 stream tokens")
         self.mode_continual.setChecked(True)
         for i, b in enumerate((self.mode_continual, self.mode_fixed)):
             self.mode_group.addButton(b, i)
@@ -210,7 +226,7 @@ class MainWindow(QMainWindow):
         h.addWidget(main, 1)
         self.setCentralWidget(root)
 
-        self.status = {k: QLabel() for k in ("source", "frontend", "rtf", "dropped", "vggish", "device", "delay")}
+        self.status = {k: QLabel() for k in ("source", "frontend", "rtf", "dropped", "weights", "device", "delay")}
         for w in self.status.values():
             self.statusBar().addPermanentWidget(w)
         quit_action = QAction("Quit", self)
@@ -244,6 +260,8 @@ class MainWindow(QMainWindow):
         self.landmarks_box.setValue(int(s.value("models/landmarks", 4)))
         i = self.compute_box.findData(s.value("compute", "cuda" if torch.cuda.is_available() else "cpu"))
         self.compute_box.setCurrentIndex(max(i, 0))
+        i = self.frontend_box.findData(s.value("frontend", DEFAULT_FRONTEND))
+        self.frontend_box.setCurrentIndex(max(i, 0))
 
     def save_settings(self) -> None:
         s = self.settings
@@ -256,10 +274,14 @@ class MainWindow(QMainWindow):
         s.setValue("models/window", self.window_box.value())
         s.setValue("models/landmarks", self.landmarks_box.value())
         s.setValue("compute", self.compute_box.currentData())
+        s.setValue("frontend", self.frontend_name)
         s.sync()
 
     def _apply_options(self) -> None:
         o = self.options
+        frontend = o.frontend or ("vggish" if o.vggish_weights or o.random_vggish is not None else None)
+        if frontend:
+            self.frontend_box.setCurrentIndex(max(self.frontend_box.findData(frontend), 0))
         if o.source:
             kind, _, arg = o.source.partition(":")
             if kind == "demo":
@@ -337,17 +359,17 @@ class MainWindow(QMainWindow):
             self.load_checkpoint(path)
 
     def load_checkpoint(self, path: str) -> bool:
+        """Add a trained model; it must have been trained on the chosen front end's tokens."""
         try:
-            model, _ = load_checkpoint(path, in_dim=128, classes=list(GENRES), device=self.device)
+            entry = load_trained(path, self.frontend_name, self.device)
         except CheckpointError as e:
-            self.show_error(f"Cannot load checkpoint: {e}. The app runs VGGish tokens (128-d) and the "
-                            f"10 GTZAN genres; train on a VGGish token file (python main.py extract --gtzan …).")
+            self.show_error(f"Cannot load checkpoint: {e}.")
             return False
-        tag = " [" + Path(path).stem + "]"
-        name = model_name(model.cfg, tag)
-        self.checkpoint_models[name] = (model, path)
+        entry.name = model_name(entry.model.cfg, " [" + Path(path).stem + "]")
+        self.checkpoint_models[entry.name] = entry
         if self.engine is not None:
-            self.engine.add_model(name, model, trained=True)
+            self.engine.add_model(entry.name, copy.deepcopy(entry.model), trained=True,
+                                  spacing=entry.spacing, frontend=entry.frontend)
         return True
 
     # ------------------------------------------------------------------ models
@@ -355,29 +377,72 @@ class MainWindow(QMainWindow):
     def device(self) -> str:
         return self.compute_box.currentData() or "cpu"
 
+    @property
+    def frontend_name(self) -> str:
+        return self.frontend_box.currentData() or DEFAULT_FRONTEND
+
+    def shipped_models(self) -> dict[str, list[Entry]]:
+        """variant -> the shipped trained models of the chosen front end (loaded once)."""
+        key = (self.frontend_name, self.device)
+        if key not in self.shipped:
+            entries = []
+            for p in shipped_checkpoints(self.frontend_name):
+                try:
+                    entries.append(load_trained(p, self.frontend_name, self.device))
+                except CheckpointError as e:
+                    self.show_error(f"Shipped model {p.name} cannot be loaded: {e}")
+            self.shipped[key] = entries
+        out: dict[str, list[Entry]] = {}
+        for e in self.shipped[key]:
+            out.setdefault(e.model.cfg.variant, []).append(e)
+        return out
+
     def untrained_configs(self) -> dict[str, ModelConfig]:
-        """Name -> config of each ticked variant, in the chosen shape."""
+        """Name -> config of each ticked variant that has no shipped trained model, in the chosen
+        shape, for the chosen front end's tokens."""
         n, layers = self.window_box.value(), self.layers_box.value()
         m = min(self.landmarks_box.value(), n)
-        configs = (ModelConfig(variant=v, layers=layers, window=n, num_landmarks=m)
-                   for v, box in self.variant_boxes.items() if box.isChecked())
+        shipped = self.shipped_models()
+        token_dim = {"musicnn": 50, "vggish": 128}[self.frontend_name]
+        configs = (ModelConfig(variant=v, in_dim=token_dim, layers=layers, window=n, num_landmarks=m)
+                   for v, box in self.variant_boxes.items() if box.isChecked() and v not in shipped)
         return {model_name(cfg): cfg for cfg in configs}
+
+    def wanted_models(self) -> dict[str, Entry | ModelConfig]:
+        """What the ticked variants run: shipped trained models (Entry), else untrained configs."""
+        wanted: dict[str, Entry | ModelConfig] = {}
+        for v, entries in self.shipped_models().items():
+            if self.variant_boxes[v].isChecked():
+                for e in entries:
+                    wanted[e.name] = e
+        wanted.update(self.untrained_configs())
+        return wanted
 
     def build_untrained(self, cfg: ModelConfig):
         torch.manual_seed(0)                         # the same untrained weights every run
         return build_model(cfg).to(self.device)
 
+    def _add(self, name: str, what) -> None:
+        spacing = self.frontend.native_spacing if self.frontend is not None else 1
+        if isinstance(what, Entry):        # a copy: live landmark fits never touch the shipped model
+            self.engine.add_model(name, copy.deepcopy(what.model), trained=True, spacing=what.spacing,
+                                  frontend=what.frontend)
+        else:
+            self.engine.add_model(name, self.build_untrained(what), spacing=spacing)
+
     def sync_models(self, rebuild: bool = False) -> None:
-        """Make the running untrained models match the checkboxes (and shape, if ``rebuild``)."""
+        """Make the running models match the checkboxes (and untrained shapes, if ``rebuild``)."""
         if self.engine is None:
             return
-        wanted = self.untrained_configs()
-        for name in (self.untrained_names if rebuild else self.untrained_names - set(wanted)):
-            self.engine.remove_model(name)
-        for name, cfg in wanted.items():
-            if rebuild or name not in self.untrained_names:
-                self.engine.add_model(name, self.build_untrained(cfg))
-        self.untrained_names = set(wanted)
+        wanted = self.wanted_models()
+        for name in list(self.auto_names):
+            if name not in wanted or (rebuild and not isinstance(wanted[name], Entry)):
+                self.engine.remove_model(name)
+                self.auto_names.discard(name)
+        for name, what in wanted.items():
+            if name not in self.auto_names:
+                self._add(name, what)
+        self.auto_names = set(wanted)
         if self.mode_fixed.isChecked():
             self.switch_landmarks()
 
@@ -387,17 +452,18 @@ class MainWindow(QMainWindow):
             self.engine.use_fixed_landmarks(self.mode_fixed.isChecked())
 
     # ------------------------------------------------------------------ run control
-    def _embedder(self):
-        from audio.vggish import build_embedder
-        o = self.options
-        if o.random_vggish is not None:
-            return build_embedder(random_seed=o.random_vggish, device=self.device)
+    def _frontend(self):
+        from audio.frontends import build_frontend
+        o, name = self.options, self.frontend_name
+        if name == "vggish" and o.random_vggish is not None:
+            return build_frontend("vggish", random_vggish=o.random_vggish, device=self.device)
         try:
-            return build_embedder(o.vggish_weights, device=self.device)
+            return build_frontend(name, vggish_weights=o.vggish_weights, device=self.device)
         except VGGishWeightsError as e:
             self.show_error(f"{e}\nRunning with RANDOM VGGish weights: predictions are not meaningful. "
-                            f"Put vggish-10086976.pth in the torch hub cache or pass --vggish-weights FILE.")
-            return build_embedder(random_seed=0, device=self.device)
+                            f"Put vggish-10086976.pth in the torch hub cache or pass --vggish-weights FILE, "
+                            f"or choose the musicnn front end, whose weights ship.")
+            return build_frontend("vggish", random_vggish=0, device=self.device)
 
     def source_factory(self):
         """A function that opens the chosen source. The widgets are read here, in the GUI thread;
@@ -421,22 +487,31 @@ class MainWindow(QMainWindow):
     def start(self) -> None:
         self.stop()
         try:
-            if self.embedder is None or self.embedder.device != torch.device(self.device):
-                self.embedder = self._embedder()
+            fe = self.frontend
+            if fe is None or fe.name != self.frontend_name or fe.device != torch.device(self.device):
+                self.frontend = self._frontend()
         except AudioError as e:
             self.show_error(str(e))
             return
-        models = {name: self.build_untrained(cfg) for name, cfg in self.untrained_configs().items()}
-        self.untrained_names = set(models)
-        trained = {n: False for n in models}
-        for name, (model, _) in self.checkpoint_models.items():
-            models[name], trained[name] = model.to(self.device), True
-        self.engine = Engine(self.embedder, models, trained)
+        fe = self.frontend
+        self.plots.set_spectrogram(fe.bands, (0.0, 4.0) if fe.name == "musicnn" else (-7.0, 3.0),
+                                   16 if fe.name == "musicnn" else 10)
+        self.engine = Engine(fe)
+        wanted = self.wanted_models()
+        for name, what in wanted.items():
+            self._add(name, what)
+        self.auto_names = set(wanted)
+        for name, e in self.checkpoint_models.items():
+            if e.frontend != fe.name:
+                self.show_error(f"{name} was trained on {e.frontend} tokens and does not run on the "
+                                f"{fe.name} front end; choose {e.frontend} under Front end to run it.")
+                continue
+            self.engine.add_model(name, copy.deepcopy(e.model).to(self.device), trained=True,
+                                  spacing=e.spacing, frontend=e.frontend)
         if self.mode_fixed.isChecked():
             self.switch_landmarks()
         self.history.clear()
         self.recent.clear()
-        self.plots.spec_data[:] = -10.0
         worker = EngineWorker(self.engine, self.source_factory())
         worker.error.connect(self.on_worker_error)
         self.runner = WorkerThread(worker)
@@ -527,7 +602,12 @@ class MainWindow(QMainWindow):
     def update_table(self, recent: list, models: list[str]) -> None:
         """One row per model over ``recent`` (the last minute of StepResults)."""
         last = recent[-1]
-        self.table.setRowCount(len(models))
+        self.table.setRowCount(len(models) + 1)
+        front = [r.latency_ms["frontend"] for r in recent]
+        self._set_row(len(models), [f"front end: {last.frontend}", "—", "—", "—", "—",
+                                    f"{last.frontend_flops:,} (per hop)",
+                                    f"{statistics.median(front):.2f} / {percentile(front, 0.95):.2f}",
+                                    "—", "pretrained" if "RANDOM" not in last.frontend else "RANDOM"])
         for row, name in enumerate(models):
             lat = [r.latency_ms[name] for r in recent if name in r.latency_ms]
             steps = [r for r in recent if name in r.top and "regular" in r.top]
@@ -539,26 +619,31 @@ class MainWindow(QMainWindow):
                      f"{statistics.median(lat):.2f} / {percentile(lat, 0.95):.2f}",
                      f"{last.state_bytes[name] / 1024:.1f} KiB",
                      "UNTRAINED (random)" if last.untrained[name] else "trained"]
-            for c, text in enumerate(cells):
-                item = self.table.item(row, c)
-                if item is None:
-                    item = QTableWidgetItem()
-                    self.table.setItem(row, c, item)
-                item.setText(text)
+            self._set_row(row, cells)
+
+    def _set_row(self, row: int, cells: list[str]) -> None:
+        for c, text in enumerate(cells):
+            item = self.table.item(row, c)
+            if item is None:
+                item = QTableWidgetItem()
+                self.table.setItem(row, c, item)
+            item.setText(text)
 
     def update_status(self, recent: list) -> None:
         """The status bar from ``recent`` (the last minute of StepResults)."""
         last = recent[-1]
-        rtf = statistics.fmean(sum(r.latency_ms.values()) for r in recent) / 250.0
-        front = [r.latency_ms["frontend"] + r.latency_ms["vggish"] for r in recent]
-        self.status["frontend"].setText(f"Front end (log-mel + VGGish): {statistics.median(front):.1f} / "
-                                        f"{percentile(front, 0.95):.1f} ms median / p95")
+        rtf = statistics.fmean(r.latency_ms["frontend"] + sum(r.latency_ms[n] for n in r.top)
+                               for r in recent) / 250.0
+        front = [r.latency_ms["frontend"] for r in recent]
+        self.status["frontend"].setText(f"Front end: {statistics.median(front):.1f} / "
+                                        f"{percentile(front, 0.95):.1f} ms median / p95, "
+                                        f"{last.frontend_flops / 1e6:.0f}M FLOPs/hop")
         source = self.runner.worker.source if self.runner else None
         rate = f", {source.input_rate} Hz in" if source is not None else ""
         self.status["source"].setText(f"Source: {last.source}{rate}{'  (paused)' if self.paused else ''}")
         self.status["rtf"].setText(f"Real-time factor: {rtf:.2f}")
         self.status["dropped"].setText(f"Dropped hops: {last.dropped_hops}")
-        self.status["vggish"].setText(f"VGGish: {last.vggish}")
+        self.status["weights"].setText(f"Tokens: {last.frontend}")
         self.status["device"].setText(f"Compute: {self.device}")
         if self.delay_ms:
             self.status["delay"].setText(f"Delay p95: {percentile(self.delay_ms, 0.95):.0f} ms")

@@ -1,0 +1,74 @@
+"""Which models run: the trained checkpoints shipped in ``assets/models/`` (the default), given
+checkpoints, and untrained models of chosen variants, each fed tokens of the front end and at
+the spacing it was trained on. Used by ``classify``, the window and the benches."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from audio.gtzan import GENRES
+from models.checkpoint import load_checkpoint
+from models.transformer import ModelConfig, build_model
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets" / "models"
+UNTRAINED_WINDOW = {"musicnn": 29, "vggish": 120}     # default n of untrained models
+
+
+@dataclass
+class Entry:
+    name: str
+    model: torch.nn.Module
+    trained: bool
+    spacing: int                 # hops between the model's tokens
+    frontend: str | None         # front end the model was trained on (None: untrained)
+    path: str = ""
+
+
+def shipped_checkpoints(frontend: str) -> list[Path]:
+    """The shipped checkpoints for ``frontend`` (assets/models/<frontend>-*.pt), in a fixed order."""
+    order = ("regular", "continual", "nystrom", "continual_nystrom", "continual_nystrom-fixed")
+    found = {p.stem.split("-", 1)[1]: p for p in ASSETS.glob(f"{frontend}-*.pt")}
+    return [found[k] for k in order if k in found] + sorted(p for k, p in found.items() if k not in order)
+
+
+def checkpoint_name(model, taken) -> str:
+    name = model.cfg.variant + ("/fixed" if model.cfg.landmark_mode == "fixed" else "")
+    while name in taken:
+        name += "'"
+    return name
+
+
+def load_trained(path, frontend: str, device, taken=()) -> Entry:
+    """A checkpoint as an Entry; CheckpointError if it was trained on another front end."""
+    model, payload = load_checkpoint(path, frontend=frontend, classes=list(GENRES), device=device)
+    fe = payload["frontend"]
+    return Entry(checkpoint_name(model, taken), model, True, int(fe.get("spacing_hops", 1)),
+                 fe["name"], str(path))
+
+
+def untrained(variant: str, frontend, device, *, layers: int = 1, window: int | None = None,
+              landmarks: int = 4, seed: int = 0, name: str | None = None) -> Entry:
+    """A seeded, randomly initialised model for ``frontend``'s tokens at its native spacing."""
+    n = window or UNTRAINED_WINDOW.get(frontend.name, 120)
+    cfg = ModelConfig(variant=variant, in_dim=frontend.token_dim, layers=layers, window=n,
+                      num_landmarks=min(landmarks, n))
+    torch.manual_seed(seed)
+    return Entry(name or variant, build_model(cfg).to(device), False, frontend.native_spacing, None)
+
+
+def default_lineup(frontend, device, *, checkpoints=(), variants=None, **shape) -> list[Entry]:
+    """Given checkpoints, else the shipped ones for this front end; plus untrained ``variants``
+    (None: every variant when no trained model exists, else none)."""
+    from models.sda import VARIANTS
+    paths = list(checkpoints) or shipped_checkpoints(frontend.name)
+    entries: list[Entry] = []
+    for p in paths:
+        entries.append(load_trained(p, frontend.name, device, [e.name for e in entries]))
+    if variants is None:
+        variants = [] if entries else list(VARIANTS)
+    for v in variants:
+        name = v if v not in [e.name for e in entries] else f"{v} (untrained)"
+        entries.append(untrained(v, frontend, device, name=name, **shape))
+    return entries

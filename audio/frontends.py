@@ -1,0 +1,212 @@
+"""Front ends: 16 kHz audio -> one token per 0.25 s hop, pluggable.
+
+  musicnn (default; its pretrained weights ship with the ``musicnn`` package): taggram (50,) of
+      the latest 3 s, computed continually (audio/musicnn_stream.py). Its token files (the
+      original implementation's grid) are 61 mel frames = 0.976 s apart, so models trained on
+      them are fed every 4th hop (``native_spacing``).
+  vggish (the paper's): embedding (128,) of the latest 0.96 s, AudioSet weights from
+      file/cache/download or seeded random weights; one token per hop.
+
+``FrontEnd.stream()`` gives a fresh per-stream state whose ``push(hop)`` returns a ``HopToken``;
+``FrontEnd.file_tokens(path)`` gives a file's tokens on the grid its token files use.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import melspec, musicnn_mel
+from .errors import AudioFileError
+
+FRONTENDS = ("musicnn", "vggish")
+DEFAULT_FRONTEND = "musicnn"
+HOP_SECONDS = melspec.HOP / melspec.SAMPLE_RATE          # 0.25
+
+
+@dataclass
+class HopToken:
+    token: torch.Tensor       # (1, D)
+    mel: np.ndarray           # (k, bands) log-mel frames this hop added (for display)
+    mel_ms: float             # time spent on the log-mel
+    network_ms: float         # time spent on the network
+    flops: int                # FLOPs of the network for this hop (2 x multiply-accumulates)
+
+
+class FrontEnd:
+    """Common interface. Attributes: name, token_dim, bands, description, checksum, random,
+    native_spacing (hops between the tokens of this front end's token files)."""
+    name: str
+    token_dim: int
+    bands: int
+    description: str
+    checksum: str
+    random: bool = False
+    native_spacing: int = 1
+    device: torch.device
+
+    def stream(self):
+        raise NotImplementedError
+
+    def file_tokens(self, path: str | Path) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    def metadata(self) -> dict:
+        """What a token file and a checkpoint record about the tokens' origin."""
+        return {"name": self.name, "token_dim": self.token_dim, "weights": self.checksum,
+                "random": self.random, "spacing_hops": self.native_spacing}
+
+
+# ----------------------------------------------------------------------------- VGGish
+
+class VGGishFrontEnd(FrontEnd):
+    name, token_dim, bands, native_spacing = "vggish", 128, melspec.BANDS, 1
+
+    def __init__(self, embedder):
+        self.embedder = embedder
+        self.device = embedder.device
+        self.description, self.checksum, self.random = embedder.description, embedder.checksum, embedder.random
+
+    def stream(self):
+        return _VGGishStream(self.embedder)
+
+    def file_tokens(self, path):
+        from .tokens import tokens_for_file
+        return tokens_for_file(path, self.embedder)
+
+
+class _VGGishStream:
+    def __init__(self, embedder):
+        self.embedder, self.logmel = embedder, melspec.StreamingLogMel()
+
+    def push(self, hop: np.ndarray) -> HopToken:
+        t0 = time.perf_counter()
+        patch = self.logmel.push(hop)
+        t1 = time.perf_counter()
+        token = self.embedder(patch[None])
+        t2 = time.perf_counter()
+        return HopToken(token, patch[-melspec.FRAMES_PER_HOP:], (t1 - t0) * 1e3, (t2 - t1) * 1e3,
+                        vggish_flops())
+
+
+def vggish_flops() -> int:
+    """FLOPs (2 x MACs) of VGGish on one 96 x 64 patch: 4 conv stages + 3 dense layers."""
+    macs, h, w, cin = 0, 96, 64, 1
+    for cout, convs in ((64, 1), (128, 1), (256, 2), (512, 2)):
+        for _ in range(convs):
+            macs += h * w * 9 * cin * cout
+            cin = cout
+        h, w = h // 2, w // 2
+    macs += cin * h * w * 4096 + 4096 * 4096 + 4096 * 128
+    return 2 * macs
+
+
+# ----------------------------------------------------------------------------- musicnn
+
+class MusicnnFrontEnd(FrontEnd):
+    name, token_dim, bands = "musicnn", 50, musicnn_mel.BANDS
+    native_spacing = round(musicnn_mel.PATCH_HOP * musicnn_mel.FRAME_HOP / melspec.HOP)   # 4
+
+    def __init__(self, model: str = "MSD_musicnn", *, device="cpu", continual: bool = True):
+        from .musicnn import build_musicnn
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            device = torch.device("cpu")
+        self.net, self.checksum = build_musicnn(model, device=device)
+        self.model, self.device, self.continual = model, device, continual
+        self.description = f"musicnn {model} (pretrained, {'continual' if continual else 'recomputed'})"
+        musicnn_mel.mel_basis()               # imports librosa now, not on the first hop
+        warm = self.stream()                  # first-call costs (kernels, tap tables) now too
+        for _ in range(3):
+            warm.push(np.zeros(melspec.HOP, np.float32))
+
+    def stream(self):
+        return _MusicnnStream(self.net, self.continual)
+
+    @torch.no_grad()
+    def file_tokens(self, path, batch_size: int = 16):
+        """Tokens of a file on the original implementation's grid (resampy 0.2.2 kaiser_best
+        resampling, patches every 61 frames): (P, 50) and decode info."""
+        signal, rate, info = decode_native(path)
+        y = musicnn_mel.resample_kaiser_best(signal, rate)
+        patches = musicnn_mel.offline_patches(y)
+        out = [self.net(torch.from_numpy(patches[i:i + batch_size]).to(self.device)).cpu()
+               for i in range(0, len(patches), batch_size)]
+        return torch.cat(out), info
+
+
+class _MusicnnStream:
+    def __init__(self, net, continual: bool):
+        from .musicnn_stream import MusicnnStream
+        self.mel, self.net = musicnn_mel.StreamingMel(), MusicnnStream(net, continual=continual)
+
+    def push(self, hop: np.ndarray) -> HopToken:
+        t0 = time.perf_counter()
+        frames = self.mel.push(hop)
+        t1 = time.perf_counter()
+        token = self.net.push(frames)[None].cpu()
+        t2 = time.perf_counter()
+        return HopToken(token, frames, (t1 - t0) * 1e3, (t2 - t1) * 1e3, 2 * self.net.last_macs)
+
+
+def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:
+    """(mono float32 at the file's own rate, rate, info), as librosa.load(sr=None) gave it:
+    channels averaged in float32. Non-finite samples are zeroed (counted in info)."""
+    import soundfile as sf
+    path = Path(path)
+    if not path.is_file():
+        raise AudioFileError(f"{path}: no such file")
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except Exception:  # noqa: BLE001 - formats soundfile lacks: the general decoder
+        from .sources import decode_file
+        signal, info = decode_file(path)
+        return signal, melspec.SAMPLE_RATE, info
+    if len(data) == 0:
+        raise AudioFileError(f"{path} contains no audio samples")
+    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0].copy()
+    bad = ~np.isfinite(mono)
+    mono[bad] = 0.0
+    return mono, int(rate), {"rate": int(rate), "channels": data.shape[1], "nonfinite": int(bad.sum())}
+
+
+# ----------------------------------------------------------------------------- building
+
+def build_frontend(name: str = DEFAULT_FRONTEND, *, device="cpu", vggish_weights=None,
+                   random_vggish: int | None = None, musicnn_model: str = "MSD_musicnn",
+                   continual: bool = True, allow_download: bool = True) -> FrontEnd:
+    """A ready front end; raises MusicnnWeightsError / VGGishWeightsError with what to do."""
+    if name == "musicnn":
+        return MusicnnFrontEnd(musicnn_model, device=device, continual=continual)
+    if name == "vggish":
+        from .vggish import build_embedder
+        return VGGishFrontEnd(build_embedder(vggish_weights, random_seed=random_vggish,
+                                             device=device, allow_download=allow_download))
+    raise ValueError(f"unknown front end {name!r}; valid: {', '.join(FRONTENDS)}")
+
+
+def resolve_name(frontend: str | None, vggish_weights=None, random_vggish=None) -> str:
+    """The front end a command runs: as given, else vggish when VGGish weights (or random ones)
+    were asked for, else the default (musicnn)."""
+    if frontend:
+        return frontend
+    return "vggish" if vggish_weights or random_vggish is not None else DEFAULT_FRONTEND
+
+
+def as_frontend(x) -> FrontEnd:
+    """A FrontEnd from a FrontEnd or a VGGish Embedder."""
+    return x if isinstance(x, FrontEnd) else VGGishFrontEnd(x)
+
+
+def frontend_of_tokens(metadata: dict, token_dim: int) -> dict:
+    """The front-end record of a token file (older files: inferred from the token size)."""
+    fe = metadata.get("frontend_info")
+    if isinstance(fe, dict) and fe.get("name") in FRONTENDS:
+        return fe
+    name = {50: "musicnn", 128: "vggish"}.get(token_dim, "unknown")
+    spacing = MusicnnFrontEnd.native_spacing if name == "musicnn" else 1
+    return {"name": name, "token_dim": token_dim, "spacing_hops": spacing,
+            "weights": metadata.get("vggish", ""), "random": "random" in str(metadata.get("vggish", ""))}

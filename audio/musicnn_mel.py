@@ -1,0 +1,191 @@
+"""musicnn's log-mel input, as the original implementation computed it, offline or per hop.
+
+The original (``musicnn.extractor.batch_data``, librosa 0.6/0.7 era):
+  librosa.load(sr=16000): float32 mono, resampled with resampy 0.2.2's ``kaiser_best`` filter,
+      then zero-padded to ceil(len * 16000 / sr) samples;
+  melspectrogram: STFT n_fft 512, hop 256, periodic Hann, centred with *reflect* padding,
+      power 2, 96 Slaney mel bands (0 - 8 kHz), in float32;
+  cast to float16, then log10(10000 x + 1) in float32 (numpy 1 promoted the product to float32;
+      under numpy 2 the float16 product would overflow, so it is done in float32 here);
+  patches of 187 frames (3 s) every 61 frames (~1 s).
+
+``resample_kaiser_best`` re-implements resampy 0.2.2's interpolation loop (same arithmetic and
+order, float32 accumulation) with the filter table read from the installed resampy 0.2.2
+(see ``kaiser_best_path``); later resampy versions regenerated that table and move
+taggrams by up to 0.25, so the token files can only be reproduced with this one.
+
+Streaming (``StreamingMel``): frame i is centred on sample 256 i (the first frame reflect-padded
+at the stream start), so after h hops of 4000 samples floor(15.625 h) frames are complete; each
+hop yields its 15 or 16 new frames.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import AudioFileError, MusicnnWeightsError
+
+SAMPLE_RATE = 16000
+N_FFT = 512
+FRAME_HOP = 256              # samples per mel frame
+BANDS = 96
+PATCH_FRAMES = 187           # 3 s
+PATCH_HOP = 61               # frames between the original implementation's patches (~0.98 s)
+RESAMPY_INSTALL = ("pip install --no-deps --target <python prefix>/vendor/resampy-0.2.2 "
+                   "resampy==0.2.2 (or: make setup)")
+
+
+def _mel_basis() -> np.ndarray:
+    import librosa
+    return librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=BANDS).astype(np.float32).T  # (257, 96)
+
+
+_MEL = None
+_WINDOW = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)     # periodic Hann, float64
+
+
+def mel_basis() -> np.ndarray:
+    global _MEL
+    if _MEL is None:
+        _MEL = _mel_basis()
+    return _MEL
+
+
+def log_mel_of_frames(frames: np.ndarray) -> np.ndarray:
+    """(F, 512) float32 sample frames -> (F, 96) float32 log-mel, as the original computed it."""
+    spectrum = np.fft.rfft(frames.astype(np.float64) * _WINDOW, axis=1).astype(np.complex64)
+    power = np.abs(spectrum) ** 2                                 # float32
+    mel = (power @ mel_basis()).astype(np.float16).astype(np.float32)
+    return np.log10(np.float32(10000.0) * mel + np.float32(1.0))
+
+
+def _frames(padded: np.ndarray, count: int) -> np.ndarray:
+    return np.lib.stride_tricks.as_strided(
+        padded, shape=(count, N_FFT), strides=(padded.strides[0] * FRAME_HOP, padded.strides[0]))
+
+
+def log_mel(signal: np.ndarray) -> np.ndarray:
+    """(samples,) 16 kHz float32 -> (1 + samples // 256, 96) float32, centred, reflect-padded."""
+    y = np.ascontiguousarray(signal, dtype=np.float32)
+    if len(y) <= N_FFT // 2:
+        raise AudioFileError(f"{len(y)} samples are too few for a musicnn log-mel frame")
+    padded = np.pad(y, N_FFT // 2, mode="reflect")
+    return log_mel_of_frames(_frames(padded, 1 + len(y) // FRAME_HOP))
+
+
+def patch_starts(frames: int) -> list[int]:
+    """First frames of the original implementation's patches (every 61 frames, all complete);
+    a log-mel shorter than one patch gives one patch at 0 (to be zero-padded)."""
+    return list(range(0, frames - PATCH_FRAMES + 1, PATCH_HOP)) or [0]
+
+
+def offline_patches(signal: np.ndarray) -> np.ndarray:
+    """(samples,) 16 kHz -> (P, 187, 96) float32 patches on the original grid (silence-padded
+    to one patch when shorter)."""
+    mel = log_mel(signal)
+    if len(mel) < PATCH_FRAMES:
+        mel = np.concatenate([mel, np.zeros((PATCH_FRAMES - len(mel), BANDS), np.float32)])
+    starts = patch_starts(len(mel))
+    return np.stack([mel[s:s + PATCH_FRAMES] for s in starts])
+
+
+class StreamingMel:
+    """One 0.25 s hop (4000 samples, 16 kHz) in, the mel frames it completes out ((15|16, 96))."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.buffer = np.zeros(0, np.float32)     # padded samples from the next frame's start on
+        self.frames = 0                            # frames emitted so far
+        self.started = False
+
+    def push(self, hop: np.ndarray) -> np.ndarray:
+        x = np.asarray(hop, dtype=np.float32)
+        if not self.started:
+            if len(x) <= N_FFT // 2:
+                raise ValueError(f"the first hop needs more than {N_FFT // 2} samples for the "
+                                 f"reflect padding, got {len(x)}")
+            x = np.concatenate([x[1:N_FFT // 2 + 1][::-1], x])
+            self.started = True
+        self.buffer = np.concatenate([self.buffer, x])
+        count = 1 + (len(self.buffer) - N_FFT) // FRAME_HOP if len(self.buffer) >= N_FFT else 0
+        if count == 0:
+            return np.zeros((0, BANDS), np.float32)
+        out = log_mel_of_frames(_frames(self.buffer, count))
+        self.buffer = self.buffer[count * FRAME_HOP:].copy()
+        self.frames += count
+        return out
+
+
+# ----------------------------------------------------------------------------- resampling
+
+def kaiser_best_path() -> Path:
+    """Where resampy 0.2.2's filter table is: ``$NYSTREAM_KAISER_BEST``, else the copy of that
+    release that ``make setup`` installs beside the environment (``<prefix>/vendor/``). It
+    cannot live in site-packages: torchvggish pulls in a current resampy there."""
+    if os.environ.get("NYSTREAM_KAISER_BEST"):
+        return Path(os.environ["NYSTREAM_KAISER_BEST"])
+    return Path(sys.prefix) / "vendor" / "resampy-0.2.2" / "resampy" / "data" / "kaiser_best.npz"
+
+
+def _kaiser_best_table() -> tuple[np.ndarray, int]:
+    path = kaiser_best_path()
+    if not path.is_file():
+        raise MusicnnWeightsError(
+            f"reproducing the musicnn token files needs the kaiser_best filter table of resampy "
+            f"0.2.2 (later versions changed it), looked for at {path}; install it with: "
+            f"{RESAMPY_INSTALL}")
+    data = np.load(path)
+    return data["half_window"].astype(np.float64), int(data["precision"])
+
+
+def _interpolate(x, y, ratio, win, delta, table_size):    # numba-compiled below
+    """resampy 0.2.2's band-limited interpolation, same arithmetic: x (N,) -> y (M,) (zeros in)."""
+    scale = min(1.0, ratio)
+    step = int(scale * table_size)
+    nwin = win.shape[0]
+    position = 0.0
+    for t in range(y.shape[0]):
+        n = int(position)
+        frac = scale * (position - n)
+        index = frac * table_size
+        offset = int(index)
+        eta = index - offset
+        for i in range(min(n + 1, (nwin - offset) // step)):      # left wing: x[n], x[n-1], ...
+            y[t] += (win[offset + i * step] + eta * delta[offset + i * step]) * x[n - i]
+        frac = scale - frac
+        index = frac * table_size
+        offset = int(index)
+        eta = index - offset
+        for k in range(min(x.shape[0] - n - 1, (nwin - offset) // step)):   # right wing
+            y[t] += (win[offset + k * step] + eta * delta[offset + k * step]) * x[n + k + 1]
+        position += 1.0 / ratio
+
+
+try:
+    import numba
+    _interpolate = numba.njit(nogil=True, cache=False)(_interpolate)
+except ImportError:  # pragma: no cover - numba ships with librosa
+    pass
+
+
+def resample_kaiser_best(x: np.ndarray, sr_in: int, sr_out: int = SAMPLE_RATE) -> np.ndarray:
+    """float32 (N,) at ``sr_in`` -> float32 at ``sr_out``, length ceil(N * sr_out / sr_in), as
+    librosa.load(sr=...) with resampy 0.2.2 gave it."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if sr_in == sr_out:
+        return x.copy()
+    ratio = float(sr_out) / sr_in
+    win, table_size = _kaiser_best_table()
+    if ratio < 1:
+        win = win * ratio
+    delta = np.zeros_like(win)
+    delta[:-1] = np.diff(win)
+    y = np.zeros(int(len(x) * ratio), dtype=np.float32)
+    _interpolate(x, y, ratio, win, delta, table_size)
+    n_out = int(np.ceil(len(x) * ratio))
+    return np.concatenate([y, np.zeros(n_out - len(y), np.float32)]) if n_out > len(y) else y
