@@ -137,9 +137,13 @@ def run(args) -> int:
                       f"{d['default_rate']:.0f} Hz)")
             return 0
         device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
-        frontend = build_frontend_for(args, device)
-        entries = load_models(args, frontend, device)
-        source = make_source(args)
+        source = make_source(args)                 # a bad file or device fails before the models load
+        try:
+            frontend = build_frontend_for(args, device)
+            entries = load_models(args, frontend, device)
+        except BaseException:
+            source.close()
+            raise
         engine = Engine(frontend, {e.name: e.model for e in entries},
                         {e.name: e.trained for e in entries},
                         spacing={e.name: e.spacing for e in entries},

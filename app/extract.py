@@ -36,7 +36,7 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
     """Tokens of every GTZAN track under ``gtzan_dir`` into the token file ``out``. ``frontend``:
     a FrontEnd or a VGGish Embedder. VGGish: one token per 0.25 s hop; musicnn: the original
     implementation's grid (one taggram every 61 frames, as in the shared token files)."""
-    from audio.frontends import as_frontend
+    from audio.frontends import as_frontend, frontend_metadata
     frontend = as_frontend(frontend)
     grid = FRONTEND if frontend.name == "vggish" else MUSICNN_GRID
     tracks = discover(gtzan_dir)
@@ -79,7 +79,7 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
     tokens = pack(seqs, labels, ids, GENRES, metadata={
         "source": str(Path(gtzan_dir).resolve()), "frontend": grid, "vggish": frontend.checksum,
         "vggish_description": frontend.description, "skipped": skipped,
-        "frontend_info": {**frontend.metadata(),
+        "frontend_info": {**frontend_metadata(frontend),
                           "spacing_s": (melspec.HOP / melspec.SAMPLE_RATE if frontend.name == "vggish"
                                         else 61 * 256 / 16000)}})
     save_tokens(out, tokens)

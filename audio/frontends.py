@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -36,33 +37,35 @@ class HopToken:
     flops: int                # FLOPs of the network for this hop (2 x multiply-accumulates)
 
 
-class FrontEnd:
-    """Common interface. Attributes: name, token_dim, bands, description, checksum, random,
-    native_spacing (hops between the tokens of this front end's token files)."""
-    name: str
-    token_dim: int
-    bands: int
-    description: str
-    checksum: str
-    random: bool = False
-    native_spacing: int = 1
+class FrontEnd(Protocol):
+    """What every front end offers (VGGishFrontEnd, MusicnnFrontEnd)."""
+    name: str                 # 'musicnn' | 'vggish'
+    token_dim: int            # D of the (1, D) tokens
+    bands: int                # mel bands of the log-mel it shows (HopToken.mel)
+    description: str          # which network and weights, for every output
+    checksum: str             # sha256 of the weights, or 'random-<seed>'
+    random: bool              # random weights (tokens mean nothing)
+    native_spacing: int       # hops between the tokens of this front end's token files
     device: torch.device
 
     def stream(self):
-        raise NotImplementedError
+        """A fresh per-stream state with ``push(hop (4000,)) -> HopToken``."""
+        ...
 
     def file_tokens(self, path: str | Path) -> tuple[torch.Tensor, dict]:
-        raise NotImplementedError
+        """A file's tokens (T, D) on the grid its token files use, and decode info."""
+        ...
 
-    def metadata(self) -> dict:
-        """What a token file and a checkpoint record about the tokens' origin."""
-        return {"name": self.name, "token_dim": self.token_dim, "weights": self.checksum,
-                "random": self.random, "spacing_hops": self.native_spacing}
+
+def frontend_metadata(fe: FrontEnd) -> dict:
+    """What a token file and a checkpoint record about the tokens' origin."""
+    return {"name": fe.name, "token_dim": fe.token_dim, "weights": fe.checksum,
+            "random": fe.random, "spacing_hops": fe.native_spacing}
 
 
 # ----------------------------------------------------------------------------- VGGish
 
-class VGGishFrontEnd(FrontEnd):
+class VGGishFrontEnd:
     name, token_dim, bands, native_spacing = "vggish", 128, melspec.BANDS, 1
 
     def __init__(self, embedder):
@@ -106,7 +109,7 @@ def vggish_flops() -> int:
 
 # ----------------------------------------------------------------------------- musicnn
 
-class MusicnnFrontEnd(FrontEnd):
+class MusicnnFrontEnd:
     name, token_dim, bands = "musicnn", 50, musicnn_mel.BANDS
     native_spacing = round(musicnn_mel.PATCH_HOP * musicnn_mel.FRAME_HOP / melspec.HOP)   # 4
 
@@ -116,7 +119,7 @@ class MusicnnFrontEnd(FrontEnd):
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("cpu")
         self.net, self.checksum = build_musicnn(model, device=device)
-        self.model, self.device, self.continual = model, device, continual
+        self.model, self.device, self.continual, self.random = model, device, continual, False
         self.description = f"musicnn {model} (pretrained, {'continual' if continual else 'recomputed'})"
         musicnn_mel.mel_basis()               # imports librosa now, not on the first hop
         warm = self.stream()                  # first-call costs (kernels, tap tables) now too
@@ -198,7 +201,8 @@ def resolve_name(frontend: str | None, vggish_weights=None, random_vggish=None) 
 
 def as_frontend(x) -> FrontEnd:
     """A FrontEnd from a FrontEnd or a VGGish Embedder."""
-    return x if isinstance(x, FrontEnd) else VGGishFrontEnd(x)
+    from .vggish import Embedder
+    return VGGishFrontEnd(x) if isinstance(x, Embedder) else x
 
 
 def frontend_of_tokens(metadata: dict, token_dim: int) -> dict:

@@ -1,4 +1,5 @@
-"""Audio -> VGGish tokens: offline for whole files (batched), or streaming one hop at a time.
+"""Audio -> tokens: VGGish offline for whole files (batched), and any front end streamed one hop
+at a time (``TokenStream``; see audio/frontends.py).
 
 Both give identical tokens for the same audio (tested): token t is VGGish applied to the log-mel
 patch of the 0.96 s that ends at (t+1) * 0.25 s (see audio/melspec.py).

@@ -51,7 +51,8 @@ def test_classify_bad_inputs_exit_nonzero_with_a_message(tmp_path):
     (tmp_path / "x.wav").write_text("not audio")
     r = classify(tmp_path / "x.wav", "--random-vggish")
     assert r.returncode == 1 and "cannot decode" in r.stderr
-    r = classify(tmp_path / "x.wav", "--vggish-weights", tmp_path / "none.pth")
+    good = write(tmp_path / "good.wav", tone(1.0, 16000), 16000)
+    r = classify(good, "--vggish-weights", tmp_path / "none.pth")
     assert r.returncode == 1 and "VGGish weights not found" in r.stderr
 
 

@@ -142,3 +142,14 @@ def test_engine_error_for_unknown_spacing():
     with pytest.raises(ValueError, match="spacing"):
         InterleavedStreams(small(), 0)
     assert issubclass(EngineError, ValueError)
+
+
+def test_vggish_flop_formula_equals_torch_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from audio.frontends import vggish_flops
+    from audio.vggish import build_embedder
+    embedder = build_embedder(random_seed=0)
+    with FlopCounterMode(display=False) as counter:
+        embedder(np.zeros((1, 96, 64), np.float32))
+    assert counter.get_total_flops() == vggish_flops()
