@@ -46,6 +46,8 @@ class FrontEnd(Protocol):
     checksum: str             # sha256 of the weights, or 'random-<seed>'
     random: bool              # random weights (tokens mean nothing)
     native_spacing: int       # hops between the tokens of this front end's token files
+    mel_levels: tuple         # (low, high) colour range of its log-mel values, for display
+    frame_ms: float           # milliseconds between its log-mel frames
     device: torch.device
 
     def stream(self):
@@ -67,6 +69,7 @@ def frontend_metadata(fe: FrontEnd) -> dict:
 
 class VGGishFrontEnd:
     name, token_dim, bands, native_spacing = "vggish", 128, melspec.BANDS, 1
+    mel_levels, frame_ms = (-7.0, 3.0), 1e3 * melspec.STEP / melspec.SAMPLE_RATE      # log(mel + 0.01)
 
     def __init__(self, embedder):
         self.embedder = embedder
@@ -111,6 +114,7 @@ def vggish_flops() -> int:
 
 class MusicnnFrontEnd:
     name, token_dim, bands = "musicnn", 50, musicnn_mel.BANDS
+    mel_levels, frame_ms = (0.0, 4.0), 1e3 * musicnn_mel.FRAME_HOP / musicnn_mel.SAMPLE_RATE  # log10(1e4 x + 1)
     native_spacing = round(musicnn_mel.PATCH_HOP * musicnn_mel.FRAME_HOP / melspec.HOP)   # 4
 
     def __init__(self, model: str = "MSD_musicnn", *, device="cpu", continual: bool = True):
@@ -205,12 +209,17 @@ def as_frontend(x) -> FrontEnd:
     return VGGishFrontEnd(x) if isinstance(x, Embedder) else x
 
 
-def frontend_of_tokens(metadata: dict, token_dim: int) -> dict:
+def token_dim(name: str) -> int:
+    """Token size of the front end called ``name``."""
+    return {"musicnn": MusicnnFrontEnd.token_dim, "vggish": VGGishFrontEnd.token_dim}[name]
+
+
+def frontend_of_tokens(metadata: dict, dim: int) -> dict:
     """The front-end record of a token file (older files: inferred from the token size)."""
     fe = metadata.get("frontend_info")
     if isinstance(fe, dict) and fe.get("name") in FRONTENDS:
         return fe
-    name = {50: "musicnn", 128: "vggish"}.get(token_dim, "unknown")
+    name = next((n for n in FRONTENDS if token_dim(n) == dim), "unknown")
     spacing = MusicnnFrontEnd.native_spacing if name == "musicnn" else 1
-    return {"name": name, "token_dim": token_dim, "spacing_hops": spacing,
+    return {"name": name, "token_dim": dim, "spacing_hops": spacing,
             "weights": metadata.get("vggish", ""), "random": "random" in str(metadata.get("vggish", ""))}

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, 
 from app.engine import Engine
 from app.lineup import Entry, load_trained, shipped_checkpoints
 from audio.errors import AudioError, VGGishWeightsError
-from audio.frontends import DEFAULT_FRONTEND, FRONTENDS
+from audio.frontends import DEFAULT_FRONTEND, FRONTENDS, token_dim
 from models.checkpoint import CheckpointError
 from models.evaluation import percentile
 from models.sda import VARIANTS
@@ -403,8 +403,8 @@ class MainWindow(QMainWindow):
         n, layers = self.window_box.value(), self.layers_box.value()
         m = min(self.landmarks_box.value(), n)
         shipped = self.shipped_models()
-        token_dim = {"musicnn": 50, "vggish": 128}[self.frontend_name]
-        configs = (ModelConfig(variant=v, in_dim=token_dim, layers=layers, window=n, num_landmarks=m)
+        dim = token_dim(self.frontend_name)
+        configs = (ModelConfig(variant=v, in_dim=dim, layers=layers, window=n, num_landmarks=m)
                    for v, box in self.variant_boxes.items() if box.isChecked() and v not in shipped)
         return {model_name(cfg): cfg for cfg in configs}
 
@@ -494,8 +494,7 @@ class MainWindow(QMainWindow):
             self.show_error(str(e))
             return
         fe = self.frontend
-        self.plots.set_spectrogram(fe.bands, (0.0, 4.0) if fe.name == "musicnn" else (-7.0, 3.0),
-                                   16 if fe.name == "musicnn" else 10)
+        self.plots.set_spectrogram(fe.bands, fe.mel_levels, fe.frame_ms)
         self.engine = Engine(fe)
         wanted = self.wanted_models()
         for name, what in wanted.items():
