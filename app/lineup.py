@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from audio.gtzan import GENRES
-from models.checkpoint import load_checkpoint
+from audio.frontends import token_dim
+from models.checkpoint import CheckpointError, load_checkpoint
 from models.transformer import ModelConfig, build_model
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "models"
@@ -72,3 +73,49 @@ def default_lineup(frontend, device, *, checkpoints=(), variants=None, **shape) 
         name = v if v not in [e.name for e in entries] else f"{v} (untrained)"
         entries.append(untrained(v, frontend, device, name=name, **shape))
     return entries
+
+
+def model_name(cfg: ModelConfig, tag: str = "") -> str:
+    """Display name: the variant, ' 2-block' for two blocks, then ``tag``."""
+    extra = f" {cfg.layers}-block" if cfg.layers == 2 else ""
+    return f"{cfg.variant}{extra}{tag}"
+
+
+class ShippedLineup:
+    """What ticked variants run, for the window: the shipped trained models of the front end
+    (loaded once per front end and device) where there are any, else untrained models of the
+    chosen shape. ``on_error(message)`` hears about a shipped file that cannot be loaded."""
+
+    def __init__(self, on_error=lambda message: None):
+        self.on_error = on_error
+        self._loaded: dict[tuple, list[Entry]] = {}
+
+    def shipped(self, frontend: str, device) -> dict[str, list[Entry]]:
+        """variant -> the shipped trained models of ``frontend``."""
+        key = (frontend, str(device))
+        if key not in self._loaded:
+            entries = []
+            for p in shipped_checkpoints(frontend):
+                try:
+                    entries.append(load_trained(p, frontend, device))
+                except CheckpointError as e:
+                    self.on_error(f"Shipped model {p.name} cannot be loaded: {e}")
+            self._loaded[key] = entries
+        out: dict[str, list[Entry]] = {}
+        for e in self._loaded[key]:
+            out.setdefault(e.model.cfg.variant, []).append(e)
+        return out
+
+    def wanted(self, frontend: str, device, ticked, *, layers: int, window: int,
+               landmarks: int) -> dict[str, Entry | ModelConfig]:
+        """name -> a shipped Entry, or the ModelConfig of an untrained model to build."""
+        shipped = self.shipped(frontend, device)
+        wanted: dict[str, Entry | ModelConfig] = {}
+        for v in ticked:
+            if v in shipped:
+                wanted.update({e.name: e for e in shipped[v]})
+            else:
+                cfg = ModelConfig(variant=v, in_dim=token_dim(frontend), layers=layers,
+                                  window=window, num_landmarks=min(landmarks, window))
+                wanted[model_name(cfg)] = cfg
+        return wanted

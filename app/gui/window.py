@@ -23,9 +23,9 @@ from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFileDialog, 
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.engine import Engine
-from app.lineup import Entry, load_trained, shipped_checkpoints
+from app.lineup import Entry, ShippedLineup, load_trained, model_name
 from audio.errors import AudioError, VGGishWeightsError
-from audio.frontends import DEFAULT_FRONTEND, FRONTENDS, token_dim
+from audio.frontends import DEFAULT_FRONTEND, FRONTENDS
 from models.checkpoint import CheckpointError
 from models.evaluation import percentile
 from models.sda import VARIANTS
@@ -61,11 +61,6 @@ class Options:
     autostart: bool = True
 
 
-def model_name(cfg: ModelConfig, tag: str = "") -> str:
-    extra = f" {cfg.layers}-block" if cfg.layers == 2 else ""
-    return f"{cfg.variant}{extra}{tag}"
-
-
 class MainWindow(QMainWindow):
     def __init__(self, options: Options | None = None, settings: QSettings | None = None):
         super().__init__()
@@ -83,7 +78,7 @@ class MainWindow(QMainWindow):
         self.frontend = None                          # the built FrontEnd (rebuilt on change)
         self.file_path: str | None = None
         self.checkpoint_models: dict[str, Entry] = {}   # name -> user-loaded trained model
-        self.shipped: dict[tuple, list[Entry]] = {}      # (front end, device) -> shipped models
+        self.lineup = ShippedLineup(on_error=self.show_error)
         self.paused = False
         self.auto_names: set[str] = set()            # ticked-variant models this window runs
         self._build_ui()
@@ -393,42 +388,11 @@ class MainWindow(QMainWindow):
     def frontend_name(self) -> str:
         return self.frontend_box.currentData() or DEFAULT_FRONTEND
 
-    def shipped_models(self) -> dict[str, list[Entry]]:
-        """variant -> the shipped trained models of the chosen front end (loaded once)."""
-        key = (self.frontend_name, self.device)
-        if key not in self.shipped:
-            entries = []
-            for p in shipped_checkpoints(self.frontend_name):
-                try:
-                    entries.append(load_trained(p, self.frontend_name, self.device))
-                except CheckpointError as e:
-                    self.show_error(f"Shipped model {p.name} cannot be loaded: {e}")
-            self.shipped[key] = entries
-        out: dict[str, list[Entry]] = {}
-        for e in self.shipped[key]:
-            out.setdefault(e.model.cfg.variant, []).append(e)
-        return out
-
-    def untrained_configs(self) -> dict[str, ModelConfig]:
-        """Name -> config of each ticked variant that has no shipped trained model, in the chosen
-        shape, for the chosen front end's tokens."""
-        n, layers = self.window_box.value(), self.layers_box.value()
-        m = min(self.landmarks_box.value(), n)
-        shipped = self.shipped_models()
-        dim = token_dim(self.frontend_name)
-        configs = (ModelConfig(variant=v, in_dim=dim, layers=layers, window=n, num_landmarks=m)
-                   for v, box in self.variant_boxes.items() if box.isChecked() and v not in shipped)
-        return {model_name(cfg): cfg for cfg in configs}
-
     def wanted_models(self) -> dict[str, Entry | ModelConfig]:
-        """What the ticked variants run: shipped trained models (Entry), else untrained configs."""
-        wanted: dict[str, Entry | ModelConfig] = {}
-        for v, entries in self.shipped_models().items():
-            if self.variant_boxes[v].isChecked():
-                for e in entries:
-                    wanted[e.name] = e
-        wanted.update(self.untrained_configs())
-        return wanted
+        """What the ticked variants run (app/lineup.py): shipped trained models, else untrained."""
+        ticked = [v for v, box in self.variant_boxes.items() if box.isChecked()]
+        return self.lineup.wanted(self.frontend_name, self.device, ticked, layers=self.layers_box.value(),
+                                  window=self.window_box.value(), landmarks=self.landmarks_box.value())
 
     def build_untrained(self, cfg: ModelConfig):
         torch.manual_seed(0)                         # the same untrained weights every run
