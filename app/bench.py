@@ -18,7 +18,7 @@ import torch
 from models import flops as F
 from models.evaluation import percentile
 from models.landmarks import fit_fixed_landmarks
-from models.sda import StreamingSDA
+from models.sda import streaming_sda
 from models.transformer import ModelConfig, build_model
 
 SDA_CASES = [("regular", None), ("continual", None), ("nystrom", "segment"),
@@ -61,7 +61,7 @@ def bench_sda(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 
     for variant, mode in SDA_CASES:
         fixed = ((torch.randn(heads, m, d_head, generator=g), torch.randn(heads, m, d_head, generator=g))
                  if mode == "fixed" else None)
-        s = StreamingSDA(variant, n, num_landmarks=m if "nystrom" in variant else None,
+        s = streaming_sda(variant, n, num_landmarks=m if "nystrom" in variant else None,
                          landmark_mode=mode, fixed_landmarks=fixed)
         s.reset(heads)
         i = [0]
@@ -101,7 +101,7 @@ def bench_stability(n: int, steps: int, budget: float, heads: int = 16, d_head: 
     for variant, mode, retro in cases:
         for kind, xs in data.items():
             for stabilize in (True, False):
-                s = StreamingSDA(variant, n, retroactive=retro, stabilize=stabilize,
+                s = streaming_sda(variant, n, retroactive=retro, stabilize=stabilize,
                                  num_landmarks=m if "nystrom" in variant else None,
                                  landmark_mode=mode, fixed_landmarks=fixed if mode == "fixed" else None)
                 s.reset(heads)

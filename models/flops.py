@@ -8,7 +8,7 @@ matrix-product part separate, because that part is cross-checked against
 
 The formulas follow the implementation in models/sda.py operation by operation, including the
 data-dependent work of a step (landmark updates, stability refreshes, the warm-up rebuilds), so
-``StreamingSDA.last_step_flops`` is the cost of the step actually taken, never an average.
+``streaming_sda.last_step_flops`` is the cost of the step actually taken, never an average.
 """
 from __future__ import annotations
 

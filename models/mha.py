@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from .landmarks import segment_means
-from .sda import (LANDMARK_MODES, VARIANTS, StreamingSDA, attention, inference,
+from .sda import (LANDMARK_MODES, VARIANTS, streaming_sda, attention, inference,
                   nystrom_attention)
 
 
@@ -40,7 +40,7 @@ class MultiheadAttention(nn.Module):
         if self.landmark_mode == "fixed":
             raise ValueError("build with landmark_mode 'segment'/'continual' and call "
                              "set_fixed_landmarks(...) (fixed landmarks need fitting first)")
-        self.sda = StreamingSDA(variant, window, retroactive=retroactive,
+        self.sda = streaming_sda(variant, window, retroactive=retroactive,
                                 num_landmarks=self.num_landmarks, landmark_mode=self.landmark_mode,
                                 pinv_iters=pinv_iters)
 

@@ -87,6 +87,25 @@ class RunningSums:
         return sum(t.numel() * t.element_size() for t in (self.ref, self.den, self.num, self.peak))
 
 
+@dataclass
+class SumsScratch:
+    """Preallocated buffers for updating R rows of running sums without allocating."""
+    e: Tensor       # (B, R) exp terms
+    tmp: Tensor     # (B, R) new references / stale-row floors
+    flag: Tensor    # (B, R) bool
+    any: Tensor     # () bool
+    tau: Tensor     # () TAU as a tensor (a Python scalar operand would be wrapped per call)
+
+    @staticmethod
+    def like(s: RunningSums) -> "SumsScratch":
+        """Buffers for the rows of ``s``."""
+        ref = s.ref
+        return SumsScratch(e=torch.empty_like(ref), tmp=torch.empty_like(ref),
+                           flag=torch.empty(ref.shape, dtype=torch.bool, device=ref.device),
+                           any=torch.empty((), dtype=torch.bool, device=ref.device),
+                           tau=torch.tensor(TAU, dtype=ref.dtype, device=ref.device))
+
+
 def fresh_sums(scores: Tensor, values: Tensor) -> RunningSums:
     """Sums from scratch. scores: (B, R, n) already scaled; values: (B, n, d)."""
     ref = scores.amax(dim=-1)                                   # (B, R)
@@ -95,49 +114,66 @@ def fresh_sums(scores: Tensor, values: Tensor) -> RunningSums:
     return RunningSums(ref=ref, den=den, num=torch.bmm(e, values), peak=den.clone())
 
 
-def add_key(s: RunningSums, scores: Tensor, v: Tensor, stabilize: bool = True) -> bool:
+def add_key(s: RunningSums, scores: Tensor, v: Tensor, stabilize: bool = True,
+            scratch: SumsScratch | None = None) -> bool:
     """Add one key to every row in place. scores: (B, R) scaled; v: (B, d).
 
     Returns True when some row's reference had to rise (a rescale of all rows was done).
+    ``scratch``: buffers for the rows of ``s`` (allocated here if not given).
     """
-    rescaled = stabilize and bool((scores > s.ref).any())
+    b = scratch or SumsScratch.like(s)
+    rescaled = False
+    if stabilize:
+        torch.gt(scores, s.ref, out=b.flag)
+        torch.any(b.flag, out=b.any)
+        rescaled = bool(b.any)
     if rescaled:
-        new_ref = torch.maximum(s.ref, scores)
-        scale = torch.exp(s.ref - new_ref)                      # <= 1; 0 for an empty row
-        s.den.mul_(scale)
-        s.peak.mul_(scale)
-        s.num.mul_(scale.unsqueeze(-1))
-        s.ref.copy_(new_ref)
-    e = torch.exp(scores - s.ref)
-    s.den.add_(e)
-    s.num.addcmul_(e.unsqueeze(-1), v.unsqueeze(1))           # num += e v^T (rank 1)
+        torch.maximum(s.ref, scores, out=b.tmp)                # the new references
+        torch.sub(s.ref, b.tmp, out=b.e)
+        b.e.exp_()                                              # <= 1; 0 for an empty row
+        s.den.mul_(b.e)
+        s.peak.mul_(b.e)
+        s.num.mul_(b.e.unsqueeze(-1))
+        s.ref.copy_(b.tmp)
+    torch.sub(scores, s.ref, out=b.e)
+    b.e.exp_()
+    s.den.add_(b.e)
+    s.num.addcmul_(b.e.unsqueeze(-1), v.unsqueeze(1))         # num += e v^T (rank 1)
     if stabilize:
         torch.maximum(s.peak, s.den, out=s.peak)
     return rescaled
 
 
-def remove_key(s: RunningSums, scores: Tensor, v: Tensor) -> None:
+def remove_key(s: RunningSums, scores: Tensor, v: Tensor, scratch: SumsScratch | None = None) -> None:
     """Remove one key from every row in place (scores as it was added)."""
-    e = torch.exp(scores - s.ref)
-    s.den.sub_(e)
-    s.num.addcmul_(e.unsqueeze(-1), v.unsqueeze(1), value=-1.0)
+    b = scratch or SumsScratch.like(s)
+    torch.sub(scores, s.ref, out=b.e)
+    b.e.exp_()
+    s.den.sub_(b.e)
+    s.num.addcmul_(b.e.unsqueeze(-1), v.unsqueeze(1), value=-1.0)
 
 
-def stale_rows(s: RunningSums) -> Tensor:
-    """(B, R) bool: rows whose cancellation error may exceed the tolerance."""
-    return s.den < TAU * s.peak
+def stale_rows(s: RunningSums, scratch: SumsScratch | None = None) -> Tensor | None:
+    """(B, R) bool mask of rows whose cancellation error may exceed the tolerance, or None if
+    there are none (the mask is ``scratch.flag``)."""
+    b = scratch or SumsScratch.like(s)
+    torch.mul(s.peak, b.tau, out=b.tmp)
+    torch.lt(s.den, b.tmp, out=b.flag)
+    torch.any(b.flag, out=b.any)
+    return b.flag if bool(b.any) else None
 
 
-def refresh_rows(s: RunningSums, mask: Tensor, row_scores, values: Tensor, valid: int) -> int:
-    """Recompute the rows selected by mask (B, R) from their cached scores; returns how many.
+def refresh_stale(s: RunningSums, row_scores, values: Tensor, valid: int,
+                  scratch: SumsScratch | None = None) -> int:
+    """Recompute the stale rows of ``s`` from their cached scores; returns how many.
 
     row_scores(b_idx, r_idx) -> (F, valid) must return the very scores that were added (cached,
     not recomputed: at |score| ~ 200 one rounding step of a recomputed score is a 1e-5 relative
     change of its exp). values: (B, n, d) ring of which the first ``valid`` slots are filled.
     """
-    b_idx, r_idx = mask.nonzero(as_tuple=True)
-    count = int(b_idx.numel())
-    if count == 0:
+    mask = stale_rows(s, scratch)
+    if mask is None:
         return 0
+    b_idx, r_idx = mask.nonzero(as_tuple=True)
     s.assign_((b_idx, r_idx), fresh_sums(row_scores(b_idx, r_idx).unsqueeze(1), values[b_idx, :valid]))
-    return count
+    return int(b_idx.numel())

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from models.sda import StreamingSDA
+from models.sda import streaming_sda
 
 
 class AllocationCounter(TorchDispatchMode):
@@ -31,7 +31,7 @@ class AllocationCounter(TorchDispatchMode):
 def steady_fixed_stream(n, heads=16, d=12, m=4, seed=0, mode="fixed"):
     g = torch.Generator().manual_seed(seed)
     fixed = (torch.randn(heads, m, d, generator=g), torch.randn(heads, m, d, generator=g))
-    s = StreamingSDA("continual_nystrom", n, num_landmarks=m, landmark_mode=mode,
+    s = streaming_sda("continual_nystrom", n, num_landmarks=m, landmark_mode=mode,
                      fixed_landmarks=fixed if mode == "fixed" else None)
     s.reset(heads)
     xs = torch.randn(n + 50, 3, heads, d, generator=g)
@@ -50,7 +50,7 @@ def test_steady_step_allocates_only_its_output():
             counter = AllocationCounter()
             with counter:
                 out = s.step(x[0], x[1], x[2])
-            assert s.st.refreshed == 0
+            assert s.report.rows_refreshed == 0
             assert counter.fresh == [("aten.bmm.default", (16, 1, 12))], counter.fresh
             assert out.shape == (16, 12)
 

@@ -4,7 +4,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from models import flops as F
-from models.sda import StreamingSDA
+from models.sda import streaming_sda
 from models.transformer import ModelConfig, build_model
 
 
@@ -38,7 +38,7 @@ def test_formula_matmul_part_equals_flop_counter(variant, mode, retro):
     """Every step (warm-up, landmark updates, shadow swaps, refreshes): formula == counter."""
     n, m, d, B = 10, 3, 8, 2
     fixed = (torch.randn(m, d), torch.randn(m, d)) if mode == "fixed" else None
-    s = StreamingSDA(variant, n, retroactive=retro, num_landmarks=m if "nystrom" in variant else None,
+    s = streaming_sda(variant, n, retroactive=retro, num_landmarks=m if "nystrom" in variant else None,
                      landmark_mode=mode, fixed_landmarks=fixed)
     s.reset(B)
     g = torch.Generator().manual_seed(0)
@@ -48,7 +48,7 @@ def test_formula_matmul_part_equals_flop_counter(variant, mode, retro):
         q, k, v = (torch.randn(B, d, generator=g) * sc for sc in (scale, scale, 1.0))
         counted, _ = counted_matmul_flops(lambda: s.step(q, k, v))
         assert s.last_step.matmul == counted, f"step {t}: formula {s.last_step.matmul} != {counted}"
-        refreshed += s.st.refreshed
+        refreshed += s.report.rows_refreshed
     if variant.startswith("continual") and (retro or variant == "continual_nystrom"):
         assert refreshed > 0, "the test did not exercise the stability refresh"
 
@@ -56,7 +56,7 @@ def test_formula_matmul_part_equals_flop_counter(variant, mode, retro):
 def test_step_window_matmul_part_equals_flop_counter():
     n, m, d, B = 10, 3, 8, 2
     for variant in ("continual", "continual_nystrom"):
-        s = StreamingSDA(variant, n, num_landmarks=m if variant != "continual" else None)
+        s = streaming_sda(variant, n, num_landmarks=m if variant != "continual" else None)
         s.reset(B)
         for t in range(3 * n):
             n_t = min(t + 1, n)
@@ -83,7 +83,7 @@ def test_model_step_flops_matmul_part_equals_flop_counter(variant, layers):
 
 def test_landmark_update_steps_cost_more_and_are_reported():
     n, m, d = 120, 4, 192
-    s = StreamingSDA("continual_nystrom", n, num_landmarks=m)
+    s = streaming_sda("continual_nystrom", n, num_landmarks=m)
     s.reset(1)
     per_step = []
     for _ in range(4 * n):
@@ -103,7 +103,7 @@ def test_fixed_landmark_step_cost_does_not_grow_with_n():
     g = torch.Generator().manual_seed(0)
     plain, worst = [], []
     for n in (30, 120, 480):
-        s = StreamingSDA("continual_nystrom", n, num_landmarks=4, landmark_mode="fixed",
+        s = streaming_sda("continual_nystrom", n, num_landmarks=4, landmark_mode="fixed",
                          fixed_landmarks=(torch.randn(4, 192, generator=g), torch.randn(4, 192, generator=g)))
         s.reset(1)
         costs = []

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from models.sda import LANDMARK_MODES, StreamingSDA
+from models.sda import LANDMARK_MODES, streaming_sda
 from reference import expected_continual_landmarks, window_reference
 
 TOL = 1e-5
@@ -12,7 +12,7 @@ def stream_errors(variant, mode, n, m, d, retroactive, *, B=2, steps=None, seed=
     steps = steps or 3 * n + 3
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, steps, d, generator=g, dtype=torch.float64) for _ in range(3))
-    s = StreamingSDA(variant, n, retroactive=retroactive,
+    s = streaming_sda(variant, n, retroactive=retroactive,
                      num_landmarks=m if "nystrom" in variant else None, landmark_mode=mode,
                      fixed_landmarks=tuple(x.float() for x in fixed) if fixed else None)
     s.reset(B)
@@ -68,7 +68,7 @@ def test_continual_landmarks_are_window_segments_every_n_steps():
     """At t = c * n the stream-aligned landmarks are exactly the window's segment means."""
     from models.landmarks import segment_means
     n, m, d = 10, 3, 8
-    s = StreamingSDA("continual_nystrom", n, num_landmarks=m)
+    s = streaming_sda("continual_nystrom", n, num_landmarks=m)
     s.reset(1)
     x = torch.randn(1, 3 * n, 3, d)
     for t in range(3 * n):
@@ -91,7 +91,7 @@ def test_live_landmark_switch_keeps_equality():
     fixed = (torch.randn(m, d, generator=g, dtype=torch.float64),
              torch.randn(m, d, generator=g, dtype=torch.float64))
     for retro in (False, True):
-        s = StreamingSDA("continual_nystrom", n, num_landmarks=m, retroactive=retro)
+        s = streaming_sda("continual_nystrom", n, num_landmarks=m, retroactive=retro)
         s.reset(B)
         for t in range(60):
             if t == 20:
@@ -110,7 +110,7 @@ def test_step_window_equals_single_query_reference():
     from models.sda import attention, nystrom_attention
     n, m, d, B = 9, 3, 16, 2
     for variant in ("continual", "continual_nystrom"):
-        s = StreamingSDA(variant, n, num_landmarks=m if variant != "continual" else None)
+        s = streaming_sda(variant, n, num_landmarks=m if variant != "continual" else None)
         s.reset(B)
         for t in range(30):
             n_t = min(t + 1, n)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from models.sda import StreamingSDA, segment_means
+from models.sda import streaming_sda, segment_means
 
 
 @pytest.mark.parametrize("args,kw,match", [
@@ -20,17 +20,17 @@ from models.sda import StreamingSDA, segment_means
 ])
 def test_bad_construction(args, kw, match):
     with pytest.raises(ValueError, match=match):
-        StreamingSDA(*args, **kw)
+        streaming_sda(*args, **kw)
 
 
 def test_step_before_reset_is_a_clear_error():
-    s = StreamingSDA("continual", 4)
+    s = streaming_sda("continual", 4)
     with pytest.raises(RuntimeError, match="before reset"):
         s.step(torch.zeros(1, 8), torch.zeros(1, 8), torch.zeros(1, 8))
 
 
 def test_bad_step_inputs_name_the_expected_shape():
-    s = StreamingSDA("continual_nystrom", 4, num_landmarks=2)
+    s = streaming_sda("continual_nystrom", 4, num_landmarks=2)
     s.reset(2, dtype=torch.float32)
     with pytest.raises(ValueError, match=r"\(2, 8\)"):
         s.step(torch.zeros(3, 8), torch.zeros(3, 8), torch.zeros(3, 8))

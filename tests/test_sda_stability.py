@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from models.sda import StreamingSDA, attention, nystrom_attention, pinv
+from models.sda import streaming_sda, attention, nystrom_attention, pinv
 from models.landmarks import segment_means
 
 CONTINUAL = [("continual", None), ("continual_nystrom", "continual"), ("continual_nystrom", "fixed")]
@@ -29,7 +29,7 @@ def make(variant, mode, n, m, d, retro, stabilize=True):
     if mode == "fixed":
         g = torch.Generator().manual_seed(7)
         fixed = (torch.randn(m, d, generator=g) * 2, torch.randn(m, d, generator=g) * 2)
-    return StreamingSDA(variant, n, retroactive=retro, num_landmarks=m if "nystrom" in variant else None,
+    return streaming_sda(variant, n, retroactive=retro, num_landmarks=m if "nystrom" in variant else None,
                         landmark_mode=mode, fixed_landmarks=fixed, stabilize=stabilize)
 
 

@@ -1,0 +1,213 @@
+"""What every streaming SDA kernel shares: the call contract, input checks, the ring buffer and
+the record of what a step did (from which its FLOPs are computed).
+
+Contract (heads folded into the batch B, d the head dimension):
+  reset(B)                      start new streams (buffers are allocated on the first step)
+  step(q, k, v)                 q, k, v: (B, d) newest token -> (B, d) single-output, or
+                                (B, n_t, d) for every token of the window, oldest first
+                                (retroactive); n_t = min(t, window)
+  step_window(q, k, v)          single-output layer after a retroactive one: q (B, d) newest
+                                query, k, v (B, n_t, d) the whole (recomputed) window
+  landmarks()                   (q_land, k_land) the last step used, or None
+  report / last_step            what the last step did / its FLOPs for the whole batch
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .. import flops as F
+
+
+@dataclass
+class StepReport:
+    """What the last step did. Its FLOP count (``SDAKernel.last_step``) and the app's reporting
+    (landmark updates, refreshes) both read this record."""
+    n_t: int = 0                     # tokens in the window after the step
+    first: bool = False              # the stream's first token
+    event: str = "step"              # 'step' incremental | 'rebuild' landmarks, pinv and rows from
+                                     #   scratch | 'landmark' one new landmark and its pinv |
+                                     #   'swap' shadow sums replaced the main sums (fixed landmarks)
+    evicted: bool = False            # the departing key was removed from the cached sums
+    rescaled: bool = False           # a row reference rose, so every row was rescaled
+    rows_refreshed: int = 0          # rows recomputed for stability (whole batch)
+    warmup_landmarks: bool = False   # continual landmarks still follow the warm-up rule
+    p_rebuilt: bool = False          # retroactive Nyström: s(q_i K~^T) rebuilt for every query
+
+    @property
+    def landmark_update(self) -> bool:
+        """New landmarks (and pseudo-inverse) installed, not counting warm-up rebuilds."""
+        return self.event == "landmark" and not self.warmup_landmarks
+
+
+@dataclass
+class StreamState:
+    """Fields every kernel's state has; each kernel's own state dataclass extends it."""
+    t: int = 0        # tokens seen
+    d: int = 0        # head dimension, 0 until the first step
+
+
+def nbytes(obj, seen: set | None = None) -> int:
+    """Bytes of every tensor reachable through ``obj``'s dataclass fields (views counted once)."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, Tensor):
+        key = obj.untyped_storage().data_ptr()
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    if dataclasses.is_dataclass(obj):
+        return sum(nbytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    return 0
+
+
+def window_order(t: int, n: int, device) -> Tensor:
+    """Ring slots of the window after t tokens, oldest first: (min(t, n),) long."""
+    n_t = min(t, n)
+    return (torch.arange(n_t, device=device) + (t - n_t)) % n
+
+
+class SDAKernel:
+    """Base of the streaming kernels; subclasses set ``variant`` and implement ``_allocate``,
+    ``_step`` and ``flops``."""
+    variant = ""
+    takes_landmarks = False
+
+    def __init__(self, window: int, *, retroactive: bool = False, stabilize: bool = True):
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an int >= 1, got {window!r}")
+        self.n, self.retroactive, self.stabilize = window, bool(retroactive), stabilize
+        self.st: StreamState | None = None
+        self.report = StepReport()
+        self._batch: int | None = None
+        self._dtype = self._device = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def reset(self, batch_size: int, device=None, dtype=None) -> None:
+        """Start a new stream of ``batch_size`` sequences. Buffers are allocated on the first step."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self._batch = batch_size
+        self._device = torch.device(device) if device is not None else None
+        self._dtype = dtype
+        self.st = self._new_state()
+        self.report = StepReport()
+
+    def _new_state(self) -> StreamState:
+        return StreamState()
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        raise ValueError("step_window is the single-output layer after a retroactive one; "
+                         "use it with variant 'continual' or 'continual_nystrom', retroactive=False")
+
+    def landmarks(self) -> tuple[Tensor, Tensor] | None:
+        return None
+
+    def set_landmark_mode(self, mode: str, fixed_landmarks=None) -> None:
+        raise ValueError(f"variant {self.variant!r} takes no landmarks")
+
+    def state_nbytes(self) -> int:
+        """Bytes held by the streaming state (rings, cached sums, landmarks, step buffers)."""
+        return nbytes(self.st) if self.st is not None else 0
+
+    # ------------------------------------------------------------------ cost of the last step
+    def flops(self, r: StepReport) -> F.Flops:
+        """FLOPs of a step that did ``r``, for one sequence (refreshes excluded)."""
+        raise NotImplementedError
+
+    @property
+    def last_step(self) -> F.Flops:
+        """Analytic FLOPs of the last step for the whole batch (all folded heads and sequences)."""
+        r = self.report
+        if self.st is None or self.st.t == 0:
+            return F.Flops()
+        return self._batch * self.flops(r) + F.refresh(r.rows_refreshed, r.n_t, self.st.d)
+
+    @property
+    def last_step_flops(self) -> int:
+        return self.last_step.total
+
+    @property
+    def landmark_updated(self) -> bool:
+        return self.report.landmark_update
+
+    # ------------------------------------------------------------------ checks and buffers
+    def _check(self, name: str, x: Tensor, shape: tuple) -> None:
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor of shape {shape}, got {type(x).__name__}")
+        if x.dim() != len(shape) or any(s is not None and s != xs for s, xs in zip(shape, x.shape)):
+            want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+            raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must be floating point, got {x.dtype}")
+        if self._dtype is not None and x.dtype != self._dtype:
+            raise ValueError(f"{name} has dtype {x.dtype}, the stream was reset with {self._dtype}")
+        if self._device is not None and x.device.type != self._device.type:
+            raise ValueError(f"{name} is on {x.device}, the stream was reset on {self._device}")
+
+    def _begin(self, q: Tensor, k: Tensor, v: Tensor, window_input: bool = False) -> StreamState:
+        """Check the inputs (cheaply in the common case); allocate on the first step."""
+        if self.st is None:
+            raise RuntimeError(f"{type(self).__name__}.step called before reset(batch_size)")
+        B, st = self._batch, self.st
+        if st.d and not window_input and self._fast_ok(q, k, v):
+            return st
+        d = st.d or (q.shape[-1] if isinstance(q, Tensor) and q.dim() == 2 else None)
+        self._check("q", q, (B, d))
+        kv_shape = (B, None, d) if window_input else (B, d)
+        self._check("k", k, kv_shape)
+        self._check("v", v, kv_shape)
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        if window_input and (k.shape[1] != v.shape[1] or not 1 <= k.shape[1] <= self.n):
+            raise ValueError(f"k, v windows must have 1..{self.n} tokens, got {k.shape[1]}, {v.shape[1]}")
+        if st.d == 0:             # first step: the stream takes the inputs' dtype and device
+            self._dtype, self._device = q.dtype, q.device
+            st.d = d
+            self._allocate(d, q.device, q.dtype, window_input)
+        self._check_more(d)
+        return st
+
+    def _check_more(self, d: int) -> None:
+        """Kernel-specific checks of the first or an unusual step."""
+
+    def _fast_ok(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
+        """Cheap check for the common case: (B, d) tensors of the stream's dtype and device."""
+        want, dt, dev = (self._batch, self.st.d), self._dtype, self._device
+        return (type(q) is Tensor and type(k) is Tensor and type(v) is Tensor
+                and q.shape == want and k.shape == want and v.shape == want
+                and q.dtype == dt and k.dtype == dt and v.dtype == dt
+                and q.device == dev and k.device == dev and v.device == dev)
+
+    def _allocate(self, d: int, device, dtype, window_input: bool) -> None:
+        """Allocate the state's buffers for head dimension d."""
+
+    def _zeros(self, *shape) -> Tensor:
+        return torch.zeros(*shape, device=self._device, dtype=self._dtype)
+
+
+@dataclass
+class Ring:
+    """The newest n tokens' keys and values (and queries where a kernel needs them); the ring
+    slot of token t (1-based) is (t - 1) % n."""
+    k: Tensor                  # (B, n, d)
+    v: Tensor                  # (B, n, d)
+    q: Tensor | None = None    # (B, n, d)
+
+    def write(self, slot: int, q: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store the newest token in ``slot`` (overwriting the departing one)."""
+        self.k[:, slot].copy_(k)
+        self.v[:, slot].copy_(v)
+        if self.q is not None:
+            self.q[:, slot].copy_(q)
+
+    def ordered(self, t: int) -> tuple[Tensor | None, Tensor, Tensor]:
+        """q, k, v of the window, oldest first: (B, n_t, d) each (q None if not kept)."""
+        idx = window_order(t, self.k.shape[1], self.k.device)
+        return (self.q[:, idx] if self.q is not None else None), self.k[:, idx], self.v[:, idx]
