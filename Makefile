@@ -19,7 +19,7 @@ TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench assets accuracy clean sysdeps sysdeps-test
+.PHONY: setup run test test-fast bench assets accuracy clean sysdeps sysdeps-test
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ run: sysdeps $(STAMP)
 
 test: sysdeps-test $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
+
+# The developer loop (under 2 minutes): no shared data, JACK, Xvfb or long property tests.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not shared and not jack and not display and not slow" $(ARGS)
 
 bench: $(STAMP)
 	$(PY) main.py bench $(ARGS)

@@ -25,7 +25,6 @@ from .errors import AudioFileError
 
 FRONTENDS = ("musicnn", "vggish")
 DEFAULT_FRONTEND = "musicnn"
-HOP_SECONDS = melspec.HOP / melspec.SAMPLE_RATE          # 0.25
 
 
 @dataclass

@@ -15,6 +15,9 @@ import numpy as np
 
 SAMPLE_RATE = 16000
 HOP = 4000                 # samples per token (0.25 s)
+HOP_SECONDS = HOP / SAMPLE_RATE       # 0.25: one token, one prediction
+HOP_MS = 1000 * HOP_SECONDS           # 250
+HOPS_PER_MINUTE = int(round(60 / HOP_SECONDS))   # 240
 WIN = 400                  # 25 ms
 STEP = 160                 # 10 ms
 FFT = 512

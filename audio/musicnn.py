@@ -18,7 +18,6 @@ with the sha256 of the source files; a cache whose checksum does not match is re
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .checksums import file_sha256
 from .errors import MusicnnWeightsError
 from .tf_checkpoint import TFCheckpointError, read_checkpoint
 
@@ -186,15 +186,6 @@ def package_dir(model: str = "MSD_musicnn") -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / model
 
 
-def _sha256(paths) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 def convert(prefix: Path) -> dict[str, Tensor]:
     """Our state dict from the TF checkpoint ``prefix`` (e.g. ``.../MSD_musicnn/``)."""
     names = ([f"batch_normalization{'' if i == 0 else f'_{i}'}/{v}" for i in range(11)
@@ -248,7 +239,7 @@ def load_weights(model: str = "MSD_musicnn") -> tuple[dict[str, Tensor], str]:
     if missing:
         raise MusicnnWeightsError(f"musicnn checkpoint files missing: {', '.join(missing)}; "
                                   f"reinstall with: {REINSTALL}")
-    checksum = _sha256(files)
+    checksum = file_sha256(*files)
     cached = cache_dir() / f"{model}-v{CACHE_VERSION}.pt"
     if cached.is_file():
         try:

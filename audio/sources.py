@@ -21,9 +21,7 @@ import numpy as np
 import soxr
 
 from .errors import AudioDeviceError, AudioFileError, DeviceLostError
-from .melspec import HOP, SAMPLE_RATE, num_tokens
-
-HOP_SECONDS = HOP / SAMPLE_RATE
+from .melspec import HOP, HOP_SECONDS, SAMPLE_RATE, num_tokens
 
 
 @dataclass

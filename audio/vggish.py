@@ -10,7 +10,6 @@ storage compatibility, not accuracy, and needs a second file.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .checksums import file_sha256
 from .errors import VGGishWeightsError
 
 WEIGHTS_FILE = "vggish-10086976.pth"
@@ -83,14 +83,6 @@ def resolve_weights(path: str | Path | None = None, *, allow_download: bool = Tr
         raise VGGishWeightsError(f"VGGish weights are not on this machine and the download "
                                  f"failed ({e}); " + where_to_put_weights()) from e
     return cached
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass

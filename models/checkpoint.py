@@ -16,14 +16,20 @@ VERSION = 1
 
 class CheckpointError(ValueError):
     """A file that is not a Nystream checkpoint, or one for another model."""
+    hint = "Choose a checkpoint made by `python main.py train` for this front end."
 
 
 def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[str],
                     metadata: dict | None = None, frontend: dict | None = None) -> None:
     """Write model (config, weights, fixed landmarks), class names, the front end its tokens
-    came from ({'name', 'token_dim', 'spacing_hops', 'weights', ...}) and metadata atomically."""
+    came from ({'name', 'token_dim', 'spacing_hops', 'weights', ...}) and metadata atomically.
+    A model running on fitted fixed landmarks is saved as a fixed-landmark model (it loads in
+    that mode); otherwise the config is saved as it is."""
     path = Path(path)
-    payload = {"format": FORMAT, "version": VERSION, "config": model.cfg.to_dict(),
+    cfg = model.cfg
+    if model.landmark_mode == "fixed" and model.has_fixed_landmarks:
+        cfg = cfg.replace(landmark_mode="fixed")
+    payload = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(),
                "state_dict": model.state_dict(), "classes": [str(c) for c in classes],
                "frontend": plain(frontend or infer_frontend(model.cfg.in_dim)),
                "metadata": plain(metadata or {})}
@@ -82,12 +88,11 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int
     if classes is not None and list(payload.get("classes", [])) != list(classes):
         raise CheckpointError(f"{path} was trained for classes {payload.get('classes')}, "
                               f"expected {list(classes)}")
-    mode = cfg.landmark_mode
     model = build_model(cfg)
     try:
         model.load_state_dict(payload["state_dict"])
     except (RuntimeError, KeyError) as e:
         raise CheckpointError(f"{path}: weights do not fit its own config ({e})") from e
-    if mode == "fixed":
-        model.set_landmark_mode("fixed")
+    if cfg.landmark_mode == "fixed" and not model.has_fixed_landmarks:
+        raise CheckpointError(f"{path} is a fixed-landmark model without fitted landmarks")
     return model.to(device).eval(), payload

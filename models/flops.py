@@ -200,12 +200,6 @@ def block_tail(d: int, d_ff: int, tokens: int) -> Flops:
 
 # ----------------------------------------------------------------------------- paper comparison
 
-PAPER_TABLE_II = {  # Carreto Picón et al., Table II (GTZAN): SDA FLOPs per step, one head d=192
-    "regular": 11.1e6, "continual": 0.09e6, "nystrom": 0.42e6,
-    "continual_nystrom/continual": 0.01e6, "continual_nystrom/fixed": 0.006e6,
-}
-
-
 def paper_table_ii(n: int = 120, d: int = 192, m: int = 4, iters: int = 6) -> dict[str, float]:
     """Our formulas in the paper's setting and convention: one head, full window, newest output.
 

@@ -34,6 +34,14 @@ class InterleavedStreams(nn.Module):
         return self.primary.cfg
 
     @property
+    def landmark_mode(self):
+        return self.primary.landmark_mode
+
+    @property
+    def has_fixed_landmarks(self) -> bool:
+        return self.primary.has_fixed_landmarks
+
+    @property
     def embed(self):
         return self.primary.embed
 

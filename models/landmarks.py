@@ -176,7 +176,8 @@ def fit_fixed_landmarks(model, sequences: Tensor | list[Tensor], *, seed: int = 
     For each block in order (first block first, so later blocks see the earlier blocks' fixed
     landmarks), collect Q/K tokens of ``sequences`` (N, T <= n, in_dim) or a list of such
     tensors, cluster them per head into
-    m centres with KMeans (seeded), install them and switch that block to landmark mode 'fixed'.
+    m centres with KMeans (seeded), install them and switch that block to landmark mode 'fixed'
+    (model state; the model's config, its identity, is not changed).
     The pseudo-inverse is computed once when a stream starts. Fine-tuning is left to the caller.
     """
     if model.cfg.variant not in ("nystrom", "continual_nystrom"):
@@ -188,4 +189,3 @@ def fit_fixed_landmarks(model, sequences: Tensor | list[Tensor], *, seed: int = 
         qc = torch.stack([kmeans_centres(q[h], m, seed + h, max_tokens) for h in range(q.shape[0])])
         kc = torch.stack([kmeans_centres(k[h], m, seed + 1000 + h, max_tokens) for h in range(k.shape[0])])
         block.attn.set_fixed_landmarks(qc.to(device, dtype), kc.to(device, dtype))
-    model.cfg.landmark_mode = "fixed"

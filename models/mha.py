@@ -11,8 +11,8 @@ from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from .landmarks import segment_means
-from .sda import (LANDMARK_MODES, VARIANTS, streaming_sda, attention, inference,
-                  nystrom_attention)
+from .sda import (LANDMARK_MODES, VARIANTS, attention, inference, nystrom_attention,
+                  streaming_sda)
 
 
 class MultiheadAttention(nn.Module):
@@ -37,12 +37,11 @@ class MultiheadAttention(nn.Module):
         self.register_buffer("fixed_q_land", torch.zeros(heads, m, self.d_head))
         self.register_buffer("fixed_k_land", torch.zeros(heads, m, self.d_head))
         self.register_buffer("has_fixed", torch.zeros((), dtype=torch.bool))
-        if self.landmark_mode == "fixed":
-            raise ValueError("build with landmark_mode 'segment'/'continual' and call "
-                             "set_fixed_landmarks(...) (fixed landmarks need fitting first)")
+        # a 'fixed' model gets its landmarks from a state dict or a fit; the kernel takes them
+        # when a stream starts (reset) or the mode is switched live
         self.sda = streaming_sda(variant, window, retroactive=retroactive,
-                                num_landmarks=self.num_landmarks, landmark_mode=self.landmark_mode,
-                                pinv_iters=pinv_iters)
+                                 num_landmarks=self.num_landmarks, pinv_iters=pinv_iters,
+                                 landmark_mode=None if self.landmark_mode == "fixed" else self.landmark_mode)
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention, window: int, variant: str, **kw) -> "MultiheadAttention":
@@ -77,9 +76,24 @@ class MultiheadAttention(nn.Module):
         if mode == "fixed" and not bool(self.has_fixed):
             raise ValueError("landmark_mode 'fixed' needs fitted landmarks: run "
                              "models.landmarks.fit_fixed_landmarks(model, sequences) first")
-        fixed = (self.fixed_q_land, self.fixed_k_land) if mode == "fixed" else None
-        self.sda.set_landmark_mode(mode, fixed)
+        if mode not in LANDMARK_MODES[self.variant]:
+            raise ValueError(f"unknown landmark mode {mode!r} for {self.variant!r}; "
+                             f"valid: {LANDMARK_MODES[self.variant]}")
         self.landmark_mode = mode
+        if self.sda.st is not None:      # streaming: switch live
+            self._sync_kernel()
+
+    def _sync_kernel(self) -> None:
+        """Give the streaming kernel this module's landmark mode (and fixed landmarks)."""
+        if self.num_landmarks is None:
+            return
+        if self.landmark_mode == "fixed":
+            if not bool(self.has_fixed):
+                raise ValueError("this model's fixed landmarks are not fitted: load them from a "
+                                 "checkpoint or run models.landmarks.fit_fixed_landmarks first")
+            self.sda.set_landmark_mode("fixed", (self.fixed_q_land, self.fixed_k_land))
+        else:
+            self.sda.set_landmark_mode(self.landmark_mode)
 
     def _fold(self, x: Tensor) -> Tensor:
         """(B, T, d_model) -> (B * heads, T, d_head)."""
@@ -94,6 +108,9 @@ class MultiheadAttention(nn.Module):
     def default_landmarks(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """Batch landmarks for folded q, k (B*H, T, d_head): fixed ones, or segment means."""
         if self.landmark_mode == "fixed":
+            if not bool(self.has_fixed):
+                raise ValueError("this model's fixed landmarks are not fitted: load them from a "
+                                 "checkpoint or run models.landmarks.fit_fixed_landmarks first")
             reps = q.shape[0] // self.heads
             return self.fixed_q_land.repeat(reps, 1, 1), self.fixed_k_land.repeat(reps, 1, 1)
         mm = min(self.num_landmarks, q.shape[1])
@@ -123,6 +140,7 @@ class MultiheadAttention(nn.Module):
     def reset(self, batch_size: int) -> None:
         p = self.in_proj.weight
         self.sda.reset(batch_size * self.heads, device=p.device, dtype=p.dtype)
+        self._sync_kernel()
         self._batch = batch_size
 
     @inference

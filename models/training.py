@@ -117,6 +117,15 @@ def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: 
     return history
 
 
+def with_config(model: GenreTransformer, cfg: ModelConfig) -> GenreTransformer:
+    """``model``'s weights and landmarks under the identity ``cfg`` (same shape)."""
+    if model.cfg == cfg:
+        return model
+    out = build_model(cfg, seed=0).to(model.embed.weight.device)   # weights replaced below
+    out.load_state_dict(model.state_dict())
+    return out.train(model.training)
+
+
 def fit(cfg: ModelConfig, X: Tensor, labels: Tensor, lengths: np.ndarray, splits: dict[str, np.ndarray],
         tc: TrainConfig, *, init: GenreTransformer | None = None, log=print) -> tuple[GenreTransformer, list[dict]]:
     """Train a model for ``cfg`` on token sequences; returns (model in eval mode, per-epoch history).
@@ -135,7 +144,7 @@ def fit(cfg: ModelConfig, X: Tensor, labels: Tensor, lengths: np.ndarray, splits
         log(f"starting from the given checkpoint ({model.cfg.variant}, "
             f"{model.cfg.layers} block(s), window {model.cfg.window})")
     else:
-        model = build_model(ModelConfig(**{**cfg.to_dict(), "landmark_mode": None})).to(tc.device)
+        model = build_model(cfg.replace(landmark_mode=None)).to(tc.device)   # phase 1: continual
     if init is None or not fixed:
         history += train_phase(model, X, labels, lengths, splits, tc, rng,
                                "phase 1" if fixed else "train", log)
@@ -143,6 +152,7 @@ def fit(cfg: ModelConfig, X: Tensor, labels: Tensor, lengths: np.ndarray, splits
         train_seqs = [X[g, :L] for L, g in length_groups(lengths, splits["train"]).items()]
         k0 = time.monotonic()
         fit_fixed_landmarks(model, train_seqs, seed=tc.seed, max_tokens=tc.kmeans_tokens)
+        model = with_config(model, cfg)      # from here on it is a fixed-landmark model
         log(f"fixed landmarks: k-means per head and block in {time.monotonic() - k0:.1f} s; "
             f"fine-tuning with them frozen")
         history += train_phase(model, X, labels, lengths, splits, tc, rng, "phase 2", log)

@@ -11,6 +11,7 @@ Call modes (as in the continual-inference library, without positional state tupl
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
@@ -23,8 +24,11 @@ from .mha import MultiheadAttention
 from .sda import LANDMARK_MODES, VARIANTS, inference
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
+    """A model's identity: its shape, its attention variant and the landmark mode it starts in.
+    Frozen: derive another with ``cfg.replace(...)``. The mode a running model uses is model
+    state (``GenreTransformer.landmark_mode``), switchable live."""
     variant: str = "continual_nystrom"
     in_dim: int = 128
     d_model: int = 192
@@ -33,7 +37,8 @@ class ModelConfig:
     dropout: float = 0.1
     window: int = 120          # n
     num_landmarks: int = 4     # m (Nyström variants)
-    landmark_mode: str | None = None   # None: 'segment' / 'continual'; 'fixed' after fitting
+    landmark_mode: str | None = None   # None: the variant's default ('segment' / 'continual');
+                                       #   'fixed': k-means landmarks, fitted in a second phase
     layers: int = 1
     num_classes: int = 10
     pos_encoding: str = "learned"      # 'learned' or 'sinusoidal'
@@ -62,6 +67,34 @@ class ModelConfig:
     @property
     def nystrom(self) -> bool:
         return self.variant in ("nystrom", "continual_nystrom")
+
+    @property
+    def home_landmark_mode(self) -> str | None:
+        """The landmark mode the model starts in: 'segment' / 'continual' / 'fixed', None
+        without landmarks."""
+        return (self.landmark_mode or LANDMARK_MODES[self.variant][0]) if self.nystrom else None
+
+    @property
+    def table_row(self) -> str:
+        """The paper's Table II row: the variant, with continual Nyström's landmark mode."""
+        if self.variant == "continual_nystrom" or self.landmark_mode == "fixed":
+            return f"{self.variant}/{self.home_landmark_mode}"
+        return self.variant
+
+    @property
+    def key(self) -> str:
+        """Short display name: 'continual_nystrom/fixed 2-block' (the window, classify, bench)."""
+        fixed = "/fixed" if self.landmark_mode == "fixed" else ""
+        return f"{self.variant}{fixed}{' 2-block' if self.layers == 2 else ''}"
+
+    @property
+    def description(self) -> str:
+        """Long name: Table II row, blocks, window and landmarks (reports, evaluate)."""
+        m = f", m={self.num_landmarks}" if self.nystrom else ""
+        return f"{self.table_row} ({self.layers} block{'s' if self.layers > 1 else ''}, n={self.window}{m})"
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
 
     @property
     def period(self) -> int:
@@ -102,10 +135,9 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, retroactive: bool, window_input: bool):
         super().__init__()
         self.cfg = cfg
-        mode = cfg.landmark_mode if cfg.landmark_mode != "fixed" else None
         self.attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.window, cfg.variant,
                                        num_landmarks=cfg.num_landmarks if cfg.nystrom else None,
-                                       landmark_mode=mode, pinv_iters=cfg.pinv_iters,
+                                       landmark_mode=cfg.home_landmark_mode, pinv_iters=cfg.pinv_iters,
                                        retroactive=retroactive, window_input=window_input)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
@@ -240,11 +272,19 @@ class GenreTransformer(nn.Module):
         """Position index of the oldest token of the current window (for ``forward(start=...)``)."""
         return (self._t - min(self._t, self.cfg.window)) % self.cfg.period
 
+    @property
+    def landmark_mode(self) -> str | None:
+        """The landmark mode in use ('segment' / 'continual' / 'fixed'), None without landmarks."""
+        return self.blocks[0].attn.landmark_mode
+
+    @property
+    def has_fixed_landmarks(self) -> bool:
+        return self.cfg.nystrom and all(bool(b.attn.has_fixed) for b in self.blocks)
+
     def set_landmark_mode(self, mode: str) -> None:
         """Switch every block between 'continual'/'segment' and 'fixed' landmarks, also mid-stream."""
         for block in self.blocks:
             block.attn.set_landmark_mode(mode)
-        self.cfg.landmark_mode = mode
 
     def state_nbytes(self) -> int:
         """Bytes of streaming state (caches, rings, landmarks) for the current batch."""
@@ -267,7 +307,7 @@ class GenreTransformer(nn.Module):
             dh, m = d // cfg.heads, min(cfg.num_landmarks, n_t)
             per_head = (F.regular_sda(n_t, dh) if cfg.variant == "regular" else
                         F.nystrom_sda(n_t, dh, m, cfg.pinv_iters,
-                                      segment=cfg.landmark_mode != "fixed"))
+                                      segment=self.landmark_mode != "fixed"))
             sda = (L * cfg.heads) * per_head
             proj = L * (F.linear(d, 3 * d, n_t) + F.linear(d, d, n_t))
             tail = L * F.block_tail(d, cfg.ff_dim, n_t)
@@ -290,6 +330,14 @@ class GenreTransformer(nn.Module):
         return {"sda": sda, "attention": attention, "model": attention + tail + embed + head}
 
 
-def build_model(cfg: ModelConfig) -> GenreTransformer:
-    """A GenreTransformer for ``cfg`` (randomly initialised)."""
-    return GenreTransformer(cfg)
+def build_model(cfg: ModelConfig, *, seed: int | None = None) -> GenreTransformer:
+    """A randomly initialised GenreTransformer for ``cfg``; with ``seed``, the same weights
+    every time, drawn from a private generator state (the global RNG is left as it was).
+
+    A config with landmark_mode 'fixed' needs its fixed landmarks from a checkpoint's state dict
+    or ``models.landmarks.fit_fixed_landmarks`` before it runs."""
+    if seed is None:
+        return GenreTransformer(cfg)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GenreTransformer(cfg)

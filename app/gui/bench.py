@@ -11,9 +11,9 @@ import statistics
 import tempfile
 import time
 
-import torch
 
-from models.evaluation import percentile
+from app.runtime.records import percentile
+from audio.melspec import HOP_MS
 
 
 def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musicnn") -> dict:
@@ -34,31 +34,30 @@ def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musi
                            autostart=False), settings)
     w.show()
     w.start()
-    torch.manual_seed(0)
     if vggish:
-        w.engine.add_model("continual_nystrom 2-block", build_model(ModelConfig(variant="continual_nystrom", layers=2)))
-        fixed = build_model(ModelConfig(variant="continual_nystrom"))
+        w.engine.add_model("continual_nystrom 2-block",
+                           build_model(ModelConfig(variant="continual_nystrom", layers=2), seed=0))
+        fixed = build_model(ModelConfig(variant="continual_nystrom"), seed=0)
         w.engine.add_model("continual_nystrom fixed", fixed)
         QTimer.singleShot(5000, lambda: w.engine.set_landmark_mode("continual_nystrom fixed", "fixed"))
     else:
         cfg = ModelConfig(variant="continual_nystrom", in_dim=50, window=29, layers=2)
-        w.engine.add_model("continual_nystrom 2-block", build_model(cfg), spacing=4)
+        w.engine.add_model("continual_nystrom 2-block", build_model(cfg, seed=0), spacing=4)
     QTimer.singleShot(int(seconds * 1000), app.quit)
     t0 = time.monotonic()
     app.exec()
     wall = time.monotonic() - t0
     history = list(w.history)
     steady = history[20:] or history           # after start-up (model adds, landmark fit)
-    proc = [r.latency_ms["frontend"] + sum(r.latency_ms[n] for n in r.top) for r in steady]
-    source = w.runner.worker.source if w.runner else None
+    proc = [r.stages["frontend"] + sum(m.latency_ms for m in r.models.values()) for r in steady]
     result = {
-        "seconds": wall, "hops": len(history), "models": len(history[-1].probabilities) if history else 0,
+        "seconds": wall, "hops": len(history), "models": len(history[-1].models) if history else 0,
         "frame_ms_median": statistics.median(w.frame_ms), "frame_ms_p95": percentile(w.frame_ms, 0.95),
         "frame_ms_max": max(w.frame_ms),
         "delay_ms_median": statistics.median(list(w.delay_ms)[20:] or w.delay_ms),
         "delay_ms_p95": percentile(list(w.delay_ms)[20:] or w.delay_ms, 0.95),
-        "rtf": statistics.fmean(proc) / 250.0,
-        "dropped_hops": source.stats.dropped if source else history[-1].dropped_hops,
+        "rtf": statistics.fmean(proc) / HOP_MS,
+        "dropped_hops": history[-1].dropped_hops if history else 0,
         "frontend": history[-1].frontend if history else "",
     }
     w.close()

@@ -1,6 +1,6 @@
 """Live plots (pyqtgraph): genre bars, probability history, per-step FLOPs and latency, log-mel.
 
-``LivePlots.update(history)`` redraws from the GUI thread's ring of StepResults; it is called at a
+``LivePlots.redraw(history, focus, models)`` redraws from the GUI thread's ring of StepResults; it is called at a
 bounded rate (the window's frame timer), never once per result.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 
 from audio.gtzan import GENRES
+from audio.melspec import HOPS_PER_MINUTE
 
 MODEL_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                  "#7f7f7f", "#bcbd22", "#17becf"]
@@ -86,29 +87,29 @@ class LivePlots(pg.GraphicsLayoutWidget):
         self.spec_data = np.roll(self.spec_data, -k, axis=1)
         self.spec_data[:, -k:] = frames.T
 
-    def update(self, history: list, focus: str | None, models: list[str]) -> None:
+    def redraw(self, history: list, focus: str | None, models: list[str]) -> None:
         """Redraw from ``history`` (StepResults, oldest first, at most a few minutes)."""
         if not history:
             return
         last = history[-1]
-        if focus in last.probabilities:
-            self.bars.setOpts(height=np.array(last.probabilities[focus]))
-            minute = [r for r in history[-240:] if focus in r.probabilities]
+        if focus in last.models:
+            self.bars.setOpts(height=np.array(last.models[focus].probabilities))
+            minute = [r for r in history[-HOPS_PER_MINUTE:] if focus in r.models]
             t = np.array([r.audio_time for r in minute])
-            P = np.array([r.probabilities[focus] for r in minute])
+            P = np.array([r.models[focus].probabilities for r in minute])
             for i, c in enumerate(self.history):
                 c.setData(t, P[:, i])
-        recent = history[-480:]
+        recent = history[-2 * HOPS_PER_MINUTE:]
         steps = np.array([r.step for r in recent])
         for i, name in enumerate(models):
-            rows = [(r.step, r.flops[name][self.flops_kind], r.latency_ms[name]) for r in recent
-                    if name in r.flops]
+            rows = [(r.step, r.models[name].flops[self.flops_kind], r.models[name].latency_ms)
+                    for r in recent if name in r.models]
             if not rows:
                 continue
             s, f, lat = map(np.array, zip(*rows))
             self._curve(self.flops_curves, self.flops_plot, name, i).setData(s, np.maximum(f, 1))
             self._curve(self.latency_curves, self.latency_plot, name, i).setData(s, np.maximum(lat, 1e-3))
-        front = np.array([r.latency_ms["frontend"] for r in recent])
+        front = np.array([r.stages["frontend"] for r in recent])
         self._curve(self.latency_curves, self.latency_plot, "front end", 9,
                     Qt.DashLine).setData(steps, np.maximum(front, 1e-3))
         if self.flops_kind == "model":        # whole-model view: the front end's cost beside them

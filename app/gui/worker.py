@@ -11,12 +11,12 @@ from collections import deque
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.engine import Engine
+from app.runtime.engine import Engine
 from audio.errors import AudioError
 
 
 class EngineWorker(QObject):
-    error = Signal(str)          # a message for the window (the run has ended)
+    error = Signal(object)       # the exception that ended the run (typed; carries its hint)
     finished = Signal()
 
     def __init__(self, engine: Engine, make_source):
@@ -38,9 +38,9 @@ class EngineWorker(QObject):
                     break
         except AudioError as e:
             if not self._stopping:
-                self.error.emit(str(e))
+                self.error.emit(e)
         except Exception as e:  # noqa: BLE001 - a crashed worker must still tell the window
-            self.error.emit(f"processing stopped: {type(e).__name__}: {e}")
+            self.error.emit(e)
         finally:
             if self.source is not None:
                 self.source.close()

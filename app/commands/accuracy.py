@@ -1,0 +1,67 @@
+"""`python main.py accuracy`: genre accuracy from audio files through the live path
+(app/offline/accuracy.py)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from app.offline.accuracy import find_files, markdown, plot_confusion, run_files, split_of, summarise
+
+from . import command
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--audio", required=True, metavar="DIR", help="folder of <genre>.<nnnnn>.wav files")
+    p.add_argument("--frontend", default="musicnn", choices=("musicnn", "vggish"))
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
+                   help="models to score (default: the shipped ones for the front end)")
+    p.add_argument("--out", default="docs/audio_accuracy", help="folder for accuracy.md/.json/confusion.png")
+    p.add_argument("--limit", type=int, default=None, help="only the first N files (for a quick check)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--command-line", default=None, help="command to print in the report")
+
+
+@command("accuracy", "genre accuracy from audio files through the live path", add_arguments)
+def run(args) -> int:
+    import torch
+
+    from app.runtime.lineup import default_lineup
+    from audio.errors import AudioError
+    from audio.frontends import build_frontend
+    from models.checkpoint import CheckpointError
+    try:
+        files = find_files(args.audio)
+        if args.limit:
+            files = files[:args.limit]
+        if not files:
+            print(f"error: no <genre>.<nnnnn>.wav files in {args.audio}", file=sys.stderr)
+            return 1
+        torch.set_num_threads(args.threads or torch.get_num_threads())
+        frontend = build_frontend(args.frontend)
+        entries = default_lineup(frontend, "cpu", checkpoints=args.checkpoint, variants=[])
+        if not entries:
+            print(f"error: no trained {args.frontend} models (assets/models/ or --checkpoint)",
+                  file=sys.stderr)
+            return 1
+        for e in entries:
+            from models.checkpoint import load_checkpoint
+            e.payload = load_checkpoint(e.path)[1]
+        log = (lambda s: print(s, file=sys.stderr, flush=True))
+        preds = run_files(files, frontend, entries, log)
+        rows = summarise(files, preds, split_of(entries))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        command = args.command_line or "python main.py accuracy --audio " + str(args.audio)
+        (out / "accuracy.md").write_text(markdown(rows, command, frontend.description))
+        (out / "accuracy.json").write_text(json.dumps({"command": command, "frontend": frontend.description,
+                                                       "files": [t for _, t in files], "rows": rows}, indent=1))
+        focus = next((n for n in rows if n.startswith("continual_nystrom | native")), next(iter(rows)))
+        plot_confusion(rows, focus, out / "confusion.png")
+        print(markdown(rows, command, frontend.description))
+        return 0
+    except (AudioError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+

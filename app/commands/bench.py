@@ -1,0 +1,52 @@
+"""`python main.py bench`: per-step latency and FLOPs of every variant against torch's recompute
+(app/offline/bench.py); `--gui` the live window (app/gui/bench.py); `--evaluate` evaluation speed."""
+from __future__ import annotations
+
+from . import command
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--windows", default="30,120,480,1920", help="comma-separated n values")
+    p.add_argument("--steps", type=int, default=2000, help="timed steps per row (max)")
+    p.add_argument("--budget", type=float, default=6.0, help="seconds per row (max)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--out", default="bench_results/bench.md", help="Markdown output (JSON beside)")
+    p.add_argument("--gui", type=float, metavar="SECONDS",
+                   help="instead: the live window with 6 models on the demo signal for SECONDS")
+    p.add_argument("--evaluate", action="store_true",
+                   help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
+    p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
+    p.add_argument("--frontend", choices=("musicnn", "vggish", "all"), default="all",
+                   help="front end(s) whose per-hop cost is measured (--gui: musicnn unless vggish)")
+    p.add_argument("--frontend-only", action="store_true", help="only the front-end rows")
+
+
+def print_gui(r: dict) -> None:
+    print(f"GUI, {r['models']} models on the real-time demo signal for {r['seconds']:.0f} s "
+          f"({r['hops']} hops, {r['frontend']}):")
+    print(f"  GUI-thread frame time: median {r['frame_ms_median']:.1f} ms, p95 {r['frame_ms_p95']:.1f} ms, "
+          f"max {r['frame_ms_max']:.1f} ms")
+    print(f"  end-to-end delay, hop's last sample -> drawn: median {r['delay_ms_median']:.0f} ms, "
+          f"p95 {r['delay_ms_p95']:.0f} ms (goal <= 100 ms)")
+    print(f"  real-time factor {r['rtf']:.2f}; dropped hops {r['dropped_hops']}")
+
+
+@command("bench", "per-step latency of every variant vs torch recompute", add_arguments)
+def run(args) -> int:
+    if args.evaluate:
+        from app.offline.evaluate_speed import evaluate_speed
+        r = evaluate_speed()
+        print(f"evaluate: {r['sequences']} sequences x {r['steps']} steps x {r['models']} models "
+              f"streamed, with batch-forward agreement and cost streams, in {r['seconds']:.1f} s "
+              f"({r['threads']} threads; goal < 120 s)")
+    if args.gui:
+        from app.gui.bench import gui
+        print_gui(gui(args.gui, args.vggish_weights, "vggish" if args.frontend == "vggish" else "musicnn"))
+    if args.evaluate or args.gui:
+        return 0
+    from app.offline import bench
+    bench.run(tuple(int(w) for w in args.windows.split(",")), steps=args.steps, budget_s=args.budget,
+              out=args.out, threads=args.threads,
+              frontends=("musicnn", "vggish") if args.frontend == "all" else (args.frontend,),
+              frontend_only=args.frontend_only)
+    return 0

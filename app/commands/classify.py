@@ -1,0 +1,141 @@
+"""`python main.py classify`: one record per 0.25 s hop, per model, from a file, mic or demo."""
+from __future__ import annotations
+
+import csv
+import sys
+
+import torch
+
+from app.runtime.frontend_args import add_frontend_arguments
+from audio.errors import AudioError
+from audio.melspec import HOP_SECONDS
+from models.checkpoint import CheckpointError
+from models.sda import VARIANTS
+
+from . import command
+
+
+def add_arguments(p) -> None:
+    src = p.add_argument_group("source (one of)")
+    src.add_argument("path", nargs="?", help="audio file (any format soundfile/librosa decodes)")
+    src.add_argument("--mic", action="store_true", help="capture from an input device")
+    src.add_argument("--demo", action="store_true", help="the built-in synthetic music signal")
+    p.add_argument("--device", help="input device index or (partial) name, with --mic")
+    p.add_argument("--list-devices", action="store_true", help="list input devices and exit")
+    p.add_argument("--seconds", type=float, help="stop after this much audio")
+    p.add_argument("--realtime", action="store_true", help="pace a file/demo in real time")
+    p.add_argument("--loop", action="store_true", help="loop a file")
+    add_frontend_arguments(p, fallback=True, recompute=True)
+    p.add_argument("--variant", nargs="+", choices=VARIANTS,
+                   help="add untrained models of these variants (default: none when trained "
+                        "models exist, else all)")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
+                   help="trained models (default: the shipped ones in assets/models/ for the "
+                        "front end)")
+    p.add_argument("--layers", type=int, choices=(1, 2), default=1, help="blocks of untrained models")
+    p.add_argument("--window", type=int, default=None,
+                   help="window n of untrained models in tokens (default 29 musicnn, 120 vggish)")
+    p.add_argument("--landmarks", type=int, default=4, help="Nyström landmarks m of untrained models")
+    p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
+    p.add_argument("--cuda", action="store_true", help="run the front end and models on CUDA if available")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
+    out.add_argument("--csv", metavar="FILE", help="write records to a CSV file")
+
+
+def source_spec(args):
+    from app.runtime.sources import SourceKind, SourceSpec
+    chosen = [bool(args.path), args.mic, args.demo]
+    if sum(chosen) != 1:
+        raise SystemExit("classify: give exactly one source: PATH, --mic or --demo")
+    if args.mic:
+        return SourceSpec(SourceKind.MIC, args.device or "")
+    if args.demo:
+        return SourceSpec(SourceKind.DEMO, realtime=args.realtime, seconds=args.seconds)
+    return SourceSpec(SourceKind.FILE, args.path, realtime=args.realtime, loop=args.loop)
+
+
+def final_verdict(counts: dict, last) -> str:
+    """Per model: the class of the last step and the class most often on top over the run."""
+    lines = []
+    for name, c in counts.items():
+        top, n = max(c.items(), key=lambda kv: kv[1])
+        genre, p = last.models[name].top
+        lines.append(f"#   {name}: last {genre} ({p:.2f}); most often {top} ({n}/{sum(c.values())} steps)")
+    return "\n".join(lines)
+
+
+def list_devices() -> int:
+    from audio.sources import list_input_devices
+    for d in list_input_devices():
+        print(f"{d['index']:3d}  {d['name']}  ({d['hostapi']}, {d['channels']} ch, "
+              f"{d['default_rate']:.0f} Hz)")
+    return 0
+
+
+@command("classify", "classify a file, the microphone or the demo signal", add_arguments)
+def run(args) -> int:
+    from app.runtime.engine import Engine
+    from app.runtime.frontend_args import frontend_from_args
+    from app.runtime.lineup import default_lineup
+    from app.runtime.records import csv_row, human
+
+    try:
+        if args.list_devices:
+            return list_devices()
+        device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
+        source = source_spec(args).open(start=False)        # a bad file or device fails before the models load
+        try:
+            frontend = frontend_from_args(args, device)
+            entries = default_lineup(frontend, device, checkpoints=args.checkpoint,
+                                     variants=args.variant, layers=args.layers, window=args.window,
+                                     landmarks=args.landmarks, seed=args.seed)
+        except BaseException:
+            source.close()
+            raise
+        engine = Engine.from_lineup(frontend, entries)
+        untrained = [e.name for e in entries if not e.trained]
+        trained = [f"{e.name} ({e.path})" for e in entries if e.trained]
+        print(f"# source {source.name}; front end: {frontend.description}"
+              + (f"; trained: {', '.join(trained)}" if trained else "")
+              + (f"; UNTRAINED models (random weights, seed {args.seed}), marked *: "
+                 f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)
+        writer, csv_file, last = None, None, None
+        counts = {e.name: {} for e in entries}
+        limit = None if args.seconds is None else int(args.seconds / HOP_SECONDS)
+        try:
+            for r in engine.run(source):
+                last = r
+                for name, m in r.models.items():
+                    c = counts.setdefault(name, {})
+                    c[m.top[0]] = c.get(m.top[0], 0) + 1
+                if args.jsonl:
+                    print(r.to_json(), flush=True)
+                elif args.csv:
+                    row = csv_row(r)
+                    if writer is None:
+                        csv_file = open(args.csv, "w", newline="")
+                        writer = csv.DictWriter(csv_file, fieldnames=list(row))
+                        writer.writeheader()
+                    writer.writerow(row)
+                else:
+                    print(human(r), flush=True)
+                if limit is not None and r.step + 1 >= limit:
+                    break
+        except KeyboardInterrupt:                  # Ctrl-C: a normal way to stop a live run
+            print("# stopped", file=sys.stderr)
+        finally:
+            source.close()
+            if csv_file is not None:
+                csv_file.close()
+        stats = source.stats
+        print(f"# {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input overflows, "
+              f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped",
+              file=sys.stderr)
+        if last is not None and not args.jsonl:
+            print("# verdict:\n" + final_verdict({k: v for k, v in counts.items() if v}, last),
+                  file=sys.stderr)
+        return 0
+    except (AudioError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,17 @@
+"""`python main.py demo`: synthetic tokens through every variant, in the terminal."""
+from __future__ import annotations
+
+from . import command
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--steps", type=int, default=240, help="tokens (0.25 s each)")
+    p.add_argument("--window", type=int, default=120, help="window n in tokens")
+    p.add_argument("--layers", type=int, default=1, choices=(1, 2), help="encoder blocks")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tokens and the (shared) weights")
+
+
+@command("demo", "stream synthetic tokens through every variant (terminal)", add_arguments)
+def run(args) -> int:
+    from app.offline.demo import run as demo
+    return demo(steps=args.steps, window=args.window, layers=args.layers, seed=args.seed)

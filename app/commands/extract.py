@@ -1,0 +1,50 @@
+"""`python main.py extract`: GTZAN audio (or the musicnn taggram files) -> a token file
+(app/offline/extract.py)."""
+from __future__ import annotations
+
+import sys
+
+from app.offline.extract import extract_gtzan
+from app.runtime.frontend_args import add_frontend_arguments
+from audio.errors import AudioError
+from audio.token_cache import convert_musicnn, save_tokens
+
+from . import command
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--gtzan", metavar="DIR", help="GTZAN folder (see audio/gtzan.py for layouts)")
+    p.add_argument("--musicnn", metavar="DIR", help="convert the musicnn GTZAN taggram .npz files")
+    p.add_argument("--out", required=True, help="token file to write (.npz)")
+    add_frontend_arguments(p)
+    p.add_argument("--batch-size", type=int, default=64, help="VGGish batch size")
+    p.add_argument("--cuda", action="store_true", help="run the front end on CUDA if available")
+
+
+@command("extract", "GTZAN audio (or musicnn taggrams) -> a token file", add_arguments)
+def run(args) -> int:
+    from app.runtime.frontend_args import frontend_from_args
+    try:
+        if args.musicnn:
+            tokens = convert_musicnn(args.musicnn)
+            save_tokens(args.out, tokens)
+            print(f"wrote {args.out}: {len(tokens.labels)} sequences, X {tokens.X.shape}",
+                  file=sys.stderr)
+            return 0
+        if not args.gtzan:
+            print("extract: give --gtzan DIR or --musicnn DIR", file=sys.stderr)
+            return 2
+        import torch
+        device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
+        frontend = frontend_from_args(args, device)
+        extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)
+        return 0
+    except AudioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: finished tracks are kept; run the same command again to resume",
+              file=sys.stderr)
+        return 130
+
+

@@ -1,0 +1,26 @@
+"""`python main.py gui`: the desktop window, optionally scripted (source, models, screenshot)."""
+from __future__ import annotations
+
+from app.runtime.frontend_args import add_frontend_arguments
+from models.sda import VARIANTS
+
+from . import command
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--source", default=None, metavar="demo|mic[:DEVICE]|file:PATH",
+                   help="what to start on (default: the last used source, else the demo signal)")
+    add_frontend_arguments(p)
+    p.add_argument("--variant", nargs="+", choices=VARIANTS,
+                   help="variants to run (default: all): the shipped trained model where one exists "
+                        "for the front end, else an untrained one")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE", help="more trained models to run")
+    p.add_argument("--screenshot", metavar="PNG", help="save a screenshot of the window before quitting")
+    p.add_argument("--quit-after", type=float, metavar="SECONDS", help="quit after this long")
+    p.add_argument("--settings", metavar="INI", help="settings file (default: the user's Qt settings)")
+
+
+@command("gui", "the desktop window (the default command)", add_arguments)
+def run(args) -> int:
+    from app.gui.launch import launch
+    return launch(args)

@@ -1,0 +1,94 @@
+"""`python main.py train`: train one variant on a token file (app/offline/train.py)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from app.offline.train import TrainError, train
+from audio.checksums import file_sha256
+from audio.frontends import frontend_of_tokens
+from audio.token_cache import TokenFileError, load_tokens
+from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from models.sda import LANDMARK_MODES, VARIANTS
+from models.training import TrainConfig
+from models.transformer import ModelConfig
+
+from . import command
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--tokens", required=True, help="token file (python main.py extract)")
+    p.add_argument("--out", required=True, help="checkpoint to write (.pt)")
+    p.add_argument("--variant", default="continual_nystrom", choices=VARIANTS)
+    p.add_argument("--landmark-mode", default=None,
+                   help="continual|fixed (continual_nystrom), segment|fixed (nystrom)")
+    p.add_argument("--landmarks", type=int, default=4, help="m")
+    p.add_argument("--layers", type=int, default=1, choices=(1, 2))
+    p.add_argument("--window", type=int, default=None, help="n (default: the sequence length)")
+    p.add_argument("--d-model", type=int, default=192)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--ff-dim", type=int, default=384)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--init", metavar="CKPT", help="start from this checkpoint (e.g. phase 2 only)")
+    d = TrainConfig()
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--epochs", type=int, default=d.epochs, help="the most, per phase")
+    p.add_argument("--patience", type=int, default=d.patience, help="early-stopping patience")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--data-seed", type=int, default=d.data_seed)
+    p.add_argument("--kmeans-tokens", type=int, default=d.kmeans_tokens)
+    p.add_argument("--crop-min", type=int, default=d.crop_min,
+                   help="train on random contiguous crops of at least this many tokens "
+                        "(0: whole sequences, the paper's setting)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+
+
+@command("train", "train one variant on a token file (two phases for fixed landmarks)", add_arguments)
+def run(args) -> int:
+    try:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise TrainError("--device cuda: CUDA is not available in this torch build/machine")
+        modes = LANDMARK_MODES[args.variant]
+        if args.landmark_mode not in modes and args.landmark_mode is not None:
+            raise TrainError(f"--landmark-mode {args.landmark_mode!r} is not valid for "
+                             f"{args.variant!r}; valid: {[m for m in modes if m]}")
+        tokens = load_tokens(args.tokens)
+        if len(tokens.labels) == 0:
+            raise TrainError(f"{args.tokens} holds no sequences")
+        window = args.window or tokens.X.shape[1]
+        cfg = ModelConfig(variant=args.variant, in_dim=tokens.X.shape[2], d_model=args.d_model,
+                          heads=args.heads, ff_dim=args.ff_dim, dropout=args.dropout,
+                          window=window, num_landmarks=args.landmarks,
+                          landmark_mode=args.landmark_mode, layers=args.layers,
+                          num_classes=len(tokens.genres))
+        init = None
+        if args.init:
+            init, _ = load_checkpoint(args.init, variant=args.variant, in_dim=cfg.in_dim,
+                                      classes=list(tokens.genres))
+            if init.cfg.landmark_mode == "fixed":
+                raise CheckpointError(f"{args.init} already has fixed landmarks")
+            cfg = init.cfg.replace(landmark_mode=args.landmark_mode)
+        tc = TrainConfig(lr=args.lr, weight_decay=args.weight_decay, batch_size=args.batch_size,
+                         epochs=args.epochs, patience=args.patience, seed=args.seed,
+                         data_seed=args.data_seed, kmeans_tokens=args.kmeans_tokens,
+                         crop_min=args.crop_min, device=args.device)
+        model, meta = train(tokens, cfg, tc, init=init, data_sha256=file_sha256(args.tokens),
+                            data_name=Path(args.tokens).name)
+        save_checkpoint(model, args.out, classes=list(tokens.genres), metadata=meta,
+                        frontend=frontend_of_tokens(tokens.metadata, cfg.in_dim))
+        print(json.dumps({"checkpoint": str(args.out), **{k: meta["metrics"][k] for k in
+                          ("val_acc", "test_acc", "epochs")}}))
+        return 0
+    except (TrainError, TokenFileError, CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: no checkpoint written", file=sys.stderr)
+        return 130
+
+

@@ -1,0 +1,122 @@
+"""`python main.py accuracy`: genre accuracy measured from audio, through the app's real path.
+
+Every audio file of a GTZAN-named folder (``<genre>.<nnnnn>.<ext>``) is streamed like
+``classify FILE`` (file source, no real-time pacing, the chosen front end computed once per hop,
+every model stepping every hop) and the prediction at the end of each file is scored. Each model
+runs twice on the same tokens: fed at the spacing it was trained on (interleaved streams, the
+app's default) and fed every hop into one stream (the alternative), so the two can be compared.
+Files are grouped by where their track sits in the checkpoints' token split: 'train' (training or
+validation tracks), 'evaluation' (test tracks) or 'neither'. Writes ``README.md``-ready Markdown,
+``accuracy.json`` and ``confusion.png`` to ``--out``.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from audio.gtzan import GENRES
+
+PATTERN = re.compile(r"^(?P<genre>[a-z]+)\.(?P<num>\d{5})\.(wav|au|ogg|flac|mp3)$")
+
+
+def find_files(folder: str | Path) -> list[tuple[Path, str]]:
+    """(path, track id as in the token files, e.g. 'blues/blues.00012.au'), sorted."""
+    out = []
+    for p in sorted(Path(folder).iterdir()):
+        m = PATTERN.match(p.name)
+        if m and m["genre"] in GENRES:
+            out.append((p, f"{m['genre']}/{m['genre']}.{m['num']}.au"))
+    return out
+
+
+def split_of(entries) -> dict[str, str]:
+    """track id -> 'train' | 'evaluation' from the checkpoints' metadata (they share one split)."""
+    where = {}
+    for e in entries:
+        split = e.payload["metadata"].get("split", {})
+        for key, label in (("train", "train"), ("val", "train"), ("test", "evaluation")):
+            for tid in split.get(key, []):
+                where.setdefault(tid, label)
+    return where
+
+
+def run_files(files, frontend, entries, log) -> dict:
+    """Stream each file; per model and feeding ('native' / 'every hop'), the final prediction."""
+    from app.runtime.engine import Engine
+    from audio.sources import FileSource
+    preds: dict[str, list[int]] = {}
+    for i, (path, tid) in enumerate(files):
+        engine = Engine(frontend)
+        for e in entries:
+            for feed, spacing in (("native", e.spacing), ("every hop", 1)):
+                model = e.model if feed == "native" else copy.deepcopy(e.model)   # own state
+                engine.add_model(f"{e.name} | {feed}", model, trained=True, spacing=spacing,
+                                 frontend=e.frontend, classes=e.classes)
+        t0, last = time.monotonic(), None
+        for r in engine.run(FileSource(path)):
+            last = r
+        for name, m in last.models.items():
+            preds.setdefault(name, []).append(int(np.argmax(m.probabilities)))
+        log(f"[{i + 1}/{len(files)}] {path.name}: {last.step + 1} hops in "
+            f"{time.monotonic() - t0:.1f} s; " + ", ".join(
+                f"{n.split(' | ')[0]} {GENRES[p[-1]]}" for n, p in preds.items() if n.endswith("native")))
+    return preds
+
+
+def summarise(files, preds, where) -> dict:
+    labels = np.array([GENRES.index(tid.split("/")[0]) for _, tid in files])
+    groups = np.array([where.get(tid, "neither") for _, tid in files])
+    rows = {}
+    for name, p in preds.items():
+        p = np.array(p)
+        row = {"all": float((p == labels).mean()), "n_all": len(p)}
+        for g in ("train", "evaluation", "neither"):
+            mask = groups == g
+            row[g] = float((p[mask] == labels[mask]).mean()) if mask.any() else None
+            row[f"n_{g}"] = int(mask.sum())
+        conf = np.zeros((10, 10), dtype=int)
+        np.add.at(conf, (labels, p), 1)
+        row["confusion"] = conf.tolist()
+        rows[name] = row
+    return rows
+
+
+def markdown(rows: dict, command: str, frontend: str) -> str:
+    def pct(x):
+        return "—" if x is None else f"{100 * x:.1f}"
+    any_row = next(iter(rows.values()))
+    lines = [f"Command: `{command}`  ", f"Front end: {frontend}", "",
+             f"| model | fed | all ({any_row['n_all']}) | train split ({any_row['n_train']}) | "
+             f"evaluation split ({any_row['n_evaluation']}) | neither ({any_row['n_neither']}) |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    for name, r in rows.items():
+        model, feed = name.split(" | ")
+        lines.append(f"| {model} | {feed} | {pct(r['all'])} | {pct(r['train'])} | "
+                     f"{pct(r['evaluation'])} | {pct(r['neither'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_confusion(rows: dict, name: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    conf = np.array(rows[name]["confusion"])
+    fig, ax = plt.subplots(figsize=(6.4, 5.6), constrained_layout=True)
+    ax.imshow(conf, cmap="Blues")
+    for i in range(10):
+        for j in range(10):
+            if conf[i, j]:
+                ax.text(j, i, conf[i, j], ha="center", va="center",
+                        color="white" if conf[i, j] > conf.max() / 2 else "black", fontsize=8)
+    ax.set_xticks(range(10), GENRES, rotation=45, ha="right")
+    ax.set_yticks(range(10), GENRES)
+    ax.set_xlabel("predicted at the end of the excerpt")
+    ax.set_ylabel("true genre")
+    model, feed = name.split(" | ")
+    ax.set_title(f"{model} (fed {feed}), from audio: {conf.sum()} GTZAN excerpts", fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

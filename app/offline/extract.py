@@ -1,0 +1,89 @@
+"""`python main.py extract`: GTZAN audio -> a token file, resumable; or the musicnn converter.
+
+Finished tracks are kept in ``<out>.parts/`` (one file per track, written atomically), so a crash
+or Ctrl-C loses at most the track in progress and running the same command again resumes. Files
+that cannot be decoded (the real GTZAN has one) are skipped and listed in the token file's
+metadata and in the final report.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from audio import melspec
+from audio.errors import AudioFileError
+from audio.gtzan import GENRES, discover
+from audio.token_cache import TokenFileError, pack, save_tokens
+
+FRONTEND = {"sample_rate": melspec.SAMPLE_RATE, "hop": melspec.HOP, "window": melspec.WIN,
+            "frame_step": melspec.STEP, "fft": melspec.FFT, "bands": melspec.BANDS,
+            "mel_hz": [melspec.MEL_LOW, melspec.MEL_HIGH], "log_offset": melspec.LOG_OFFSET,
+            "patch_frames": melspec.FRAMES}
+
+
+MUSICNN_GRID = {"sample_rate": 16000, "resampler": "resampy 0.2.2 kaiser_best", "fft": 512,
+                "frame_hop": 256, "bands": 96, "patch_frames": 187, "patch_hop_frames": 61}
+
+
+def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: int = 64,
+                  log=lambda s: print(s, file=sys.stderr, flush=True)):
+    """Tokens of every GTZAN track under ``gtzan_dir`` into the token file ``out``. ``frontend``:
+    a FrontEnd or a VGGish Embedder. VGGish: one token per 0.25 s hop; musicnn: the original
+    implementation's grid (one taggram every 61 frames, as in the shared token files)."""
+    from audio.frontends import as_frontend, frontend_metadata
+    frontend = as_frontend(frontend)
+    grid = FRONTEND if frontend.name == "vggish" else MUSICNN_GRID
+    tracks = discover(gtzan_dir)
+    out = Path(out)
+    parts = out.with_name(out.name + ".parts")
+    parts.mkdir(parents=True, exist_ok=True)
+    manifest = {"tracks": [t.track_id for t in tracks], "vggish": frontend.checksum,
+                "frontend": grid, "frontend_name": frontend.name}
+    mpath = parts / "manifest.json"
+    if mpath.exists() and json.loads(mpath.read_text()) != manifest:
+        raise TokenFileError(f"{parts} holds a partial extraction with other tracks or VGGish "
+                             f"weights; delete it or choose another --out")
+    mpath.write_text(json.dumps(manifest))
+    t_start = time.monotonic()
+    for i, track in enumerate(tracks):
+        done, skip = parts / f"{i:05d}.npy", parts / f"{i:05d}.skip"
+        if done.exists() or skip.exists():
+            continue
+        t0 = time.monotonic()
+        try:
+            tokens, _ = frontend.file_tokens(track.path)
+        except AudioFileError as e:
+            skip.write_text(str(e))
+            log(f"[{i + 1}/{len(tracks)}] {track.track_id}: SKIPPED ({e})")
+            continue
+        tmp = parts / f"{i:05d}.tmp.npy"
+        np.save(tmp, tokens.numpy())
+        os.replace(tmp, done)
+        elapsed = time.monotonic() - t_start
+        log(f"[{i + 1}/{len(tracks)}] {track.track_id}: {len(tokens)} tokens in "
+            f"{time.monotonic() - t0:.1f} s ({elapsed:.0f} s so far)")
+    seqs, labels, ids, skipped = [], [], [], []
+    for i, track in enumerate(tracks):
+        if (parts / f"{i:05d}.skip").exists():
+            skipped.append({"id": track.track_id, "reason": (parts / f"{i:05d}.skip").read_text()})
+            continue
+        seqs.append(np.load(parts / f"{i:05d}.npy"))
+        labels.append(track.label)
+        ids.append(track.track_id)
+    tokens = pack(seqs, labels, ids, GENRES, metadata={
+        "source": str(Path(gtzan_dir).resolve()), "frontend": grid, "vggish": frontend.checksum,
+        "vggish_description": frontend.description, "skipped": skipped,
+        "frontend_info": {**frontend_metadata(frontend),
+                          "spacing_s": (melspec.HOP / melspec.SAMPLE_RATE if frontend.name == "vggish"
+                                        else 61 * 256 / 16000)}})
+    save_tokens(out, tokens)
+    shutil.rmtree(parts)
+    log(f"wrote {out}: {len(seqs)} tracks, X {tokens.X.shape}, {len(skipped)} skipped"
+        + "".join(f"\n  skipped {s['id']}: {s['reason']}" for s in skipped))
+    return tokens

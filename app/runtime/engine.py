@@ -1,0 +1,236 @@
+"""The streaming engine: source -> front end token (once per hop) -> every model's step.
+
+A plain Python object (no Qt): the CLI, the GUI and the tests drive it the same way. Each hop gives
+one ``StepResult`` (app/runtime/records.py) with every model's probabilities, FLOPs, latency and
+state memory.
+
+Models can be added, removed, reset and switched between continual and fixed landmarks while the
+stream runs: the control methods are safe to call from any thread and take effect before the next
+hop (the processing thread applies them, so the hot path needs no locks). The engine never blocks
+the capture thread: sources drop whole hops when processing falls behind (counted in
+``source.stats.dropped``, reported in every StepResult).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from audio.errors import FrontEndMismatchError
+from audio.frontends import FrontEnd, as_frontend
+from audio.gtzan import GENRES
+from audio.token_stream import TokenStream
+from models.interleaved import InterleavedStreams
+from models.landmarks import fit_fixed_landmarks
+from models.sda import LANDMARK_MODES
+
+from .records import ModelStep, StepResult
+
+
+@dataclass
+class Slot:
+    model: torch.nn.Module       # a GenreTransformer, or InterleavedStreams of one
+    trained: bool                # weights from a trained checkpoint
+    spacing: int = 1             # hops between the tokens the model is fed
+    classes: tuple[str, ...] = GENRES   # class names (a checkpoint's own)
+
+
+class EngineError(ValueError):
+    """A control request that cannot be honoured (unknown model, no landmarks, ...)."""
+
+
+class Engine:
+    """Runs every model on the tokens of one source and one front end (computed once per hop).
+
+    ``frontend``: a FrontEnd (or a VGGish Embedder); ``models``: name -> GenreTransformer;
+    ``trained``: name -> bool; ``spacing``: name -> hops between the tokens the model was trained
+    on (default 1), fed as interleaved streams; ``frontends``: name -> the front-end name a model
+    was trained on (a mismatch is refused); ``classes``: name -> its class names (default GTZAN).
+    """
+
+    def __init__(self, frontend: FrontEnd, models: dict | None = None,
+                 trained: dict[str, bool] | None = None, *, spacing: dict[str, int] | None = None,
+                 frontends: dict[str, str] | None = None, classes: dict | None = None,
+                 recent_tokens: int = 480):
+        self.frontend = as_frontend(frontend)
+        self.slots: dict[str, Slot] = {}
+        for name, model in (models or {}).items():
+            self.slots[name] = self._slot(name, model, (trained or {}).get(name, False),
+                                          (spacing or {}).get(name, 1), (frontends or {}).get(name),
+                                          (classes or {}).get(name))
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._recent: deque = deque(maxlen=recent_tokens)   # recent tokens, for live-fitted landmarks
+        self._stop = threading.Event()
+        self._running = False
+
+    @property
+    def models(self) -> dict:
+        return {name: s.model for name, s in self.slots.items()}
+
+    @classmethod
+    def from_lineup(cls, frontend: FrontEnd, entries) -> "Engine":
+        """An engine running ``entries`` (app/runtime/lineup.py Entry objects)."""
+        return cls(frontend, {e.name: e.model for e in entries}, {e.name: e.trained for e in entries},
+                   spacing={e.name: e.spacing for e in entries},
+                   frontends={e.name: e.frontend for e in entries if e.frontend},
+                   classes={e.name: e.classes for e in entries})
+
+    def _slot(self, name: str, model, trained: bool, spacing: int, frontend: str | None,
+              classes=None) -> Slot:
+        fe = self.frontend
+        if (frontend is not None and frontend != fe.name) or model.cfg.in_dim != fe.token_dim:
+            raise FrontEndMismatchError(
+                f"{name} was trained on {frontend or f'{model.cfg.in_dim}-d'} tokens but this stream's "
+                f"front end is {fe.name} ({fe.token_dim}-d); choose the front end it was trained on")
+        classes = tuple(classes or GENRES)
+        if len(classes) != model.cfg.num_classes:
+            raise EngineError(f"{name} has {model.cfg.num_classes} outputs but {len(classes)} class names")
+        if spacing > 1:
+            model = InterleavedStreams(model, spacing)
+        return Slot(model.eval(), trained, spacing, classes)
+
+    # ------------------------------------------------------------------ control (any thread)
+    def add_model(self, name: str, model, trained: bool = False, *, spacing: int = 1,
+                  frontend: str | None = None, classes=None) -> None:
+        """Start running ``model`` from the next hop (its window fills from there)."""
+        self._ops.put(("add", name, (model, trained, spacing, frontend, classes)))
+
+    def remove_model(self, name: str) -> None:
+        self._ops.put(("remove", name, None))
+
+    def reset_model(self, name: str | None = None) -> None:
+        """Empty the streaming state of one model (or all with None)."""
+        self._ops.put(("reset", name, None))
+
+    def set_landmark_mode(self, name: str, mode: str) -> None:
+        """'continual' or 'fixed', live. An untrained model gets fixed landmarks by k-means of
+        its Q/K on the recent stream tokens (the paper's phase-2 fit, without fine-tuning)."""
+        self._ops.put(("mode", name, mode))
+
+    def use_fixed_landmarks(self, on: bool) -> None:
+        """Switch every Nyström model (those added before this call included) to fixed landmarks,
+        or back to the mode it came with (a trained fixed-landmark model stays fixed; others
+        return to their variant's default, 'continual' / 'segment'), live."""
+        self._ops.put(("fixed_all", None, on))
+
+    def stop(self) -> None:
+        """End ``run`` after the hop in progress (close the source too, to stop waiting on it)."""
+        self._stop.set()
+
+    def apply_pending(self) -> list[str]:
+        """Apply queued control requests now; returns what happened (also errors), one line each."""
+        events = []
+        while True:
+            try:
+                op, name, arg = self._ops.get_nowait()
+            except queue.Empty:
+                return events
+            try:
+                events += self._apply(op, name, arg)
+            except (EngineError, ValueError) as e:
+                events.append(f"error: {e}")
+
+    def _apply(self, op: str, name: str | None, arg) -> list[str]:
+        if op == "add":
+            if name in self.slots:
+                raise EngineError(f"a model named {name!r} is already running")
+            try:
+                self.slots[name] = slot = self._slot(name, *arg)
+            except FrontEndMismatchError as e:
+                raise EngineError(str(e)) from e
+            if self._running:
+                slot.model.reset(1)
+            return [f"added {name}"]
+        if name is not None and name not in self.slots:
+            raise EngineError(f"no model named {name!r}")
+        if op == "remove":
+            del self.slots[name]
+            return [f"removed {name}"]
+        if op == "reset":
+            for n in ([name] if name else list(self.slots)):
+                self.slots[n].model.reset(1)
+            return [f"reset {name or 'all models'}"]
+        if op == "fixed_all":
+            lines = []
+            for n, slot in self.slots.items():
+                if slot.model.cfg.nystrom:
+                    mode = "fixed" if arg else slot.model.cfg.home_landmark_mode
+                    try:
+                        lines.append(self._set_mode(n, slot.model, mode))
+                    except EngineError as e:
+                        lines.append(f"error: {e}")
+            return lines or ["no Nyström model to switch"]
+        return [self._set_mode(name, self.slots[name].model, arg)]
+
+    def _set_mode(self, name: str, model, mode: str) -> str:
+        cfg = model.cfg
+        if not cfg.nystrom:
+            raise EngineError(f"{name} ({cfg.variant}) has no landmarks")
+        if mode not in LANDMARK_MODES[cfg.variant]:
+            raise EngineError(f"landmark mode {mode!r} is not one of {LANDMARK_MODES[cfg.variant]}")
+        note = ""
+        if mode == "fixed" and not model.has_fixed_landmarks:
+            self._fit_live(model)
+            note = f" (landmarks fitted by k-means on the last {len(self._recent)} stream tokens)"
+        model.set_landmark_mode(mode)
+        return f"{name}: {mode} landmarks{note}"
+
+    def _fit_live(self, model) -> None:
+        n, m = model.cfg.window, model.cfg.num_landmarks
+        if len(self._recent) < m:
+            raise EngineError(f"fixed landmarks for an untrained model are fitted on the stream; "
+                              f"wait for at least {m} tokens")
+        tokens = torch.stack(list(self._recent)).to(model.embed.weight.device)   # (R, in_dim)
+        chunks = [tokens[i:i + n] for i in range(0, len(tokens), n)]
+        groups = [torch.stack(chunks[:-1])] if len(chunks) > 1 else []
+        groups.append(chunks[-1][None])
+        fit_fixed_landmarks(getattr(model, "primary", model), groups, seed=0)   # installs them
+
+    # ------------------------------------------------------------------ streaming
+    def run(self, source):
+        """Yield one StepResult per hop of ``source`` until it ends or ``stop()``."""
+        self._stop.clear()
+        events = self.apply_pending()
+        for slot in self.slots.values():
+            slot.model.eval()
+            slot.model.reset(1)
+        self._running = True
+        try:
+            for item in TokenStream(source, self.frontend):
+                events += self.apply_pending()
+                if self._stop.is_set():
+                    return
+                token = item.token.detach().cpu()
+                self._recent.append(token[0])
+                result = self._step(item, token, source, events)
+                events = []
+                yield result
+        finally:
+            self._running = False
+
+    def _step(self, item, token, source, events) -> StepResult:
+        models = {}
+        for name, slot in self.slots.items():
+            model = slot.model
+            t0 = time.perf_counter()
+            logits = model.step(token.to(model.embed.weight.device))
+            p = torch.softmax(logits[0].float(), dim=-1).cpu()      # .cpu() waits for CUDA
+            latency = (time.perf_counter() - t0) * 1e3
+            cfg = model.cfg
+            models[name] = ModelStep(
+                probabilities=[round(x, 6) for x in p.tolist()], classes=list(slot.classes),
+                flops=model.step_flops(), latency_ms=latency, state_bytes=model.state_nbytes(),
+                trained=slot.trained, landmark_mode=model.landmark_mode,
+                landmark_update=model.landmark_updated(), spacing=slot.spacing,
+                variant=cfg.variant, layers=cfg.layers, window=cfg.window)
+        return StepResult(item.index, item.audio_time, source.name, self.frontend.description, models,
+                          {"frontend": item.mel_ms + item.network_ms, "mel": item.mel_ms,
+                           "network": item.network_ms},
+                          frontend_flops=item.flops, dropped_hops=source.stats.dropped,
+                          input_rate=int(getattr(source, "input_rate", 0) or 0),
+                          ready_time=item.ready_time, done_time=time.monotonic(), events=events,
+                          mel=item.mel)

@@ -1,0 +1,57 @@
+"""The front-end argument group, defined once for every command that computes tokens, and the
+front end it selects."""
+from __future__ import annotations
+
+import sys
+
+from audio.errors import VGGishWeightsError
+from audio.frontends import FRONTENDS, build_frontend, resolve_name
+
+
+def add_frontend_arguments(p, *, fallback: bool = False, recompute: bool = False) -> None:
+    """--frontend, --vggish-weights | --random-vggish, --vggish-seed (and, if asked,
+    --fallback-random-vggish, --recompute-frontend)."""
+    g = p.add_argument_group("front end (audio -> tokens)")
+    g.add_argument("--frontend", choices=FRONTENDS, default=None,
+                   help="musicnn (default; its pretrained weights ship) or vggish (the paper's; "
+                        "implied by --vggish-weights / --random-vggish)")
+    w = g.add_mutually_exclusive_group()
+    w.add_argument("--vggish-weights", metavar="FILE",
+                   help="VGGish state dict (default: $NYSTREAM_VGGISH_WEIGHTS, the torch hub cache, "
+                        "else a download)")
+    w.add_argument("--random-vggish", action="store_true",
+                   help="RANDOM VGGish weights (seeded by --vggish-seed): the real architecture, "
+                        "meaningless tokens; for tests and demos")
+    g.add_argument("--vggish-seed", type=int, default=0, metavar="SEED",
+                   help="seed of --random-vggish (default 0)")
+    if fallback:
+        g.add_argument("--fallback-random-vggish", action="store_true",
+                       help="if no VGGish weights are found, say so and use random ones")
+    if recompute:
+        g.add_argument("--recompute-frontend", action="store_true",
+                       help="recompute musicnn's whole 3 s patch every hop (the reference) instead "
+                            "of the continual front end")
+
+
+def random_seed(args) -> int | None:
+    """The VGGish seed when random weights were asked for, else None."""
+    return args.vggish_seed if args.random_vggish else None
+
+
+def frontend_name(args) -> str:
+    return resolve_name(args.frontend, args.vggish_weights, random_seed(args))
+
+
+def frontend_from_args(args, device="cpu"):
+    """The front end the arguments select; with --fallback-random-vggish a missing VGGish
+    becomes a random one (said on stderr)."""
+    name = frontend_name(args)
+    try:
+        return build_frontend(name, device=device, vggish_weights=args.vggish_weights,
+                              random_vggish=random_seed(args),
+                              continual=not getattr(args, "recompute_frontend", False))
+    except VGGishWeightsError as e:
+        if not getattr(args, "fallback_random_vggish", False):
+            raise
+        print(f"# {e}\n# continuing with RANDOM VGGish weights", file=sys.stderr)
+        return build_frontend("vggish", device=device, random_vggish=args.vggish_seed)

@@ -1,0 +1,101 @@
+"""`main.py classify` end to end on real files, and its errors."""
+import csv
+import json
+import subprocess
+
+import pytest
+import sys
+from pathlib import Path
+
+from audio_helpers import tone, write
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def classify(*args, timeout=300):
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_classify_file_jsonl(tmp_path):
+    path = write(tmp_path / "a.wav", tone(2.2, 44100, 523.0, channels=2), 44100)
+    r = classify(path, "--random-vggish", "--jsonl", "--window", "8")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["step"] for x in records] == list(range(8))
+    first = records[0]
+    models = first["models"]
+    assert set(models) == {"regular", "continual", "nystrom", "continual_nystrom"}
+    assert abs(sum(models["continual"]["probabilities"]) - 1) < 1e-4
+    assert not any(m["trained"] for m in models.values()) and "RANDOM" in first["frontend"]
+    assert models["continual_nystrom"]["flops"]["sda"] > 0
+    assert set(first["stages"]) == {"frontend", "mel", "network"} and models["regular"]["latency_ms"] > 0
+    # exact variants agree at every step
+    for x in records:
+        assert x["models"]["regular"]["top"][0] == x["models"]["continual"]["top"][0]
+    assert "UNTRAINED" in r.stderr
+
+
+def test_classify_demo_csv(tmp_path):
+    out = tmp_path / "steps.csv"
+    r = classify("--demo", "--seconds", "1.5", "--random-vggish", "--variant", "continual",
+                 "continual_nystrom", "--csv", out)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 6 and rows[0]["continual.untrained"] == "True"
+    assert float(rows[-1]["audio_time_s"]) == 1.5
+
+
+def test_classify_bad_inputs_exit_nonzero_with_a_message(tmp_path):
+    r = classify(tmp_path / "missing.wav", "--random-vggish")
+    assert r.returncode == 1 and "not found" in r.stderr
+    (tmp_path / "x.wav").write_text("not audio")
+    r = classify(tmp_path / "x.wav", "--random-vggish")
+    assert r.returncode == 1 and "cannot decode" in r.stderr
+    good = write(tmp_path / "good.wav", tone(1.0, 16000), 16000)
+    r = classify(good, "--vggish-weights", tmp_path / "none.pth")
+    assert r.returncode == 1 and "VGGish weights not found" in r.stderr
+
+
+def test_classify_with_a_checkpoint_marks_it_trained(tmp_path):
+    import torch
+
+    from audio.gtzan import GENRES
+    from models.checkpoint import save_checkpoint
+    from models.transformer import ModelConfig, build_model
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(variant="continual", window=8))
+    save_checkpoint(model, tmp_path / "c.pt", classes=list(GENRES))
+    path = write(tmp_path / "a.wav", tone(1.2, 16000), 16000)
+    r = classify(path, "--random-vggish", "--jsonl", "--checkpoint", tmp_path / "c.pt",
+                 "--variant", "regular")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout.splitlines()[-1])
+    assert {n: not m["trained"] for n, m in rec["models"].items()} == {"continual": False, "regular": True}
+    bad = classify(path, "--random-vggish", "--checkpoint", path)
+    assert bad.returncode == 1 and "not a readable checkpoint" in bad.stderr
+
+
+def test_classify_defaults_to_musicnn_and_the_shipped_trained_models(tmp_path):
+    """No flags: the musicnn front end (weights from the installed package) and every shipped
+    checkpoint, all trained, fed every 4th hop; the run ends with a verdict per model."""
+    path = write(tmp_path / "a.wav", tone(3.0, 22050, 440.0), 22050)
+    r = classify(path, "--jsonl")
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(records) == 12
+    first = records[0]
+    assert set(first["models"]) == {"regular", "continual", "nystrom", "continual_nystrom",
+                                           "continual_nystrom/fixed"}
+    assert all(m["trained"] for m in first["models"].values()) and first["frontend"].startswith("musicnn")
+    assert {m["spacing"] for m in first["models"].values()} == {4} and first["frontend_flops"] > 0
+    for x in records:                 # the exact pairs agree at every step
+        assert x["models"]["regular"]["top"][0] == x["models"]["continual"]["top"][0]
+        assert x["models"]["regular"]["probabilities"] == pytest.approx(
+            x["models"]["continual"]["probabilities"], abs=1e-5)
+
+
+def test_classify_refuses_a_checkpoint_of_another_front_end(tmp_path):
+    path = write(tmp_path / "a.wav", tone(1.2, 16000), 16000)
+    r = classify(path, "--checkpoint", ROOT / "assets/models/musicnn-continual.pt", "--random-vggish")
+    assert r.returncode == 1 and "trained on musicnn tokens" in r.stderr and "--frontend musicnn" in r.stderr

@@ -1,0 +1,106 @@
+"""The streaming engine without Qt: live control, equality with a fresh stream, dropped hops."""
+import json
+import time
+
+import torch
+from tiny import tiny_model
+
+from app.runtime.engine import Engine
+from audio.gtzan import GENRES
+from audio.sources import DemoSource
+from audio.token_stream import TokenStream
+from audio.vggish import build_embedder
+
+
+def small(variant, n=8, **kw):
+    return tiny_model(variant, n=n, **kw)
+
+
+def reference_logits(model, tokens):
+    """Logits of a fresh model stepping ``tokens`` (T, 128): the oracle for the engine."""
+    model.reset(1)
+    return [torch.softmax(model.step(t[None])[0], -1) for t in tokens]
+
+
+def test_results_match_a_fresh_stream_and_carry_every_field():
+    embedder = build_embedder(random_seed=0)
+    tokens = torch.cat([item.token for item in TokenStream(DemoSource(seconds=3), embedder)])
+    engine = Engine(embedder, {"continual": small("continual"), "continual_nystrom": small("continual_nystrom")})
+    results = list(engine.run(DemoSource(seconds=3)))
+    assert [r.step for r in results] == list(range(12))
+    for name in ("continual", "continual_nystrom"):
+        ref = reference_logits(small(name), tokens)
+        for r, p in zip(results, ref):
+            torch.testing.assert_close(torch.tensor(r.models[name].probabilities), p, atol=2e-6, rtol=0)
+    r = results[-1]
+    assert r.mel.shape == (25, 64)
+    assert {n: m.landmark_mode for n, m in r.models.items()} == {"continual": None, "continual_nystrom": "continual"}
+    assert set(r.stages) == {"frontend", "mel", "network"} and r.input_rate == 16000
+    assert r.models["continual"].classes == list(GENRES) and r.models["continual"].top[0] in GENRES
+    assert r.models["continual_nystrom"].flops["sda"] > 0 and r.models["continual"].state_bytes > 0
+    assert r.done_time >= r.ready_time > 0 and r.dropped_hops == 0
+    d = r.to_dict()
+    assert "mel" not in d and d["models"]["continual"]["top"][0] == r.models["continual"].top[0]
+    json.loads(r.to_json())
+
+
+def test_models_are_added_removed_reset_and_switched_mid_stream():
+    embedder = build_embedder(random_seed=0)
+    tokens = torch.cat([item.token for item in TokenStream(DemoSource(seconds=6), embedder)])
+    engine = Engine(embedder, {"regular": small("regular")})
+    seen = []
+    for r in engine.run(DemoSource(seconds=6)):
+        seen.append(r)
+        if r.step == 3:
+            engine.add_model("continual", small("continual"))
+            engine.add_model("cn", small("continual_nystrom"))
+        if r.step == 9:
+            engine.remove_model("regular")
+            engine.set_landmark_mode("cn", "fixed")        # untrained: fitted on the stream
+        if r.step == 12:
+            engine.reset_model("continual")
+        if r.step == 15:
+            engine.set_landmark_mode("regular", "fixed")    # gone: reported, not raised
+    assert set(seen[3].models) == {"regular"}
+    assert set(seen[4].models) == {"regular", "continual", "cn"}
+    assert "regular" not in seen[10].models
+    assert any("fitted by k-means" in e for e in seen[10].events)
+    assert seen[10].models["cn"].landmark_mode == "fixed" and seen[9].models["cn"].landmark_mode == "continual"
+    assert any("no model named 'regular'" in e for e in seen[16].events)
+    # a model added at hop 4 equals a fresh model streaming from hop 4; reset restarts it at hop 13
+    ref = reference_logits(small("continual"), tokens[4:13])
+    for r, p in zip(seen[4:13], ref):
+        torch.testing.assert_close(torch.tensor(r.models["continual"].probabilities), p, atol=2e-6, rtol=0)
+    ref = reference_logits(small("continual"), tokens[13:])
+    for r, p in zip(seen[13:], ref):
+        torch.testing.assert_close(torch.tensor(r.models["continual"].probabilities), p, atol=2e-6, rtol=0)
+    # after the live switch the stream equals the batch forward with the fitted fixed landmarks
+    cn = engine.slots["cn"].model
+    window = tokens[len(tokens) - 8:][None]
+    torch.testing.assert_close(torch.softmax(cn(window, start=cn.window_start())[0], -1),
+                               torch.tensor(seen[-1].models["cn"].probabilities), atol=2e-6, rtol=0)
+    fixed_flops = {r.models["cn"].flops["sda"] for r in seen[14:]}
+    assert max(fixed_flops) < max(r.models["cn"].flops["sda"] for r in seen[4:10])   # no landmark updates
+
+
+def test_a_slow_consumer_makes_the_source_drop_whole_hops():
+    engine = Engine(build_embedder(random_seed=0), {"continual": small("continual")})
+    source = DemoSource(realtime=True, seconds=6)
+    steps = []
+    for r in engine.run(source):
+        steps.append(r)
+        if r.step == 1:
+            time.sleep(2.5)                 # 10 hops behind: more than the 4 hops of slack
+    assert steps[-1].dropped_hops == source.stats.dropped > 0
+    assert len(steps) + source.stats.dropped == 24          # every hop is either used or dropped
+
+
+def test_pause_holds_the_position_of_a_realtime_source():
+    source = DemoSource(realtime=True, seconds=2)
+    it = iter(source)
+    next(it)
+    source.paused.set()
+    time.sleep(0.8)
+    source.paused.clear()
+    rest = list(it)
+    assert len(rest) == 7 and source.stats.dropped == 0

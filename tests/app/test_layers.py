@@ -1,0 +1,81 @@
+"""The one-way imports of the README's "where things live" map, read from the source (every
+import, also those inside functions), and no import cycle between modules."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("models", "audio", "app")
+
+# layer -> the project layers it must not import
+FORBIDDEN = {
+    "models": ("audio", "app"),
+    "audio": ("app", "models"),
+    "app.runtime": ("app.commands", "app.offline", "app.gui", "app.cli"),
+    "app.offline": ("app.commands", "app.gui", "app.cli"),
+    "app.gui": ("app.commands", "app.offline", "app.cli"),
+    "app.commands": ("app.cli",),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Project modules ``path`` imports (relative imports resolved)."""
+    me = module_name(path).split(".")
+    package = me if path.name == "__init__.py" else me[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m.split(".")[0] in PACKAGES}
+
+
+def graph() -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
+    names = {module_name(p) for p in files}
+    return {module_name(p): {m for m in imports(p) if m in names and m != module_name(p)} for p in files}
+
+
+def test_layers_import_one_way():
+    bad = []
+    for mod, deps in graph().items():
+        for layer, banned in FORBIDDEN.items():
+            if mod == layer or mod.startswith(layer + "."):
+                bad += [f"{mod} -> {d}" for d in deps if any(d == b or d.startswith(b + ".") for b in banned)]
+    assert not bad, bad
+
+
+def test_no_import_cycles():
+    g = graph()
+    # a package's __init__ importing its own submodules is how packages work; not a cycle
+    edges = {m: {d for d in deps if not (d.startswith(m + ".") and (ROOT / m.replace(".", "/")).is_dir())}
+             for m, deps in g.items()}
+    state, cycles = {}, []
+
+    def visit(m, stack):
+        state[m] = "open"
+        for d in edges.get(m, ()):
+            if state.get(d) == "open":
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = "done"
+    for m in edges:
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, cycles
+
+
+def test_no_source_file_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 420}
+    assert not long, long

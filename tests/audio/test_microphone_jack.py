@@ -1,0 +1,173 @@
+"""The microphone path for real: PortAudio capturing from a JACK dummy server fed by jack_metro.
+
+Each scenario runs tests/mic_probe.py in a child process (see its docstring). Skips with a reason
+where jackd or PortAudio is not installed (CI installs both: scripts/system-deps.sh --test).
+"""
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).with_name("mic_probe.py")
+pytestmark = pytest.mark.skipif(shutil.which("jackd") is None or shutil.which("jack_metro") is None,
+                                reason="JACK (jackd2) is not installed")
+
+
+def portaudio_available() -> bool:
+    r = subprocess.run([sys.executable, "-c", "import sounddevice"], capture_output=True)
+    return r.returncode == 0
+
+
+class Jack:
+    """A JACK dummy server at ``rate`` with a 440 Hz metronome tone (jack_metro)."""
+
+    def __init__(self, rate: int):
+        self.env = {**os.environ, "JACK_NO_AUDIO_RESERVATION": "1", "JACK_NO_START_SERVER": "1"}
+        self.procs = []
+        self.jackd = self._spawn(["jackd", "--no-realtime", "-d", "dummy", "-r", str(rate),
+                                  "-p", str(rate // 10)])
+        if not self._wait_for_port("system:capture"):
+            self.stop()
+            pytest.skip("jackd did not start")
+        beat = 600                                     # 100 ms beats, 90 ms tones: ~continuous
+        self._spawn(["jack_metro", "-n", "metro", "-b", str(beat), "-f", "440", "-A", "0.5", "-D", "90"])
+        assert self._wait_for_port("metro:"), "jack_metro did not start"
+
+    def _spawn(self, cmd):
+        p = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.append(p)
+        return p
+
+    def ports(self):
+        r = subprocess.run(["jack_lsp"], env=self.env, capture_output=True, text=True, timeout=10)
+        return r.stdout.split()
+
+    def _wait_for_port(self, prefix, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [p for p in self.ports() if p.startswith(prefix)]
+            if found:
+                return found
+            time.sleep(0.1)
+        return []
+
+    def feed_tone_into_portaudio(self):
+        inputs = self._wait_for_port("PortAudio:in")
+        assert inputs, f"PortAudio's input ports never appeared: {self.ports()}"
+        metro = self._wait_for_port("metro:")[0]
+        for port in inputs:
+            subprocess.run(["jack_connect", metro, port], env=self.env, timeout=10, check=True)
+
+    def stop(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+@pytest.fixture(params=[16000, 48000], ids=["16kHz", "48kHz"])
+def jack(request):
+    if not portaudio_available():
+        pytest.skip("PortAudio (libportaudio2) is not installed")
+    server = Jack(request.param)
+    yield server
+    server.stop()
+
+
+def run_probe(jack, mode, hops, on_started=None, on_hop=None, timeout=30):
+    child = subprocess.Popen([sys.executable, str(PROBE), mode, "system", str(hops)], env=jack.env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([child.stdout], [], [], 0.2)
+            if not ready:
+                if child.poll() is not None:
+                    break
+                continue
+            line = child.stdout.readline()
+            if not line:
+                break
+            event = json.loads(line)
+            event["received"] = time.monotonic()
+            events.append(event)
+            if event["event"] == "started" and on_started:
+                on_started()
+            if event["event"] == "hop" and on_hop:
+                on_hop(event["n"])
+            if event["event"] in ("done", "lost", "error"):
+                break
+        else:
+            raise AssertionError(f"the capture process hung; events so far: {events[-3:]}")
+    finally:
+        try:
+            child.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    return events, child.returncode
+
+
+def test_microphone_delivers_the_tone_at_4_hz_and_stops_promptly(jack):
+    events, code = run_probe(jack, "capture", 16, on_started=jack.feed_tone_into_portaudio)
+    started, done = events[0], events[-1]
+    assert started["event"] == "started" and started["rate"] in (16000, 48000)
+    assert done["event"] == "done", events[-3:]
+    assert done["shapes_ok"] and done["hops"] == 16
+    assert 3.0 < done["rate_hz"] < 5.5, done
+    assert done["peak"] > 0.05 and abs(done["freq"] - 440.0) < 5.0, done
+    assert done["close_s"] < 0.5
+    assert code == 0
+
+
+def test_device_disappearing_mid_stream_is_a_clear_error_not_a_hang(jack):
+    t_kill = []
+
+    def kill_server(n):
+        if n == 3 and not t_kill:
+            t_kill.append(time.monotonic())
+            jack.stop()
+    events, code = run_probe(jack, "lost", 100, on_started=jack.feed_tone_into_portaudio,
+                             on_hop=kill_server)
+    last = events[-1]
+    assert last["event"] == "lost", events[-3:]
+    assert "stopped delivering audio" in last["message"]
+    assert last["received"] - t_kill[0] < 5.0
+
+
+def test_slow_consumer_drops_whole_hops_and_counts_them(jack):
+    events, code = run_probe(jack, "slow", 6, on_started=jack.feed_tone_into_portaudio)
+    done = events[-1]
+    assert done["event"] == "done" and done["dropped"] >= 2, done
+
+
+def test_unknown_device_is_refused_with_the_list(jack):
+    child = subprocess.run([sys.executable, str(PROBE), "capture", "no such mic", "1"], env=jack.env,
+                           capture_output=True, text=True, timeout=30)
+    event = json.loads(child.stdout.splitlines()[0])
+    assert event["event"] == "error" and event["type"] == "AudioDeviceError"
+    assert "no input device named" in event["message"] and "system" in event["message"]
+
+
+def test_no_audio_device_at_all_is_a_clear_error():
+    """Without an audio server this machine has no input device (no sound card)."""
+    if not portaudio_available():
+        pytest.skip("PortAudio (libportaudio2) is not installed")
+    env = {**os.environ, "JACK_NO_START_SERVER": "1"}
+    code = ("from audio.sources import list_input_devices, MicrophoneSource\n"
+            "from audio.errors import AudioDeviceError\n"
+            "if list_input_devices():\n    print('HAS-DEVICES')\n"
+            "else:\n    try:\n        MicrophoneSource()\n    except AudioDeviceError as e:\n"
+            "        print('ERR', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=Path(__file__).resolve().parents[2])
+    if "HAS-DEVICES" in r.stdout:
+        pytest.skip("this machine has an input device")
+    assert r.stdout.startswith("ERR no audio input device found"), r.stdout + r.stderr

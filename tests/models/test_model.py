@@ -1,0 +1,214 @@
+"""Multi-head attention against torch's module, and the model's step against its batch forward."""
+import pytest
+from tiny import tiny_config
+import torch
+from torch import nn
+
+from models.landmarks import fit_fixed_landmarks
+from models.mha import MultiheadAttention
+from models.transformer import build_model
+
+VARIANTS = ["regular", "continual", "nystrom", "continual_nystrom"]
+
+
+@pytest.mark.parametrize("retro", [False, True])
+@pytest.mark.parametrize("variant", ["regular", "continual"])
+def test_mha_from_torch_equals_torch_module_on_the_window(variant, retro):
+    torch.manual_seed(0)
+    d, h, n, B = 48, 6, 10, 3
+    ref = nn.MultiheadAttention(d, h, batch_first=True).eval()
+    ours = MultiheadAttention.from_torch(ref, n, variant, retroactive=retro)
+    x = torch.randn(B, 35, d)
+    ours.reset(B)
+    for t in range(35):
+        out = ours.step(x[:, t])
+        win = x[:, max(0, t + 1 - n):t + 1]
+        want, _ = ref(win, win, win, need_weights=False)
+        torch.testing.assert_close(out, want if retro else want[:, -1], atol=2e-6, rtol=1e-5)
+    full, _ = ref(x[:, :n], x[:, :n], x[:, :n], need_weights=False)
+    torch.testing.assert_close(ours(x[:, :n]), full, atol=2e-6, rtol=1e-5)
+
+
+small_config = tiny_config
+
+
+def assert_step_equals_forward(model, x, switch=None):
+    B, T, _ = x.shape
+    model.reset(B)
+    for t in range(T):
+        if switch and t in switch:
+            model.set_landmark_mode(switch[t])
+        out = model.step(x[:, t])
+        lo = max(0, t + 1 - model.cfg.window)
+        ref = model(x[:, lo:t + 1], start=model.window_start(), landmarks=model.landmarks())
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=0, msg=lambda m: f"t={t}: {m}")
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_model_step_equals_forward_on_the_window(variant, layers, pos):
+    torch.manual_seed(1)
+    model = build_model(small_config(variant=variant, layers=layers, pos_encoding=pos)).eval()
+    assert_step_equals_forward(model, torch.randn(2, 40, 16))
+
+
+def test_positional_period_2n_minus_1():
+    torch.manual_seed(2)
+    cfg = small_config(variant="continual", layers=2, pos_period=23)
+    model = build_model(cfg).eval()
+    assert_step_equals_forward(model, torch.randn(1, 60, 16))
+
+
+def test_batch_forward_with_random_start_uses_recycled_positions():
+    torch.manual_seed(3)
+    model = build_model(small_config(variant="continual")).eval()
+    x = torch.randn(4, 12, 16)
+    start = torch.tensor([0, 5, 11, 12])
+    out = model(x, start=start)
+    for i in range(4):
+        torch.testing.assert_close(out[i:i + 1], model(x[i:i + 1], start=int(start[i]) % 12))
+    torch.testing.assert_close(out[3:4], model(x[3:4], start=0))   # 12 mod 12 == 0
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("variant", ["nystrom", "continual_nystrom"])
+def test_fixed_landmarks_fit_and_live_switch(variant, layers):
+    torch.manual_seed(4)
+    model = build_model(small_config(variant=variant, layers=layers)).eval()
+    train = torch.randn(40, 12, 16)
+    fit_fixed_landmarks(model, train, seed=0)
+    assert model.landmark_mode == "fixed"            # model state ...
+    assert model.cfg.landmark_mode is None           # ... its identity (config) is unchanged
+    for block in model.blocks:
+        assert bool(block.attn.has_fixed)
+        assert block.attn.fixed_q_land.shape == (4, 3, 8)
+    other = "continual" if variant == "continual_nystrom" else "segment"
+    assert_step_equals_forward(model, torch.randn(2, 45, 16), switch={15: other, 30: "fixed"})
+
+
+def test_fixed_landmarks_are_kmeans_centres_and_seeded():
+    from models.landmarks import collect_qk
+    from sklearn.cluster import KMeans
+    torch.manual_seed(5)
+    model = build_model(small_config(variant="continual_nystrom")).eval()
+    train = torch.randn(30, 12, 16)
+    q, _ = collect_qk(model, train, 0)
+    fit_fixed_landmarks(model, train, seed=7)
+    first = model.blocks[0].attn.fixed_q_land.clone()
+    km = KMeans(n_clusters=3, n_init=4, random_state=7).fit(q[0].double().numpy())
+    got = first[0].double().numpy()
+    # the same centres (as a set)
+    dist = ((got[:, None, :] - km.cluster_centers_[None]) ** 2).sum(-1)
+    assert dist.min(axis=1).max() < 1e-8
+    model2 = build_model(small_config(variant="continual_nystrom")).eval()
+    model2.load_state_dict({k: v for k, v in model.state_dict().items()
+                            if "fixed" not in k and "has_fixed" not in k}, strict=False)
+    fit_fixed_landmarks(model2, train, seed=7)
+    torch.testing.assert_close(model2.blocks[0].attn.fixed_q_land, first)
+
+
+def test_state_memory_is_reported_and_fixed_state_does_not_grow_with_window():
+    sizes = {}
+    for n in (12, 48):
+        model = build_model(small_config(variant="continual_nystrom", window=n)).eval()
+        model.reset(1)
+        for _ in range(n + 2):
+            model.step(torch.randn(1, 16))
+        sizes[n] = model.state_nbytes()
+    assert sizes[12] > 0 and sizes[48] > sizes[12]     # the key/value ring grows with n
+
+
+def test_fixed_mode_needs_fitted_landmarks():
+    model = build_model(small_config(variant="continual_nystrom"))
+    with pytest.raises(ValueError, match="fitted landmarks"):
+        model.set_landmark_mode("fixed")
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(variant="sparse"), "valid: regular, continual, nystrom, continual_nystrom"),
+    (dict(variant="nystrom", landmark_mode="continual"), "valid"),
+    (dict(layers=3), "layers must be 1 or 2"),
+    (dict(window=0), "window"),
+    (dict(num_landmarks=13), "1 <= m <= window"),
+    (dict(num_landmarks=0), "1 <= m <= window"),
+    (dict(pos_encoding="rope"), "pos_encoding"),
+])
+def test_bad_configs_are_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        small_config(**kw)
+
+
+def test_model_bad_inputs():
+    model = build_model(small_config(variant="continual")).eval()
+    with pytest.raises(RuntimeError, match="before reset"):
+        model.step(torch.randn(1, 16))
+    model.reset(2)
+    with pytest.raises(ValueError, match=r"\(B, 16\)"):
+        model.step(torch.randn(2, 15))
+    with pytest.raises(ValueError, match="batch"):
+        model.step(torch.randn(3, 16))
+    with pytest.raises(ValueError, match="float64"):
+        model.step(torch.randn(2, 16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="at most 12"):
+        model(torch.randn(1, 13, 16))
+
+
+def test_landmark_updates_are_reported_every_n_over_m_steps_once_the_window_is_full():
+    torch.manual_seed(0)
+    model = build_model(small_config(variant="continual_nystrom", window=12, num_landmarks=3)).eval()
+    model.reset(1)
+    updated = []
+    for t in range(1, 49):
+        model.step(torch.randn(1, 16))
+        if model.landmark_updated():
+            updated.append(t)
+    assert updated == [16, 20, 24, 28, 32, 36, 40, 44, 48]       # n/m = 4; t = n is a warm-up rebuild
+    fit_fixed_landmarks(model, torch.randn(4, 12, 16))
+    model.reset(1)
+    for _ in range(30):
+        model.step(torch.randn(1, 16))
+        assert not model.landmark_updated()
+
+
+def test_config_is_frozen_and_derived_with_replace():
+    import dataclasses
+    cfg = small_config(variant="continual_nystrom")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.window = 99
+    fixed = cfg.replace(landmark_mode="fixed", layers=2)
+    assert (cfg.landmark_mode, fixed.landmark_mode) == (None, "fixed")
+    assert fixed.key == "continual_nystrom/fixed 2-block" and cfg.key == "continual_nystrom"
+    assert cfg.table_row == "continual_nystrom/continual" and fixed.table_row == "continual_nystrom/fixed"
+    assert small_config(variant="nystrom").table_row == "nystrom"
+    assert fixed.description == "continual_nystrom/fixed (2 blocks, n=12, m=3)"
+    with pytest.raises(ValueError, match="valid"):
+        cfg.replace(landmark_mode="segment")
+
+
+def test_build_model_seed_is_private_and_reproducible():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a = build_model(small_config(variant="continual"), seed=3)
+    assert torch.equal(torch.random.get_rng_state(), before)       # the global RNG is untouched
+    b = build_model(small_config(variant="continual"), seed=3)
+    c = build_model(small_config(variant="continual"), seed=4)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not torch.equal(a.embed.weight, c.embed.weight)
+
+
+def test_fixed_config_starts_fixed_and_needs_its_landmarks():
+    cfg = small_config(variant="continual_nystrom", landmark_mode="fixed")
+    model = build_model(cfg, seed=0).eval()
+    assert model.landmark_mode == "fixed" and not model.has_fixed_landmarks
+    with pytest.raises(ValueError, match="not fitted"):
+        model.reset(1)
+    with pytest.raises(ValueError, match="not fitted"):
+        model(torch.randn(1, 5, 16))
+    fitted = build_model(small_config(variant="continual_nystrom"), seed=0).eval()
+    fit_fixed_landmarks(fitted, torch.randn(10, 12, 16), seed=0)
+    model.load_state_dict(fitted.state_dict())          # landmarks from a state dict: runs fixed
+    assert model.landmark_mode == "fixed" and model.has_fixed_landmarks
+    assert_step_equals_forward(model, torch.randn(1, 20, 16))
+    model.set_landmark_mode("continual")                # a live switch is state, not identity
+    assert model.landmark_mode == "continual" and model.cfg.landmark_mode == "fixed"
