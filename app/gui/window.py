@@ -1,8 +1,5 @@
-"""The main window: source and model controls, live plots, comparison table, status bar.
-
-Everything heavy runs in the engine worker (app/gui/worker.py); this thread only reads finished
-StepResults on a 33 ms timer (about 30 fps at most) and redraws. Settings persist with QSettings.
-"""
+"""The main window: side panel, live plots, comparison table, status bar. Everything heavy runs
+in the engine worker (worker.py); this thread reads finished StepResults on a 33 ms timer."""
 from __future__ import annotations
 
 import copy

@@ -13,6 +13,7 @@ Contract (heads folded into the batch B, d the head dimension):
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 from dataclasses import dataclass
 
@@ -70,7 +71,7 @@ def window_order(t: int, n: int, device) -> Tensor:
     return (torch.arange(n_t, device=device) + (t - n_t)) % n
 
 
-class SDAKernel:
+class SDAKernel(abc.ABC):
     """Base of the streaming kernels; subclasses set ``variant`` and implement ``_allocate``,
     ``_step`` and ``flops``."""
     variant = ""
@@ -99,8 +100,9 @@ class SDAKernel:
     def _new_state(self) -> StreamState:
         return StreamState()
 
+    @abc.abstractmethod
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        raise NotImplementedError
+        """q, k, v: (B, d) newest token -> (B, d), or (B, n_t, d) when retroactive."""
 
     def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         raise ValueError("step_window is the single-output layer after a retroactive one; "
@@ -117,9 +119,9 @@ class SDAKernel:
         return nbytes(self.st) if self.st is not None else 0
 
     # ------------------------------------------------------------------ cost of the last step
+    @abc.abstractmethod
     def flops(self, r: StepReport) -> F.Flops:
         """FLOPs of a step that did ``r``, for one sequence (refreshes excluded)."""
-        raise NotImplementedError
 
     @property
     def last_step(self) -> F.Flops:
