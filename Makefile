@@ -44,9 +44,10 @@ run: sysdeps $(STAMP)
 test: sysdeps-test $(STAMP)
 	$(PY) -m pytest -q $(ARGS)
 
-# The developer loop (under 2 minutes): no shared data, JACK, Xvfb or long property tests.
+# The developer loop: no shared data, JACK, Xvfb, Qt window or long tests (`make test
+# ARGS=tests/gui` for the window). 368 tests, 1 min 45 s measured on a 2-core machine.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not shared and not jack and not display and not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not shared and not jack and not display and not gui and not slow" $(ARGS)
 
 bench: $(STAMP)
 	$(PY) main.py bench $(ARGS)

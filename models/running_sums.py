@@ -96,6 +96,10 @@ class SumsScratch:
     any: Tensor     # () bool
     tau: Tensor     # () TAU as a tensor (a Python scalar operand would be wrapped per call)
 
+    def view(self, rows: int) -> "SumsScratch":
+        """The buffers of the first ``rows`` rows (for sums viewed with ``RunningSums.view``)."""
+        return SumsScratch(self.e[:, :rows], self.tmp[:, :rows], self.flag[:, :rows], self.any, self.tau)
+
     @staticmethod
     def like(s: RunningSums) -> "SumsScratch":
         """Buffers for the rows of ``s``."""

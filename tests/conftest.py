@@ -7,7 +7,7 @@ Markers, applied here so that they cannot be forgotten:
   display  opens a real X11 window under Xvfb
   gui      a Qt window (offscreen)
   slow     long property tests
-`make test` runs everything; `make test-fast` deselects shared, jack, display and slow.
+`make test` runs everything; `make test-fast` deselects shared, jack, display, gui and slow.
 """
 import os
 import sys

@@ -15,10 +15,11 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QS
                                QVBoxLayout, QWidget)
 
 from app.runtime.engine import Engine
+from app.runtime.frontend_args import frontend_or_random
 from app.runtime.lineup import Entry, ShippedLineup, load_trained
 from app.runtime.records import csv_row
 from app.runtime.sources import SourceKind, SourceSpec
-from audio.errors import AudioError, VGGishWeightsError, with_hint
+from audio.errors import AudioError, with_hint
 from audio.frontends import DEFAULT_FRONTEND
 from audio.melspec import HOPS_PER_MINUTE
 from models.checkpoint import CheckpointError
@@ -239,16 +240,13 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ run control
     def _frontend(self):
-        from audio.frontends import build_frontend
-        o, name = self.options, self.frontend_name
-        if name == "vggish" and o.random_vggish is not None:
-            return build_frontend("vggish", random_vggish=o.random_vggish, device=self.device)
-        try:
-            return build_frontend(name, vggish_weights=o.vggish_weights, device=self.device)
-        except VGGishWeightsError as e:
-            self.show_error(f"{e}\nRunning with RANDOM VGGish weights: predictions are not meaningful. "
-                            f"{e.hint}")
-            return build_frontend("vggish", random_vggish=0, device=self.device)
+        """The chosen front end; missing VGGish weights: said in the window, random ones used."""
+        def warn(e):
+            self.show_error(f"{e}\nRunning with RANDOM VGGish weights: predictions are not "
+                            f"meaningful. {e.hint}")
+        o = self.options
+        return frontend_or_random(self.frontend_name, device=self.device, vggish_weights=o.vggish_weights,
+                                  random_vggish=o.random_vggish, on_missing=warn)
 
     def source_spec(self) -> SourceSpec:
         """The chosen source, read from the widgets (GUI thread); the worker opens it."""

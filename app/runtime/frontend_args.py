@@ -42,16 +42,26 @@ def frontend_name(args) -> str:
     return resolve_name(args.frontend, args.vggish_weights, random_seed(args))
 
 
+def frontend_or_random(name: str, *, device="cpu", vggish_weights=None, random_vggish=None,
+                       continual: bool = True, on_missing=None):
+    """``build_frontend``; if VGGish weights are missing and ``on_missing`` is given, it hears
+    the VGGishWeightsError and a RANDOM VGGish (seed ``random_vggish`` or 0) is used instead."""
+    try:
+        return build_frontend(name, device=device, vggish_weights=vggish_weights,
+                              random_vggish=random_vggish, continual=continual)
+    except VGGishWeightsError as e:
+        if on_missing is None:
+            raise
+        on_missing(e)
+        return build_frontend("vggish", device=device, random_vggish=random_vggish or 0)
+
+
 def frontend_from_args(args, device="cpu"):
     """The front end the arguments select; with --fallback-random-vggish a missing VGGish
     becomes a random one (said on stderr)."""
-    name = frontend_name(args)
-    try:
-        return build_frontend(name, device=device, vggish_weights=args.vggish_weights,
-                              random_vggish=random_seed(args),
-                              continual=not getattr(args, "recompute_frontend", False))
-    except VGGishWeightsError as e:
-        if not getattr(args, "fallback_random_vggish", False):
-            raise
+    def say(e):
         print(f"# {e}\n# continuing with RANDOM VGGish weights", file=sys.stderr)
-        return build_frontend("vggish", device=device, random_vggish=args.vggish_seed)
+    return frontend_or_random(frontend_name(args), device=device, vggish_weights=args.vggish_weights,
+                              random_vggish=random_seed(args),
+                              continual=not getattr(args, "recompute_frontend", False),
+                              on_missing=say if getattr(args, "fallback_random_vggish", False) else None)

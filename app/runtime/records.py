@@ -23,12 +23,11 @@ class ModelStep:
     variant: str
     layers: int
     window: int
+    top: tuple[str, float] = field(init=False)   # (class, probability) of the most probable class
 
-    @property
-    def top(self) -> tuple[str, float]:
-        """(class, probability) of the most probable class."""
-        i = int(np.argmax(self.probabilities))
-        return self.classes[i], self.probabilities[i]
+    def __post_init__(self):     # once here: the window reads it for every kept step each frame
+        i = max(range(len(self.probabilities)), key=self.probabilities.__getitem__)
+        self.top = (self.classes[i], self.probabilities[i])
 
 
 @dataclass
@@ -50,8 +49,6 @@ class StepResult:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("mel")
-        for name, m in self.models.items():
-            d["models"][name]["top"] = list(m.top)
         return d
 
     def to_json(self) -> str:

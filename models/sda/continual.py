@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from .. import flops as F
-from ..running_sums import RunningSums, add_key, fresh_sums, refresh_stale, remove_key
+from ..running_sums import (RunningSums, SumsScratch, add_key, fresh_sums, refresh_stale,
+                            remove_key)
 from .kernel import Ring, SDAKernel, StepReport, StreamState, window_order
 from .reference import attention, inference
 
@@ -25,6 +26,7 @@ class ContinualState(StreamState):
     rows: RunningSums | None = None      # retroactive: one row per query slot
     scores: Tensor | None = None         # (B, n, n) retroactive: cached scaled score of query
                                          #   slot i against key slot j (removed exactly as added)
+    scratch: SumsScratch | None = None   # retroactive: step buffers for the n rows
 
 
 class ContinualKernel(SDAKernel):
@@ -42,14 +44,12 @@ class ContinualKernel(SDAKernel):
         if self.retroactive:
             self.st.rows = RunningSums.empty(B, n, d, device, dtype)
             self.st.scores = self._zeros(B, n, n)
+            self.st.scratch = SumsScratch.like(self.st.rows)
 
     @inference
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v: (B, d) -> (B, d) single-output, or (B, n_t, d) retroactive."""
-        st = self._begin(q, k, v)
-        slot, full = st.t % self.n, st.t >= self.n
-        st.t += 1
-        n_t = min(st.t, self.n)
+        st, slot, full, n_t = self._advance(q, k, v)
         if self.retroactive:
             return self._retroactive(st, q, k, v, slot, full, n_t)
         st.ring.write(slot, q, k, v)
@@ -58,31 +58,28 @@ class ContinualKernel(SDAKernel):
 
     def _retroactive(self, st: ContinualState, q, k, v, slot: int, full: bool, n_t: int) -> Tensor:
         scale, ring = 1.0 / math.sqrt(st.d), st.ring
-        rows, S = st.rows.view(n_t), st.scores
+        rows, S, scratch = st.rows.view(n_t), st.scores, st.scratch.view(n_t)
         rescaled = False
         if full:    # the departing key leaves every row (with the scores it was added with)
-            remove_key(rows, S[:, :n_t, slot], ring.v[:, slot])
+            remove_key(rows, S[:, :n_t, slot], ring.v[:, slot], scratch)
         ring.write(slot, q, k, v)
         if st.t > 1:    # the new key joins every row (the row in `slot` is overwritten below)
             column = torch.bmm(ring.q[:, :n_t], k.unsqueeze(-1)).squeeze(-1) * scale    # (B, n_t)
-            rescaled = add_key(rows, column, v, self.stabilize)
+            rescaled = add_key(rows, column, v, self.stabilize, scratch)
             S[:, :n_t, slot] = column
         row = torch.bmm(ring.k[:, :n_t], q.unsqueeze(-1)).squeeze(-1) * scale          # (B, n_t)
         S[:, slot, :n_t] = row                     # the newest query's row, from scratch
         rows.assign_((slice(None), slot), fresh_sums(row.unsqueeze(1), ring.v[:, :n_t]))
         refreshed = 0
         if self.stabilize and st.t > 1:
-            refreshed = refresh_stale(rows, lambda b, r: S[b, r, :n_t], ring.v, n_t)
+            refreshed = refresh_stale(rows, lambda b, r: S[b, r, :n_t], ring.v, n_t, scratch)
         self.report = StepReport(n_t=n_t, first=st.t == 1, evicted=full, rescaled=rescaled, rows_refreshed=refreshed)
         return rows.output()[:, window_order(st.t, self.n, q.device)]
 
     @inference
     def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Newest query over a recomputed window. q: (B, d), k, v: (B, n_t, d) -> (B, d)."""
-        if self.retroactive:
-            super().step_window(q, k, v)
-        st = self._begin(q, k, v, window_input=True)
-        st.t += 1
+        self._advance_window(q, k, v)
         self.report = StepReport(n_t=k.shape[1])
         return attention(q.unsqueeze(1), k, v)[:, 0]
 

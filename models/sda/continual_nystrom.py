@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from .. import flops as F
-from ..landmarks import ContinualLandmarks, check_landmarks
+from ..landmarks import ContinualLandmarks
 from ..running_sums import (RunningSums, SumsScratch, add_key, fresh_sums, refresh_stale,
                             remove_key)
-from .fixed import check_fixed_dim, check_mode, expand_fixed
+from .fixed import check_fixed_dim, check_mode, expand_fixed, init_landmarks
 from .kernel import Ring, SDAKernel, StepReport, StreamState, window_order
 from .reference import inference, landmark_pinv
 
@@ -77,11 +77,8 @@ class ContinualNystromKernel(SDAKernel):
     def __init__(self, window: int, *, num_landmarks: int, landmark_mode: str = "continual",
                  fixed_landmarks=None, pinv_iters: int = 6, **kw):
         super().__init__(window, **kw)
-        check_landmarks(window, num_landmarks)
-        self.m, self.pinv_iters = num_landmarks, pinv_iters
-        self.fixed, self.mode = None, "continual"
         self.tracker = ContinualLandmarks(window, num_landmarks)
-        self.set_landmark_mode(landmark_mode, fixed_landmarks)
+        init_landmarks(self, num_landmarks, landmark_mode, fixed_landmarks, pinv_iters)
 
     def _new_state(self) -> ContinualNystromState:
         return ContinualNystromState()
@@ -160,10 +157,7 @@ class ContinualNystromKernel(SDAKernel):
     @inference
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v: (B, d) -> (B, d) single-output, or (B, n_t, d) retroactive."""
-        st = self._begin(q, k, v)
-        slot, full = st.t % self.n, st.t >= self.n
-        st.t += 1
-        n_t = min(st.t, self.n)
+        st, slot, full, n_t = self._advance(q, k, v)
         changed = self.tracker.push(q, k)
         fixed = self.mode == "fixed"
         warmup = not fixed and not self.tracker.warm
@@ -230,10 +224,7 @@ class ContinualNystromKernel(SDAKernel):
     @inference
     def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Newest query over a recomputed window. q: (B, d), k, v: (B, n_t, d) -> (B, d)."""
-        if self.retroactive:
-            super().step_window(q, k, v)
-        st = self._begin(q, k, v, window_input=True)
-        st.t += 1
+        st = self._advance_window(q, k, v)
         changed = self.tracker.push(q, k[:, -1])
         report = StepReport(n_t=k.shape[1], warmup_landmarks=self.mode == "continual"
                             and not self.tracker.warm)

@@ -3,7 +3,16 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..landmarks import check_landmarks
 from .reference import LANDMARK_MODES
+
+
+def init_landmarks(kernel, m: int, mode: str, fixed_landmarks, pinv_iters: int) -> None:
+    """Set up a Nyström kernel's landmarks: m of them, starting in ``mode``."""
+    check_landmarks(kernel.n, m)
+    kernel.m, kernel.pinv_iters = m, pinv_iters
+    kernel.fixed, kernel.mode = None, LANDMARK_MODES[kernel.variant][0]
+    kernel.set_landmark_mode(mode, fixed_landmarks)
 
 
 def check_mode(kernel, mode: str, fixed_landmarks: tuple[Tensor, Tensor] | None):

@@ -71,6 +71,10 @@ def window_order(t: int, n: int, device) -> Tensor:
     return (torch.arange(n_t, device=device) + (t - n_t)) % n
 
 
+WINDOW_ONLY = ("step_window is the single-output layer after a retroactive one; use it with "
+               "variant 'continual' or 'continual_nystrom', retroactive=False")
+
+
 class SDAKernel(abc.ABC):
     """Base of the streaming kernels; subclasses set ``variant`` and implement ``_allocate``,
     ``_step`` and ``flops``."""
@@ -105,8 +109,7 @@ class SDAKernel(abc.ABC):
         """q, k, v: (B, d) newest token -> (B, d), or (B, n_t, d) when retroactive."""
 
     def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        raise ValueError("step_window is the single-output layer after a retroactive one; "
-                         "use it with variant 'continual' or 'continual_nystrom', retroactive=False")
+        raise ValueError(WINDOW_ONLY)
 
     def landmarks(self) -> tuple[Tensor, Tensor] | None:
         return None
@@ -174,6 +177,22 @@ class SDAKernel(abc.ABC):
             st.d = d
             self._allocate(d, q.device, q.dtype, window_input)
         self._check_more(d)
+        return st
+
+    def _advance(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[StreamState, int, bool, int]:
+        """Check a step's inputs and count its token: (state, the ring slot the token takes,
+        whether the window was full before it, n_t)."""
+        st = self._begin(q, k, v)
+        slot, full = st.t % self.n, st.t >= self.n
+        st.t += 1
+        return st, slot, full, min(st.t, self.n)
+
+    def _advance_window(self, q: Tensor, k: Tensor, v: Tensor) -> StreamState:
+        """The same for ``step_window`` (a single-output kernel after a retroactive layer)."""
+        if self.retroactive:
+            raise ValueError(WINDOW_ONLY)
+        st = self._begin(q, k, v, window_input=True)
+        st.t += 1
         return st
 
     def _check_more(self, d: int) -> None:

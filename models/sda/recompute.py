@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from .. import flops as F
-from ..landmarks import check_landmarks, segment_means
-from .fixed import check_mode, expand_fixed
+from ..landmarks import segment_means
+from .fixed import check_fixed_dim, check_mode, expand_fixed, init_landmarks
 from .kernel import Ring, SDAKernel, StepReport, StreamState
 from .reference import attention, inference, nystrom_attention
 
@@ -34,10 +34,9 @@ class RecomputeKernel(SDAKernel):
     @inference
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v: (B, d) -> (B, d), or (B, n_t, d) retroactive."""
-        st = self._begin(q, k, v)
-        st.ring.write(st.t % self.n, q, k, v)
-        st.t += 1
-        self.report = StepReport(n_t=min(st.t, self.n))
+        st, slot, _, n_t = self._advance(q, k, v)
+        st.ring.write(slot, q, k, v)
+        self.report = StepReport(n_t=n_t)
         out = self._attend(st, *st.ring.ordered(st.t))            # (B, n_t, d)
         return out if self.retroactive else out[:, -1]
 
@@ -59,15 +58,14 @@ class NystromKernel(RecomputeKernel):
     def __init__(self, window: int, *, num_landmarks: int, landmark_mode: str = "segment",
                  fixed_landmarks=None, pinv_iters: int = 6, **kw):
         super().__init__(window, **kw)
-        check_landmarks(window, num_landmarks)
-        self.m, self.pinv_iters = num_landmarks, pinv_iters
-        self.fixed = None
-        self.mode = "segment"
-        self.set_landmark_mode(landmark_mode, fixed_landmarks)
+        init_landmarks(self, num_landmarks, landmark_mode, fixed_landmarks, pinv_iters)
 
     def set_landmark_mode(self, mode: str, fixed_landmarks=None) -> None:
         self.fixed = check_mode(self, mode, fixed_landmarks)
         self.mode = mode
+
+    def _check_more(self, d: int) -> None:
+        check_fixed_dim(self, d)
 
     def _attend(self, st, qw, kw, vw) -> Tensor:
         n_t = qw.shape[1]

@@ -2,6 +2,7 @@
 import json
 import time
 
+import pytest
 import torch
 from tiny import tiny_model
 
@@ -83,6 +84,7 @@ def test_models_are_added_removed_reset_and_switched_mid_stream():
     assert max(fixed_flops) < max(r.models["cn"].flops["sda"] for r in seen[4:10])   # no landmark updates
 
 
+@pytest.mark.slow
 def test_a_slow_consumer_makes_the_source_drop_whole_hops():
     engine = Engine(build_embedder(random_seed=0), {"continual": small("continual")})
     source = DemoSource(realtime=True, seconds=6)

@@ -33,12 +33,14 @@ def stream_errors(variant, mode, n, m, d, retroactive, *, B=2, steps=None, seed=
     return worst
 
 
-GRID = [(n, m) for n in (1, 7, 120, 240) for m in (1, 2, 4, 7, 16) if m <= n]
+LONG = pytest.mark.slow          # 240-token streams: in `make test`, not in `make test-fast`
+GRID = [pytest.param(n, m, marks=LONG) if n == 240 else (n, m)
+        for n in (1, 7, 120, 240) for m in (1, 2, 4, 7, 16) if m <= n]
 
 
 @pytest.mark.parametrize("retroactive", [False, True])
 @pytest.mark.parametrize("d", [12, 64, 192])
-@pytest.mark.parametrize("n", [1, 7, 120, 240])
+@pytest.mark.parametrize("n", [1, 7, 120, pytest.param(240, marks=LONG)])
 @pytest.mark.parametrize("variant", ["regular", "continual"])
 def test_exact_variants_equal_attention(variant, n, d, retroactive):
     assert stream_errors(variant, None, n, None, d, retroactive) <= TOL
@@ -54,7 +56,8 @@ def test_nystrom_variants_equal_reference(variant, n, m, d, retroactive):
 
 
 @pytest.mark.parametrize("retroactive", [False, True])
-@pytest.mark.parametrize("n,m", [(1, 1), (7, 2), (7, 7), (120, 4), (120, 7), (240, 16)])
+@pytest.mark.parametrize("n,m", [(1, 1), (7, 2), (7, 7), (120, 4), (120, 7),
+                                 pytest.param(240, 16, marks=LONG)])
 @pytest.mark.parametrize("variant", ["nystrom", "continual_nystrom"])
 def test_fixed_landmarks_equal_reference(variant, n, m, retroactive):
     d = 64

@@ -54,3 +54,12 @@ def test_segment_means_sizes_follow_the_paper():
     torch.testing.assert_close(got, torch.tensor([1.0, 3.5, 5.5]))
     with pytest.raises(ValueError, match="1 <= m <= window"):
         segment_means(x, 8)
+
+
+@pytest.mark.parametrize("variant", ["nystrom", "continual_nystrom"])
+def test_fixed_landmarks_of_another_head_dimension_are_refused(variant):
+    s = streaming_sda(variant, 8, landmark_mode="fixed",
+                      fixed_landmarks=(torch.zeros(2, 4), torch.zeros(2, 4)))
+    s.reset(1)
+    with pytest.raises(ValueError, match="fixed landmarks have d=4, inputs have d=6"):
+        s.step(torch.zeros(1, 6), torch.zeros(1, 6), torch.zeros(1, 6))
