@@ -53,6 +53,11 @@ class InterleavedStreams(nn.Module):
         """Batch forward of the shared weights: x (B, T, in_dim) -> (B, classes)."""
         return self.primary(x, start=start, landmarks=landmarks)
 
+    def use_fused(self, on: bool = True) -> "InterleavedStreams":
+        for r in self.replicas:
+            r.use_fused(on)
+        return self
+
     def reset(self, batch_size: int = 1) -> None:
         self._hop = 0
         for r in self.replicas:

@@ -25,6 +25,39 @@ def segment_sizes(n: int, m: int) -> list[int]:
     return [base + 1] * extra + [base] * (m - extra)
 
 
+def aligned_segments(t: int, n: int, m: int) -> list[tuple[int, int]]:
+    """The segments whose means are the continual landmarks after t tokens, as (start, stop)
+    ranges of the window (the newest min(t, n) tokens, oldest first), oldest segment first.
+
+    Warm-up (t < n): min(m, t) segments of all t tokens (the ``segment_means`` pattern). Then: the
+    m latest completed stream-aligned segments, the oldest clipped to the window (it keeps at
+    least one token: the tokens after the last boundary are fewer than its size)."""
+    check_landmarks(n, m)
+    if t < n:
+        sizes = segment_sizes(t, min(m, t))
+        ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
+        return [(e - z, e) for z, e in zip(sizes, ends)]
+    sizes = segment_sizes(n, m)
+    bounds = [0]
+    for z in sizes:
+        bounds.append(bounds[-1] + z)
+    rem = t % n
+    done = max(i for i, b in enumerate(bounds) if b <= rem)     # segments done in this cycle
+    last = t - (rem - bounds[done])                              # the latest boundary (stream)
+    ranges, stop = [], last
+    for i in range(m):                                           # newest completed first
+        size = sizes[(done - 1 - i) % m]
+        ranges.append((stop - size, stop))
+        stop -= size
+    w0 = t - n                                                   # stream index of window slot 0
+    return [(max(a, w0) - w0, b - w0) for a, b in reversed(ranges)]
+
+
+def aligned_means(x: Tensor, t: int, m: int, n: int) -> Tensor:
+    """x: (B, n_t, d) the window after t tokens -> (B, m', d) means over ``aligned_segments``."""
+    return torch.stack([x[:, a:b].mean(dim=1) for a, b in aligned_segments(t, n, m)], dim=1)
+
+
 def check_landmarks(n: int, m: int) -> None:
     if not isinstance(m, int) or m < 1 or m > n:
         raise ValueError(f"num_landmarks must be an int with 1 <= m <= window ({n}), got {m!r}")
@@ -85,6 +118,45 @@ class ContinualLandmarks:
             st.completed += 1
             return True
         return not self.warm  # during warm-up the landmarks change every step
+
+    def count(self) -> None:
+        """``push`` without the arithmetic, for a fused step that adds q, k to the segment sums
+        itself; only valid when the token completes no segment and warm-up is over."""
+        st = self.state
+        st.t += 1
+        st.seg_count += 1
+
+    def completes_next(self) -> bool:
+        """Whether the next token completes a segment (or falls in warm-up)."""
+        st = self.state
+        return not self.warm or st.seg_count + 1 == self.sizes[st.completed % self.m]
+
+    def resume(self, q: Tensor, k: Tensor, t: int) -> None:
+        """Rebuild the tracker after t tokens from the window's q, k: (B, n_t, d), oldest first
+        (a stream that ran with fixed landmarks switches to continual ones). Landmarks of segments
+        partly out of the window are means of their in-window part."""
+        st, n, m = self.state, self.n, self.m
+        n_t = q.shape[1]
+        st.t = t
+        if t < n:
+            st.hist_q[:, :t] = q
+            st.hist_k[:, :t] = k
+        cycles, rem = divmod(t, n)
+        bounds = [sum(self.sizes[:i]) for i in range(m + 1)]
+        done = max(i for i, b in enumerate(bounds) if b <= rem)
+        st.completed, st.seg_count = cycles * m + done, rem - bounds[done]
+        c = st.seg_count
+        st.seg_q.copy_(q[:, n_t - c:].sum(dim=1))
+        st.seg_k.copy_(k[:, n_t - c:].sum(dim=1))
+        w0 = t - n_t                            # stream index of window slot 0
+        stop = t - c
+        for i in range(min(m, st.completed)):   # newest completed segment first
+            index = st.completed - 1 - i
+            size = self.sizes[index % m]
+            a, b = max(stop - size, w0) - w0, stop - w0
+            st.q_land[:, index % m] = q[:, a:b].mean(dim=1)
+            st.k_land[:, index % m] = k[:, a:b].mean(dim=1)
+            stop -= size
 
     def current(self) -> tuple[Tensor, Tensor]:
         """Landmarks in use now: (q_land, k_land), each (B, m', d), m' = min(m, t)."""

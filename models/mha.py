@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
 
-from .landmarks import segment_means
+from .landmarks import aligned_means, segment_means
 from .sda import (LANDMARK_MODES, VARIANTS, attention, inference, nystrom_attention,
                   streaming_sda)
 
@@ -155,13 +155,23 @@ class MultiheadAttention(nn.Module):
 
     @inference
     def step_window(self, xw: Tensor) -> Tensor:
-        """xw: (B, n_t, d_model) window after a retroactive layer -> (B, d_model) newest token."""
+        """xw: (B, n_t, d_model) window after a retroactive layer -> (B, d_model) newest token.
+
+        Continual landmarks: the stream-aligned segment means of this window's queries and keys
+        (taken before the projection, which is linear), so they follow the retroactively updated
+        window exactly as the batch forward sees it."""
         B, n_t, d = xw.shape
         w_q, w_kv = self.in_proj.weight.split([d, 2 * d])
         b_q, b_kv = self.in_proj.bias.split([d, 2 * d])
         q = nnf.linear(xw[:, -1], w_q, b_q).reshape(B * self.heads, self.d_head)
         k, v = nnf.linear(xw, w_kv, b_kv).chunk(2, dim=-1)
-        out = self.sda.step_window(q, self._fold(k), self._fold(v))
+        marks = None
+        if self.landmark_mode == "continual":
+            st = self.sda.st
+            means = aligned_means(xw, (st.t if st is not None else 0) + 1, self.num_landmarks, self.window)
+            qk = nnf.linear(means, self.in_proj.weight[:2 * d], self.in_proj.bias[:2 * d])
+            marks = (self._fold(qk[..., :d]), self._fold(qk[..., d:]))
+        out = self.sda.step_window(q, self._fold(k), self._fold(v), **({"landmarks": marks} if marks else {}))
         return nnf.linear(out.reshape(B, self.d_model), self.out_proj.weight, self.out_proj.bias)
 
     def landmarks(self) -> tuple[Tensor, Tensor] | None:

@@ -19,12 +19,14 @@ Why this is stable where the published continual attention is not:
     rounding error of the row is about ``eps * peak``, so whenever ``den < TAU * peak`` the row is
     recomputed from its cached scores (O(n d) for that row only). With TAU = 1/16 the relative error stays
     below ~16 * (updates) * eps.
-  * Rows with unbounded lifetime (fixed landmarks) also get a *shadow* accumulator that only ever
-    adds: after n steps it holds exactly the window and replaces the main sums, so rounding error
-    never accumulates over more than 2n updates (no drift after 10^5 steps). Retroactive rows and
-    continual landmarks live at most n steps by construction and need no shadow.
+  * Rows with unbounded lifetime (fixed landmarks: a row is never recomputed) would accumulate
+    the rounding of every add and remove. Continual Nyström keeps its m rows in float64 (``wide``):
+    the float32 term removed is the one that was added, so each add/remove pair leaves ~1e-16
+    relative error and 10^5 steps leave ~1e-11 (no drift), at no extra FLOPs (the rows are m x d).
+    Retroactive rows live at most n steps by construction and stay float32.
 Amortised cost: one max, two exps and a compare per row and step on top of the unstabilised
-update, plus rare O(n d) refreshes (counted in the FLOPs of the step that does them).
+update, plus rare O(n d) refreshes (counted in the FLOPs of the step that does them). Each measure
+can be turned off separately (``Stability``) so that `bench` can show what it costs.
 """
 from __future__ import annotations
 
@@ -34,6 +36,26 @@ import torch
 from torch import Tensor
 
 TAU = 1.0 / 16.0  # refresh a row when its denominator falls below TAU * its peak
+
+
+@dataclass(frozen=True)
+class Stability:
+    """The three stability measures, each switchable (benchmarks only: turning one off loses the
+    guarantee it gives)."""
+    rescale: bool = True   # running-max references: no exp() argument above 0 (no overflow)
+    refresh: bool = True   # rows recomputed from cached scores after cancellation
+    wide: bool = True      # float64 running sums where rows live forever (no drift)
+
+    @staticmethod
+    def of(setting: "bool | Stability") -> "Stability":
+        """``True`` / ``False`` for all measures on / off, or a ``Stability`` as it is."""
+        if isinstance(setting, Stability):
+            return setting
+        return Stability(bool(setting), bool(setting), bool(setting))
+
+    @property
+    def any(self) -> bool:
+        return self.rescale or self.refresh or self.wide
 
 
 @dataclass
@@ -112,22 +134,23 @@ class SumsScratch:
 
 def fresh_sums(scores: Tensor, values: Tensor) -> RunningSums:
     """Sums from scratch. scores: (B, R, n) already scaled; values: (B, n, d)."""
-    ref = scores.amax(dim=-1)                                   # (B, R)
+    ref = scores.amax(dim=-1)                                   # (B, R), in scores' dtype
     e = torch.exp(scores - ref.unsqueeze(-1))                   # (B, R, n)
     den = e.sum(dim=-1)
     return RunningSums(ref=ref, den=den, num=torch.bmm(e, values), peak=den.clone())
 
 
-def add_key(s: RunningSums, scores: Tensor, v: Tensor, stabilize: bool = True,
+def add_key(s: RunningSums, scores: Tensor, v: Tensor, rescale: bool = True,
             scratch: SumsScratch | None = None) -> bool:
     """Add one key to every row in place. scores: (B, R) scaled; v: (B, d).
 
-    Returns True when some row's reference had to rise (a rescale of all rows was done).
+    ``rescale``: raise a row's reference (rescaling the row) when a score exceeds it; returns True
+    when that happened to some row. Without it the peak (for refreshes) is not tracked either.
     ``scratch``: buffers for the rows of ``s`` (allocated here if not given).
     """
     b = scratch or SumsScratch.like(s)
     rescaled = False
-    if stabilize:
+    if rescale:
         torch.gt(scores, s.ref, out=b.flag)
         torch.any(b.flag, out=b.any)
         rescaled = bool(b.any)
@@ -143,7 +166,7 @@ def add_key(s: RunningSums, scores: Tensor, v: Tensor, stabilize: bool = True,
     b.e.exp_()
     s.den.add_(b.e)
     s.num.addcmul_(b.e.unsqueeze(-1), v.unsqueeze(1))         # num += e v^T (rank 1)
-    if stabilize:
+    if rescale:
         torch.maximum(s.peak, s.den, out=s.peak)
     return rescaled
 
@@ -179,5 +202,7 @@ def refresh_stale(s: RunningSums, row_scores, values: Tensor, valid: int,
     if mask is None:
         return 0
     b_idx, r_idx = mask.nonzero(as_tuple=True)
-    s.assign_((b_idx, r_idx), fresh_sums(row_scores(b_idx, r_idx).unsqueeze(1), values[b_idx, :valid]))
+    dt = s.num.dtype       # float64 rows are recomputed in float64
+    s.assign_((b_idx, r_idx), fresh_sums(row_scores(b_idx, r_idx).unsqueeze(1).to(dt),
+                                         values[b_idx, :valid].to(dt)))
     return int(b_idx.numel())

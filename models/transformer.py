@@ -201,6 +201,8 @@ class GenreTransformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.num_classes)
         self.continual = cfg.variant in ("continual", "continual_nystrom")
         self._batch: int | None = None
+        self.fused = False                 # steps in the compiled CPU kernel (use_fused)
+        self._fused_step = None
 
     # ------------------------------------------------------------------ batch
     def forward(self, x: Tensor, start: int | Tensor = 0, landmarks: list | None = None) -> Tensor:
@@ -227,16 +229,42 @@ class GenreTransformer(nn.Module):
             raise ValueError(f"input is {x.dtype} on {x.device}; the model is {p.dtype} on {p.device}")
 
     # ------------------------------------------------------------------ streaming
+    def use_fused(self, on: bool = True) -> "GenreTransformer":
+        """Take streaming steps in the fused CPU kernel (models/fused/), or the torch reference.
+
+        Continual variants, float32 on the CPU: a 1-block model at batch 1 steps in one compiled
+        call; otherwise the attention kernels' steady steps are compiled. Equal to the reference
+        within 1e-5 at every step (tests/models/test_fused.py). Takes effect at the next reset."""
+        from .fused import available
+        self.fused = bool(on) and available()
+        return self
+
     def reset(self, batch_size: int = 1) -> None:
         """Start new streams; must be called before the first ``step``."""
         self._batch, self._t = batch_size, 0
         self._tokens = None
         for block in self.blocks:
+            block.attn.sda.fused = self.fused
             block.reset(batch_size)
+        self._fused_step = None
+        if self.fused and batch_size == 1:
+            from .fused.model_step import FusedModelStep, fusable
+            if fusable(self):
+                self._fused_step = FusedModelStep(self)
 
-    @inference
     def step(self, token: Tensor) -> Tensor:
         """token: (B, in_dim) -> logits (B, classes) of the window ending at this token."""
+        fused = self._fused_step
+        if (fused is not None and type(token) is Tensor and token.shape == fused.token_shape
+                and token.dtype == torch.float32 and token.device.type == "cpu"
+                and token.is_contiguous()):
+            t = self._t
+            self.__dict__["_t"] = t + 1     # (nn.Module.__setattr__ costs microseconds here)
+            return fused.step(token, t)
+        return self._step(token)
+
+    @inference
+    def _step(self, token: Tensor) -> Tensor:
         if self._batch is None:
             raise RuntimeError("GenreTransformer.step called before reset(batch_size)")
         self._check_input(token, 2)
@@ -244,6 +272,8 @@ class GenreTransformer(nn.Module):
             raise ValueError(f"token batch {token.shape[0]} != reset batch {self._batch}")
         n, t = self.cfg.window, self._t
         self._t += 1
+        if self._fused_step is not None:     # an unusual token (non-contiguous): same result
+            return self._fused_step.step(token.contiguous(), t)
         if not self.continual:                       # baseline: recompute the whole window
             if self._tokens is None:
                 self._tokens = token.new_zeros(self._batch, n, self.cfg.in_dim)
@@ -323,6 +353,8 @@ class GenreTransformer(nn.Module):
             else:   # retroactive block (out-proj and tail over n_t tokens), then window-fed block
                 proj = (F.linear(d, 3 * d, 1) + F.linear(d, d, n_t)
                         + F.linear(d, d, 1) + F.linear(d, 2 * d, n_t) + F.linear(d, d, 1))
+                if self.landmark_mode == "continual":   # block 2's landmarks: segment means, projected
+                    proj = proj + F.ew(n_t * d) + F.linear(d, 2 * d, min(cfg.num_landmarks, n_t))
                 tail = F.block_tail(d, cfg.ff_dim, n_t) + F.block_tail(d, cfg.ff_dim, 1)
             embed = F.linear(cfg.in_dim, d, 1) + F.ew(d)
         head = F.linear(d, cfg.num_classes, 1)

@@ -22,6 +22,7 @@ from audio.checksums import file_sha256
 from audio.token_cache import TokenSet, load_tokens
 from models.checkpoint import load_checkpoint
 from models.evaluation import Costs, measure_costs, regular_reference, stream_metrics
+from models.fused import default_fused
 
 from .train import make_splits
 
@@ -104,6 +105,7 @@ def evaluate(tokens_path: str, checkpoints: list[str], *, variant: str | None = 
     results: dict[str, ModelResult] = {}
     for path in checkpoints:
         model, payload = load_checkpoint(path, variant=variant, in_dim=tokens.X.shape[2], classes=genres)
+        model.use_fused(default_fused(model.embed.weight.device))   # the compiled CPU step
         trained_on = payload.get("metadata", {}).get("data", {}).get("sha256")
         if trained_on and trained_on != sha and not allow_other_data:
             raise EvaluateError(f"{path} was trained on another token file (sha256 {trained_on[:12]}…, "

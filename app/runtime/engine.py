@@ -24,6 +24,7 @@ from audio.errors import FrontEndMismatchError
 from audio.frontends import FrontEnd, as_frontend
 from audio.gtzan import GENRES
 from audio.token_stream import TokenStream
+from models.fused import default_fused
 from models.interleaved import InterleavedStreams
 from models.landmarks import fit_fixed_landmarks
 from models.sda import LANDMARK_MODES
@@ -48,15 +49,17 @@ class Engine:
 
     ``frontend``: a FrontEnd (or a VGGish Embedder); ``models``: name -> GenreTransformer;
     ``trained``: name -> bool; ``spacing``: name -> hops between the tokens the model was trained
-    on (default 1), fed as interleaved streams; ``frontends``: name -> the front-end name a model
+    on (default 1), fed as interleaved streams; ``fused``: step continual models in the compiled
+    CPU kernel (default; False: the torch reference path); ``frontends``: name -> the front-end name a model
     was trained on (a mismatch is refused); ``classes``: name -> its class names (default GTZAN).
     """
 
     def __init__(self, frontend: FrontEnd, models: dict | None = None,
                  trained: dict[str, bool] | None = None, *, spacing: dict[str, int] | None = None,
                  frontends: dict[str, str] | None = None, classes: dict | None = None,
-                 recent_tokens: int = 480):
+                 recent_tokens: int = 480, fused: bool = True):
         self.frontend = as_frontend(frontend)
+        self.fused = fused      # the compiled CPU step where it applies (models/fused/)
         self.slots: dict[str, Slot] = {}
         for name, model in (models or {}).items():
             self.slots[name] = self._slot(name, model, (trained or {}).get(name, False),
@@ -91,6 +94,7 @@ class Engine:
             raise EngineError(f"{name} has {model.cfg.num_classes} outputs but {len(classes)} class names")
         if spacing > 1:
             model = InterleavedStreams(model, spacing)
+        model.use_fused(self.fused and default_fused(model.embed.weight.device))
         return Slot(model.eval(), trained, spacing, classes)
 
     # ------------------------------------------------------------------ control (any thread)

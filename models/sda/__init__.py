@@ -15,6 +15,7 @@ finite. The shared contract is in models/sda/kernel.py.
 from __future__ import annotations
 
 from ..landmarks import segment_means
+from ..running_sums import Stability
 from .continual import ContinualKernel
 from .continual_nystrom import ContinualNystromKernel
 from .kernel import SDAKernel, StepReport
@@ -28,17 +29,19 @@ KERNELS = {"regular": RegularKernel, "continual": ContinualKernel, "nystrom": Ny
 
 def streaming_sda(variant: str, window: int, *, retroactive: bool = False,
                   num_landmarks: int | None = None, landmark_mode: str | None = None,
-                  fixed_landmarks=None, pinv_iters: int = 6, stabilize: bool = True) -> SDAKernel:
+                  fixed_landmarks=None, pinv_iters: int = 6, stabilize: bool | Stability = True,
+                  fused: bool = False) -> SDAKernel:
     """The streaming kernel of ``variant`` over a window of ``window`` tokens.
 
     ``retroactive``: every step returns the whole window's outputs; ``stabilize=False`` turns off
-    the overflow/cancellation protection (for benchmarks only). Nyström variants need
+    the overflow/cancellation/drift protection, or a ``Stability`` some of it (benchmarks only);
+    ``fused``: steady steps in the compiled CPU kernel (models/fused/). Nyström variants need
     ``num_landmarks`` (or ``fixed_landmarks`` (m, d) / (H, m, d), which imply it).
     """
     if variant not in KERNELS:
         raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
     kernel = KERNELS[variant]
-    common = dict(retroactive=retroactive, stabilize=stabilize)
+    common = dict(retroactive=retroactive, stabilize=stabilize, fused=fused)
     if not kernel.takes_landmarks:
         if landmark_mode is not None or num_landmarks is not None or fixed_landmarks is not None:
             raise ValueError(f"variant {variant!r} takes no landmarks; valid landmark modes: "

@@ -10,6 +10,10 @@ Contract (heads folded into the batch B, d the head dimension):
                                 query, k, v (B, n_t, d) the whole (recomputed) window
   landmarks()                   (q_land, k_land) the last step used, or None
   report / last_step            what the last step did / its FLOPs for the whole batch
+
+``fused=True``: steady steps (those that change no landmark) run in one compiled call
+(models/fused/) on the same state, so fused and torch steps can alternate freely; rare steps
+(first, warm-up, landmark updates) take the torch path.
 """
 from __future__ import annotations
 
@@ -17,10 +21,12 @@ import abc
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .. import flops as F
+from ..running_sums import Stability
 
 
 @dataclass
@@ -31,7 +37,7 @@ class StepReport:
     first: bool = False              # the stream's first token
     event: str = "step"              # 'step' incremental | 'rebuild' landmarks, pinv and rows from
                                      #   scratch | 'landmark' one new landmark and its pinv |
-                                     #   'swap' shadow sums replaced the main sums (fixed landmarks)
+                                     #   'window' landmarks of a recomputed window (window-fed)
     evicted: bool = False            # the departing key was removed from the cached sums
     rescaled: bool = False           # a row reference rose, so every row was rescaled
     rows_refreshed: int = 0          # rows recomputed for stability (whole batch)
@@ -81,14 +87,18 @@ class SDAKernel(abc.ABC):
     variant = ""
     takes_landmarks = False
 
-    def __init__(self, window: int, *, retroactive: bool = False, stabilize: bool = True):
+    def __init__(self, window: int, *, retroactive: bool = False, stabilize: bool | Stability = True,
+                 fused: bool = False):
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be an int >= 1, got {window!r}")
-        self.n, self.retroactive, self.stabilize = window, bool(retroactive), stabilize
+        self.n, self.retroactive = window, bool(retroactive)
+        self.stability = Stability.of(stabilize)
+        self.fused = fused       # steady steps in the compiled CPU kernel (models/fused/)
         self.st: StreamState | None = None
         self.report = StepReport()
         self._batch: int | None = None
         self._dtype = self._device = None
+        self._fuse_ok = False
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self, batch_size: int, device=None, dtype=None) -> None:
@@ -174,6 +184,7 @@ class SDAKernel(abc.ABC):
             raise ValueError(f"k, v windows must have 1..{self.n} tokens, got {k.shape[1]}, {v.shape[1]}")
         if st.d == 0:             # first step: the stream takes the inputs' dtype and device
             self._dtype, self._device = q.dtype, q.device
+            self._fuse_ok = q.dtype == torch.float32 and q.device.type == "cpu"
             st.d = d
             self._allocate(d, q.device, q.dtype, window_input)
         self._check_more(d)
@@ -194,6 +205,23 @@ class SDAKernel(abc.ABC):
         st = self._begin(q, k, v, window_input=True)
         st.t += 1
         return st
+
+    def _fusable(self) -> bool:
+        """The fused kernel may take steps of this stream (asked for, float32 on the CPU)."""
+        return self.fused and self._fuse_ok
+
+    def _as_arrays(self, q: Tensor, k: Tensor, v: Tensor):
+        """q, k, v as numpy views for the fused kernel, or None if any is not a (B, d) float32
+        contiguous CPU tensor without grad (the torch path then takes the step and checks it)."""
+        try:
+            a = (q.numpy(), k.numpy(), v.numpy())
+        except (AttributeError, RuntimeError, TypeError):
+            return None
+        want = (self._batch, self.st.d)
+        for x in a:
+            if x.shape != want or x.dtype != np.float32 or not x.flags.c_contiguous:
+                return None
+        return a
 
     def _check_more(self, d: int) -> None:
         """Kernel-specific checks of the first or an unusual step."""

@@ -1,5 +1,5 @@
-"""The steady continual Nyström step allocates nothing but its output; with fixed landmarks it
-does no work that grows with n.
+"""The steady continual Nyström step (torch reference path) allocates nothing but its output; with
+fixed landmarks it does no work that grows with n.
 
 Oracle: a TorchDispatchMode sees every aten operation of a step; an output whose storage is not
 one of the inputs' storages is a fresh allocation.
@@ -51,7 +51,8 @@ def test_steady_step_allocates_only_its_output():
             with counter:
                 out = s.step(x[0], x[1], x[2])
             assert s.report.rows_refreshed == 0
-            assert counter.fresh == [("aten.bmm.default", (16, 1, 12))], counter.fresh
+            # the float64 sums give a float64 product, cast to the output: one allocation
+            assert [shape for _, shape in counter.fresh] == [(16, 12)], counter.fresh
             assert out.shape == (16, 12)
 
 

@@ -4,6 +4,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from models import flops as F
+from models.landmarks import aligned_means
 from models.paper import PAPER_TABLE_II
 from models.sda import streaming_sda
 from models.transformer import ModelConfig, build_model
@@ -62,7 +63,9 @@ def test_step_window_matmul_part_equals_flop_counter():
         for t in range(3 * n):
             n_t = min(t + 1, n)
             q, k, v = torch.randn(B, d), torch.randn(B, n_t, d), torch.randn(B, n_t, d)
-            counted, _ = counted_matmul_flops(lambda: s.step_window(q, k, v))
+            marks = ({} if variant == "continual" else
+                     {"landmarks": (aligned_means(k, t + 1, m, n), aligned_means(v, t + 1, m, n))})
+            counted, _ = counted_matmul_flops(lambda: s.step_window(q, k, v, **marks))
             assert s.last_step.matmul == counted
 
 

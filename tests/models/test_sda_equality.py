@@ -109,7 +109,9 @@ def test_live_landmark_switch_keeps_equality():
 
 
 def test_step_window_equals_single_query_reference():
-    """The layer after a retroactive one: newest query over a recomputed window."""
+    """The layer after a retroactive one: newest query over a recomputed window; continual
+    landmarks are the aligned segment means of that window (passed in, new every step)."""
+    from models.landmarks import aligned_means, segment_means
     from models.sda import attention, nystrom_attention
     n, m, d, B = 9, 3, 16, 2
     for variant in ("continual", "continual_nystrom"):
@@ -117,12 +119,18 @@ def test_step_window_equals_single_query_reference():
         s.reset(B)
         for t in range(30):
             n_t = min(t + 1, n)
-            q, k, v = torch.randn(B, d), torch.randn(B, n_t, d), torch.randn(B, n_t, d)
-            out = s.step_window(q, k, v)
+            qw, k, v = torch.randn(B, n_t, d), torch.randn(B, n_t, d), torch.randn(B, n_t, d)
+            q = qw[:, -1]
             if variant == "continual":
+                out = s.step_window(q, k, v)
                 ref = attention(q.unsqueeze(1).double(), k.double(), v.double())[:, 0]
             else:
+                out = s.step_window(q, k, v, landmarks=(aligned_means(qw, t + 1, m, n),
+                                                        aligned_means(k, t + 1, m, n)))
                 ql, kl = s.landmarks()
+                if (t + 1) % n == 0 or t + 1 < n:     # whole segments: the window's segment means
+                    assert torch.allclose(ql, segment_means(qw, min(m, n_t)), atol=1e-6)
+                    assert torch.allclose(kl, segment_means(k, min(m, n_t)), atol=1e-6)
                 ref = nystrom_attention(q.unsqueeze(1).double(), k.double(), v.double(),
                                         ql.double(), kl.double())[:, 0]
             assert (out.double() - ref).abs().max() <= TOL

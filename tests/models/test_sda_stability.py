@@ -24,13 +24,13 @@ def rising_falling_stream(T, B, d, peak, seed=0):
     return q, k, v
 
 
-def make(variant, mode, n, m, d, retro, stabilize=True):
+def make(variant, mode, n, m, d, retro, stabilize=True, fused=False):
     fixed = None
     if mode == "fixed":
         g = torch.Generator().manual_seed(7)
         fixed = (torch.randn(m, d, generator=g) * 2, torch.randn(m, d, generator=g) * 2)
     return streaming_sda(variant, n, retroactive=retro, num_landmarks=m if "nystrom" in variant else None,
-                        landmark_mode=mode, fixed_landmarks=fixed, stabilize=stabilize)
+                        landmark_mode=mode, fixed_landmarks=fixed, stabilize=stabilize, fused=fused)
 
 
 def reference(s, variant, q, k, v, t, n, retro):
@@ -44,12 +44,13 @@ def reference(s, variant, q, k, v, t, n, retro):
     return ref if retro else ref[:, -1]
 
 
-@pytest.mark.parametrize("retro", [False, True])
+@pytest.mark.parametrize("retro,fused", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("variant,mode", CONTINUAL)
-def test_huge_rising_and_falling_scores_stay_accurate(variant, mode, retro):
+def test_huge_rising_and_falling_scores_stay_accurate(variant, mode, retro, fused):
+    """Torch reference and fused (compiled) steps alike."""
     T, B, d, n, m = 10_000, 2, 16, 32, 4
     q, k, v = rising_falling_stream(T, B, d, peak=260.0)
-    s = make(variant, mode, n, m, d, retro)
+    s = make(variant, mode, n, m, d, retro, fused=fused)
     s.reset(B)
     worst, top_score = 0.0, 0.0
     for t in range(T):
@@ -84,15 +85,17 @@ def test_without_stabilisation_the_same_stream_breaks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant,mode,retro", [("continual", None, True),
-                                                 ("continual_nystrom", "continual", False),
-                                                 ("continual_nystrom", "fixed", False),
-                                                 ("continual_nystrom", "fixed", True)])
-def test_no_drift_after_100k_steps(variant, mode, retro):
+@pytest.mark.parametrize("variant,mode,retro,fused", [("continual", None, True, False),
+                                                       ("continual_nystrom", "continual", False, False),
+                                                       ("continual_nystrom", "fixed", False, False),
+                                                       ("continual_nystrom", "fixed", True, False),
+                                                       ("continual_nystrom", "fixed", False, True),
+                                                       ("continual_nystrom", "continual", False, True)])
+def test_no_drift_after_100k_steps(variant, mode, retro, fused):
     T, d, n, m = 100_000, 8, 8, 2
     g = torch.Generator().manual_seed(11)
     x = torch.randn(T, 3, 1, d, generator=g)
-    s = make(variant, mode, n, m, d, retro)
+    s = make(variant, mode, n, m, d, retro, fused=fused)
     s.reset(1)
     for t in range(T):
         out = s.step(x[t, 0], x[t, 1], x[t, 2])

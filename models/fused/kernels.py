@@ -1,0 +1,269 @@
+"""The fused CPU step, compiled with numba: one call per streamed token instead of hundreds of torch
+calls. Every function works in place on numpy views of the torch state (models/sda/), so a step
+taken here and a step taken by the torch reference leave the same state behind.
+
+Shapes: BH = batch x heads rows (heads folded into the batch, head index fastest), d the head
+dimension, n the window, m landmarks; D the model width, F the feed-forward width. Products
+accumulate in float32 (like torch's); the continual Nyström running sums are float64.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+JIT = dict(cache=True, nogil=True, fastmath=True, error_model="numpy")
+
+
+# ----------------------------------------------------------------------------- layers
+
+@njit(**JIT)
+def linear(w, b, x, out):
+    """out = w x + b. w: (O, I), b: (O,), x: (I,), out: (O,). Four rows per pass over x (one
+    load of x feeds four products; measured 1.3x faster than one row at a time)."""
+    O, I = w.shape
+    o = 0
+    while o + 4 <= O:
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for i in range(I):
+            xi = x[i]
+            a0 += w[o, i] * xi
+            a1 += w[o + 1, i] * xi
+            a2 += w[o + 2, i] * xi
+            a3 += w[o + 3, i] * xi
+        out[o], out[o + 1], out[o + 2], out[o + 3] = a0 + b[o], a1 + b[o + 1], a2 + b[o + 2], a3 + b[o + 3]
+        o += 4
+    while o < O:
+        acc = np.float32(0.0)
+        for i in range(I):
+            acc += w[o, i] * x[i]
+        out[o] = acc + b[o]
+        o += 1
+
+
+@njit(**JIT)
+def layer_norm(x, w, b, eps, out):
+    """out = LayerNorm(x) * w + b (biased variance, statistics in float64). x, out: (D,)."""
+    D = x.shape[0]
+    mean = 0.0
+    for i in range(D):
+        mean += x[i]
+    mean /= D
+    var = 0.0
+    for i in range(D):
+        c = x[i] - mean
+        var += c * c
+    inv = 1.0 / math.sqrt(var / D + eps)
+    for i in range(D):
+        out[i] = (x[i] - mean) * inv * w[i] + b[i]
+
+
+@njit(**JIT)
+def embed_qkv(token, pre, pos_index, h, qkv):
+    """h = embed(token) + pos_table[pos_index]; qkv = in_proj(h). token: (I,), h: (D,), qkv: (3D,);
+    pre: (embed weight, embed bias, position table, in-projection weight, its bias)."""
+    emb_w, emb_b, pos, in_w, in_b = pre
+    linear(emb_w, emb_b, token, h)
+    for i in range(h.shape[0]):
+        h[i] += pos[pos_index, i]
+    linear(in_w, in_b, h, qkv)
+
+
+@njit(**JIT)
+def block_tail(x, attn, out_w, out_b, n1w, n1b, eps1, f1w, f1b, f2w, f2b, n2w, n2b, eps2,
+               a, y, hid, f, out):
+    """Post-norm block after attention for one token: out = LN2(y + FF(y)), y = LN1(x + W_o attn).
+    x, attn, out, a, y, f: (D,), hid: (F,) buffers."""
+    linear(out_w, out_b, attn, a)
+    for i in range(a.shape[0]):
+        a[i] += x[i]
+    layer_norm(a, n1w, n1b, eps1, y)
+    linear(f1w, f1b, y, hid)
+    for i in range(hid.shape[0]):
+        if hid[i] < 0:
+            hid[i] = 0
+    linear(f2w, f2b, hid, f)
+    for i in range(f.shape[0]):
+        f[i] += y[i]
+    layer_norm(f, n2w, n2b, eps2, out)
+
+
+@njit(**JIT)
+def tail_and_head(x, attn, w, eps1, eps2, bufs, logits):
+    """Block tail then classifier. w: the 12 block/head weight arrays (see FusedModel)."""
+    a, y, hid, f, z = bufs
+    block_tail(x, attn, w[0], w[1], w[2], w[3], eps1, w[4], w[5], w[6], w[7], w[8], w[9], eps2,
+               a, y, hid, f, z)
+    linear(w[10], w[11], z, logits)
+
+
+# ----------------------------------------------------------------------------- exact attention
+
+@njit(**JIT)
+def continual_step(q, k, v, ring_k, ring_v, slot, n_t, scores, out):
+    """Continual single-output SDA: write the newest key/value into ``slot``, attend the newest
+    query over the n_t stored tokens. q, k, v, out: (BH, d); ring_*: (BH, n, d); scores: (n,)."""
+    BH, d = q.shape
+    scale = np.float32(1.0 / math.sqrt(d))
+    for b in range(BH):
+        for j in range(d):
+            ring_k[b, slot, j] = k[b, j]
+            ring_v[b, slot, j] = v[b, j]
+        top = -np.inf
+        for t in range(n_t):
+            s = np.float32(0.0)
+            for j in range(d):
+                s += (q[b, j] * scale) * ring_k[b, t, j]
+            scores[t] = s
+            top = max(top, s)
+        total = np.float32(0.0)
+        for t in range(n_t):
+            e = np.float32(math.exp(scores[t] - top))
+            scores[t] = e
+            total += e
+        for j in range(d):
+            out[b, j] = 0.0
+        for t in range(n_t):
+            p = scores[t] / total
+            for j in range(d):
+                out[b, j] += p * ring_v[b, t, j]
+
+
+# ----------------------------------------------------------------------------- continual Nyström
+
+@njit(**JIT)
+def _fresh_row(b, r, key_scores, ring_v, n_t, ref, den, num, peak):
+    """Running sums of row r of sequence b from scratch, from its cached scores."""
+    top = -np.inf
+    for t in range(n_t):
+        top = max(top, np.float64(key_scores[b, t, r]))
+    d = num.shape[2]
+    for j in range(d):
+        num[b, r, j] = 0.0
+    total = 0.0
+    for t in range(n_t):
+        e = math.exp(np.float64(key_scores[b, t, r]) - top)
+        total += e
+        for j in range(d):
+            num[b, r, j] += e * ring_v[b, t, j]
+    ref[b, r], den[b, r], peak[b, r] = top, total, total
+
+
+@njit(**JIT)
+def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
+                 q_scaled, k_scaled_t, z, seg_q, seg_k, slot, full, n_t, track,
+                 rescale_on, refresh_on, tau, buf, out):
+    """One steady continual Nyström step (no landmark change) for every row, single-output.
+
+    Removes the departing key (cached scores) from the m running sums, stores the token, adds the
+    newest key (rescaling a row whose reference rises when ``rescale_on``), refreshes rows whose
+    denominator fell below ``tau`` x its peak from cached scores (``refresh_on``), then
+    out = s(q K~^T) Z (num / den). ``track``: add q, k to the landmark segment sums.
+    q, k, v, out: (BH, d); ring_*: (BH, n, d); key_scores: (BH, n, m); ref, den, peak: (BH, m)
+    float64; num: (BH, m, d) float64; q_scaled: (BH, m, d); k_scaled_t: (BH, d, m); z: (BH, m, m);
+    seg_*: (BH, d); buf: (3, m) float64. Returns (any row rescaled, rows refreshed).
+    """
+    BH, d = q.shape
+    m = z.shape[1]
+    rescaled, refreshed = False, 0
+    for b in range(BH):
+        if full:                       # the departing key leaves, with the scores it was added with
+            for r in range(m):
+                e = math.exp(np.float64(key_scores[b, slot, r]) - ref[b, r])
+                den[b, r] -= e
+                for j in range(d):
+                    num[b, r, j] -= e * ring_v[b, slot, j]
+        for j in range(d):
+            ring_q[b, slot, j] = q[b, j]
+            ring_k[b, slot, j] = k[b, j]
+            ring_v[b, slot, j] = v[b, j]
+            if track:
+                seg_q[b, j] += q[b, j]
+                seg_k[b, j] += k[b, j]
+        for r in range(m):
+            s = np.float32(0.0)
+            for j in range(d):
+                s += q_scaled[b, r, j] * k[b, j]
+            key_scores[b, slot, r] = s
+            s64 = np.float64(s)
+            if rescale_on and s64 > ref[b, r]:
+                f = math.exp(ref[b, r] - s64)
+                den[b, r] *= f
+                peak[b, r] *= f
+                for j in range(d):
+                    num[b, r, j] *= f
+                ref[b, r] = s64
+                rescaled = True
+            e = math.exp(s64 - ref[b, r])
+            den[b, r] += e
+            for j in range(d):
+                num[b, r, j] += e * v[b, j]
+            if rescale_on:
+                peak[b, r] = max(peak[b, r], den[b, r])
+        if refresh_on:
+            for r in range(m):
+                if den[b, r] < tau * peak[b, r]:
+                    _fresh_row(b, r, key_scores, ring_v, n_t, ref, den, num, peak)
+                    refreshed += 1
+        # out = s(q K~^T) Z / den @ num
+        logit, c = buf[0], buf[1]
+        top = -np.inf
+        for r in range(m):
+            s = np.float32(0.0)
+            for j in range(d):
+                s += q[b, j] * k_scaled_t[b, j, r]
+            logit[r] = s
+            top = max(top, logit[r])
+        total = 0.0
+        for r in range(m):
+            logit[r] = np.float32(math.exp(logit[r] - top))
+            total += logit[r]
+        for r in range(m):
+            acc = 0.0
+            for s_ in range(m):
+                acc += (logit[s_] / total) * z[b, s_, r]
+            c[r] = acc / den[b, r]
+        for j in range(d):
+            acc = 0.0
+            for r in range(m):
+                acc += c[r] * num[b, r, j]
+            out[b, j] = acc
+    return rescaled, refreshed
+
+
+# ----------------------------------------------------------------------------- whole model steps
+
+@njit(**JIT)
+def model_step_continual(token, pre, pos_index, post, eps1, eps2, h, qkv, attn, bufs, ring_k,
+                         ring_v, slot, n_t, scores, logits):
+    """1-block continual model, one token: embed, in-projection, continual single-output SDA over
+    every head, out-projection, block tail, classifier -> logits (C,)."""
+    embed_qkv(token, pre, pos_index, h, qkv)
+    H, dh = ring_k.shape[0], ring_k.shape[2]
+    D = H * dh
+    q = qkv[:D].reshape((H, dh))
+    k = qkv[D:2 * D].reshape((H, dh))
+    v = qkv[2 * D:].reshape((H, dh))
+    continual_step(q, k, v, ring_k, ring_v, slot, n_t, scores, attn.reshape((H, dh)))
+    tail_and_head(h, attn, post, eps1, eps2, bufs, logits)
+
+
+@njit(**JIT)
+def model_step_nystrom(token, pre, pos_index, post, eps1, eps2, h, qkv, attn, bufs, sda, slot,
+                       full, n_t, track, rescale_on, refresh_on, tau, logits):
+    """1-block continual Nyström model, one steady token (see ``nystrom_step``); sda: the kernel's
+    state arrays (ContinualNystromKernel.fused_arrays). Returns (rescaled, rows refreshed)."""
+    embed_qkv(token, pre, pos_index, h, qkv)
+    ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z, \
+        seg_q, seg_k, buf = sda
+    H, dh = ring_k.shape[0], ring_k.shape[2]
+    D = H * dh
+    q = qkv[:D].reshape((H, dh))
+    k = qkv[D:2 * D].reshape((H, dh))
+    v = qkv[2 * D:].reshape((H, dh))
+    flags = nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
+                         q_scaled, k_scaled_t, z, seg_q, seg_k, slot, full, n_t, track,
+                         rescale_on, refresh_on, tau, buf, attn.reshape((H, dh)))
+    tail_and_head(h, attn, post, eps1, eps2, bufs, logits)
+    return flags
