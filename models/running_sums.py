@@ -22,7 +22,7 @@ Why this is stable where the published continual attention is not:
   * Rows with unbounded lifetime (fixed landmarks: a row is never recomputed) would accumulate
     the rounding of every add and remove. Continual Nyström keeps its m rows in float64 (``wide``):
     the float32 term removed is the one that was added, so each add/remove pair leaves ~1e-16
-    relative error and 10^5 steps leave ~1e-11 (no drift), at no extra FLOPs (the rows are m x d).
+    relative error, so 10^5 steps do not drift (tested: within 1e-4 of recomputation), at no extra FLOPs (the rows are m x d).
     Retroactive rows live at most n steps by construction and stay float32.
 Amortised cost: one max, two exps and a compare per row and step on top of the unstabilised
 update, plus rare O(n d) refreshes (counted in the FLOPs of the step that does them). Each measure

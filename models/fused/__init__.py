@@ -14,11 +14,8 @@ import torch
 
 def available() -> bool:
     """numba can be imported (it is a dependency through librosa; the reference works without)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+    return importlib.util.find_spec("numba") is not None
 
 
 def default_fused(device="cpu") -> bool:

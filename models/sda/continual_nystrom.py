@@ -175,7 +175,7 @@ class ContinualNystromKernel(SDAKernel):
 
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v: (B, d) -> (B, d) single-output, or (B, n_t, d) retroactive."""
-        if self.fused and self._fuse_ok and self.steady_next():
+        if self._fusable() and self.steady_next():
             arrays = self._as_arrays(q, k, v)
             if arrays is not None:
                 return self._fused_step(*arrays)
