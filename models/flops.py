@@ -174,6 +174,16 @@ def windowed_nystrom_sda(n_t: int, d: int, m: int, iters: int, landmark_update: 
     return f
 
 
+def folded_kv(rows: int, n_t: int, D: int, dh: int) -> Flops:
+    """Products of a window-fed kernel taken through the window x (n_t x D) with the key/value
+    projections folded in (models/sda/window.FoldedKeyValues), beyond the per-head q K^T and P V
+    (at head dimension dh) that the SDA count already has. ``rows``: query rows over all heads.
+    Fold the rows' queries into x's space, score and mix at width D instead of dh, project the
+    mix back and add the value bias."""
+    wider = 2 * mm(rows, D, n_t).matmul - 2 * mm(rows, dh, n_t).matmul
+    return mm(rows, dh, D) + mm(rows, D, dh) + Flops(matmul=wider) + ew(rows * dh)
+
+
 # ----------------------------------------------------------------------------- layers
 
 def linear(d_in: int, d_out: int, tokens: int) -> Flops:

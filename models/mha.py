@@ -13,6 +13,7 @@ from torch.nn import functional as nnf
 from .landmarks import aligned_means, segment_means
 from .sda import (LANDMARK_MODES, VARIANTS, attention, inference, nystrom_attention,
                   streaming_sda)
+from .sda.window import FoldedKeyValues
 
 
 class MultiheadAttention(nn.Module):
@@ -30,6 +31,7 @@ class MultiheadAttention(nn.Module):
         self.num_landmarks = num_landmarks if nystrom else None
         self.landmark_mode = (landmark_mode or LANDMARK_MODES[variant][0]) if nystrom else None
         self.retroactive, self.window_input = retroactive, window_input
+        self.compiled_pinv = False     # batch forward: models/fused/pinv.py in inference (CPU f32)
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         m = num_landmarks if nystrom else 0
@@ -133,7 +135,12 @@ class MultiheadAttention(nn.Module):
             out = attention(q, k, v)
         else:
             ql, kl = landmarks if landmarks is not None else self.default_landmarks(q, k)
-            out = nystrom_attention(q, k, v, ql, kl, self.pinv_iters)
+            z = None
+            if (self.compiled_pinv and not torch.is_grad_enabled() and ql.dtype == torch.float32
+                    and ql.device.type == "cpu"):
+                from .fused.pinv import landmark_pinv as compiled
+                z = compiled(ql, kl, self.pinv_iters)[0]
+            out = nystrom_attention(q, k, v, ql, kl, self.pinv_iters, z=z)
         return self.out_proj(self._unfold(out, B))
 
     # ------------------------------------------------------------------ streaming
@@ -157,22 +164,25 @@ class MultiheadAttention(nn.Module):
     def step_window(self, xw: Tensor) -> Tensor:
         """xw: (B, n_t, d_model) window after a retroactive layer -> (B, d_model) newest token.
 
-        Continual landmarks: the stream-aligned segment means of this window's queries and keys
-        (taken before the projection, which is linear), so they follow the retroactively updated
-        window exactly as the batch forward sees it."""
+        The keys and values of the window are never formed: the kernel's products go through xw
+        with the projections folded in (models/sda/window.FoldedKeyValues). Continual landmarks:
+        the stream-aligned segment means of this window's queries and keys (taken before the
+        projection, which is linear), so they follow the retroactively updated window exactly as
+        the batch forward sees it."""
         B, n_t, d = xw.shape
-        w_q, w_kv = self.in_proj.weight.split([d, 2 * d])
-        b_q, b_kv = self.in_proj.bias.split([d, 2 * d])
+        w_q, w_k, w_v = self.in_proj.weight.split(d)
+        b_q, _, b_v = self.in_proj.bias.split(d)
         q = nnf.linear(xw[:, -1], w_q, b_q).reshape(B * self.heads, self.d_head)
-        k, v = nnf.linear(xw, w_kv, b_kv).chunk(2, dim=-1)
-        marks = None
-        if self.landmark_mode == "continual":
-            st = self.sda.st
-            means = aligned_means(xw, (st.t if st is not None else 0) + 1, self.num_landmarks, self.window)
-            qk = nnf.linear(means, self.in_proj.weight[:2 * d], self.in_proj.bias[:2 * d])
-            marks = (self._fold(qk[..., :d]), self._fold(qk[..., d:]))
-        out = self.sda.step_window(q, self._fold(k), self._fold(v), **({"landmarks": marks} if marks else {}))
-        return nnf.linear(out.reshape(B, self.d_model), self.out_proj.weight, self.out_proj.bias)
+        kv = FoldedKeyValues(xw, w_k, w_v, b_v, self.heads)
+        if self.landmark_mode != "continual":
+            return nnf.linear(self.sda.step_window(q, kv).reshape(B, d), self.out_proj.weight,
+                              self.out_proj.bias)
+        st = self.sda.st
+        means = aligned_means(xw, (st.t if st is not None else 0) + 1, self.num_landmarks, self.window)
+        qk = nnf.linear(means, self.in_proj.weight[:2 * d], self.in_proj.bias[:2 * d])
+        marks = (self._fold(qk[..., :d]), self._fold(qk[..., d:]))
+        out = self.sda.step_window(q, kv, landmarks=marks)
+        return nnf.linear(out.reshape(B, d), self.out_proj.weight, self.out_proj.bias)
 
     def landmarks(self) -> tuple[Tensor, Tensor] | None:
         """Folded landmarks (B * heads, m', d_head) used by the last step, or None."""

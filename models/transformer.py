@@ -233,10 +233,13 @@ class GenreTransformer(nn.Module):
         """Take streaming steps in the fused CPU kernel (models/fused/), or the torch reference.
 
         Continual variants, float32 on the CPU: a 1-block model at batch 1 steps in one compiled
-        call; otherwise the attention kernels' steady steps are compiled. Equal to the reference
+        call; otherwise the attention kernels' steady steps and every pseudo-inverse (also the
+        recomputing ``nystrom``'s, in inference) are compiled. Equal to the reference
         within 1e-5 at every step (tests/models/test_fused.py). Takes effect at the next reset."""
         from .fused import available
         self.fused = bool(on) and available()
+        for block in self.blocks:      # the recomputing variants' pseudo-inverse, compiled too
+            block.attn.compiled_pinv = self.fused
         return self
 
     def reset(self, batch_size: int = 1) -> None:
@@ -351,8 +354,11 @@ class GenreTransformer(nn.Module):
                 proj = F.linear(d, 3 * d, 1) + F.linear(d, d, 1)
                 tail = F.block_tail(d, cfg.ff_dim, 1)
             else:   # retroactive block (out-proj and tail over n_t tokens), then window-fed block
+                marks = self.blocks[1].attn.sda.landmarks()  # with folded keys and values
+                rows = cfg.heads * (marks[0].shape[1] if marks is not None else 1)
                 proj = (F.linear(d, 3 * d, 1) + F.linear(d, d, n_t)
-                        + F.linear(d, d, 1) + F.linear(d, 2 * d, n_t) + F.linear(d, d, 1))
+                        + F.linear(d, d, 1) + F.folded_kv(rows, n_t, d, d // cfg.heads)
+                        + F.linear(d, d, 1))
                 if self.landmark_mode == "continual":   # block 2's landmarks: segment means, projected
                     proj = proj + F.ew(n_t * d) + F.linear(d, 2 * d, min(cfg.num_landmarks, n_t))
                 tail = F.block_tail(d, cfg.ff_dim, n_t) + F.block_tail(d, cfg.ff_dim, 1)

@@ -19,6 +19,9 @@ def add_arguments(p) -> None:
     p.add_argument("--frontend", choices=("musicnn", "vggish", "all"), default="all",
                    help="front end(s) whose per-hop cost is measured (--gui: musicnn unless vggish)")
     p.add_argument("--frontend-only", action="store_true", help="only the front-end rows")
+    p.add_argument("--only", default="", metavar="TEXT",
+                   help="only the attention rows whose name contains TEXT, e.g. "
+                        "'continual_nystrom/fixed' (default: every row)")
 
 
 def print_gui(r: dict) -> None:
@@ -48,5 +51,5 @@ def run(args) -> int:
     bench.run(tuple(int(w) for w in args.windows.split(",")), steps=args.steps, budget_s=args.budget,
               out=args.out, threads=args.threads,
               frontends=("musicnn", "vggish") if args.frontend == "all" else (args.frontend,),
-              frontend_only=args.frontend_only)
+              frontend_only=args.frontend_only, only=args.only)
     return 0

@@ -163,21 +163,24 @@ def paper_table() -> str:
 
 def run(windows=(30, 120, 480, 1920), steps: int = 2000, budget_s: float = 6.0,
         out: str | Path = "bench_results/bench.md", threads: int | None = None,
-        frontends=("musicnn", "vggish"), frontend_only: bool = False) -> list[Row]:
+        frontends=("musicnn", "vggish"), frontend_only: bool = False, only: str = "") -> list[Row]:
+    """Every row for every n in ``windows``; ``only``: just the attention rows whose name contains
+    it (no front-end or stability rows)."""
     if threads:
         torch.set_num_threads(threads)
     rows: list[Row] = []
     for n in () if frontend_only else windows:
         print(f"[bench] n = {n} ...", flush=True)
-        rows += bench_sda(n, steps, budget_s)
-        rows += bench_models(n, steps, budget_s)
+        rows += bench_sda(n, steps, budget_s, only=only)
+        rows += bench_models(n, steps, budget_s, only=only)
     stability = (bench_stability(120, min(steps, 3000), budget_s)
-                 if 120 in windows and not frontend_only else [])
+                 if 120 in windows and not frontend_only and not only else [])
     peak_for(rows + stability)
     big = matmul_peak(2 * 512 ** 3)
+    frontends = () if only else frontends
     frontend = ((bench_musicnn(steps, budget_s) if "musicnn" in frontends else [])
                 + (bench_frontend(steps, budget_s) if "vggish" in frontends else []))
-    first = first_token_seconds()
+    first = first_token_seconds() if frontends else None
     table = format_table(rows)
     header = (f"# Nystream benchmark\n\nPer-step latency, batch 1, CPU, {torch.get_num_threads()} "
               f"threads, torch {torch.__version__}, {platform.processor() or platform.machine()}. "
@@ -185,9 +188,10 @@ def run(windows=(30, 120, 480, 1920), steps: int = 2000, budget_s: float = 6.0,
               f"over the timed steps (landmark cycles averaged). Peak: one torch.mm of the same FLOPs; "
               f"a 512^3 product reaches {big:.0f} GFLOP/s here. (fused): the compiled CPU step "
               f"(models/fused/), (torch): the torch reference path.\n\n")
-    table += ("\n\n## Audio front end (batch 1)\n\n" + format_table(frontend).replace("| 0 |", "| - |")
-              + f"\n\nFirst token {first:.2f} s after a real-time source starts, in a fresh process "
-              f"(the musicnn front end loaded before; the hop itself takes 0.25 s).")
+    if frontends:
+        table += ("\n\n## Audio front end (batch 1)\n\n" + format_table(frontend).replace("| 0 |", "| - |")
+                  + f"\n\nFirst token {first:.2f} s after a real-time source starts, in a fresh "
+                  f"process (the musicnn front end loaded before; the hop itself takes 0.25 s).")
     rows += frontend
     if stability:
         table += ("\n\n## Cost of each stability measure (n = 120, mean FLOPs per step)\n\n"

@@ -20,13 +20,19 @@ SDA_CASES = [("regular", None), ("continual", None), ("nystrom", "segment"),
 CONTINUAL = ("continual", "continual_nystrom")
 
 
-def paths(variant: str) -> list[bool]:
+def has_fused(variant: str, model: bool) -> bool:
+    """Continual kernels and models have a fused step; a recomputing ``nystrom`` model a
+    compiled pseudo-inverse."""
+    return fused_available() and (variant in CONTINUAL or (model and variant == "nystrom"))
+
+
+def paths(variant: str, model: bool = False) -> list[bool]:
     """fused=False (torch reference) always; fused=True too where it exists."""
-    return [False, True] if variant in CONTINUAL and fused_available() else [False]
+    return [False, True] if has_fused(variant, model) else [False]
 
 
-def label(fused: bool, variant: str) -> str:
-    if variant not in CONTINUAL:
+def label(fused: bool, variant: str, model: bool = False) -> str:
+    if not has_fused(variant, model):
         return ""
     return " (fused)" if fused else " (torch)"
 
@@ -37,13 +43,17 @@ def sda_stream(heads: int, d: int, count: int = 64, seed: int = 0) -> list[tuple
     return [tuple(x.clone() for x in s) for s in torch.randn(count, 3, heads, d, generator=g)]
 
 
-def bench_sda(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 12, m: int = 4) -> list[Row]:
+def bench_sda(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 12, m: int = 4,
+              only: str = "") -> list[Row]:
     rows = []
     stream = sda_stream(heads, d_head)
     g = torch.Generator().manual_seed(0)
     fixed = (torch.randn(heads, m, d_head, generator=g), torch.randn(heads, m, d_head, generator=g))
     for variant, mode in SDA_CASES:
         for fused in paths(variant):
+            name = f"SDA {variant}" + (f"/{mode}" if mode else "") + label(fused, variant)
+            if only not in name:
+                continue
             s = streaming_sda(variant, n, num_landmarks=m if "nystrom" in variant else None,
                               landmark_mode=mode, fixed_landmarks=fixed if mode == "fixed" else None,
                               fused=fused)
@@ -56,7 +66,6 @@ def bench_sda(n: int, steps: int, budget: float, heads: int = 16, d_head: int = 
 
             warm(step, n + 20)               # fill the window
             med, p95 = time_steps(step, steps, budget, lambda: flops.append(s.last_step_flops))
-            name = f"SDA {variant}" + (f"/{mode}" if mode else "") + label(fused, variant)
             rows.append(Row(n, name, med, p95, round(sum(flops) / len(flops))))
     return rows
 
@@ -73,13 +82,18 @@ def make_model(variant: str, mode: str | None, layers: int, n: int) -> torch.nn.
     return model
 
 
-def bench_models(n: int, steps: int, budget: float) -> list[Row]:
-    """Model steps (mean FLOPs over the timed steps, so a landmark cycle is averaged)."""
+def bench_models(n: int, steps: int, budget: float, only: str = "") -> list[Row]:
+    """Model steps (mean FLOPs over the timed steps, so a landmark cycle is averaged); ``only``:
+    just the rows whose name contains it."""
     rows = []
     tokens = [torch.randn(1, 128) for _ in range(64)]
     for layers in (1, 2):
         for variant, mode in SDA_CASES:
-            for fused in paths(variant):
+            row = ModelConfig(variant=variant, landmark_mode="fixed" if mode == "fixed" else None).table_row
+            for fused in paths(variant, model=True):
+                name = f"model {layers}-block {row}{label(fused, variant, True)}"
+                if only not in name:
+                    continue
                 model = make_model(variant, mode, layers, n).use_fused(fused)
                 model.reset(1)
                 i, flops = [0], []
@@ -91,9 +105,9 @@ def bench_models(n: int, steps: int, budget: float) -> list[Row]:
                 warm(step, n + 20)
                 med, p95 = time_steps(step, steps, budget,
                                       lambda: flops.append(model.step_flops()["model"]))
-                rows.append(Row(n, f"model {layers}-block {model.cfg.table_row}{label(fused, variant)}",
-                                med, p95, round(sum(flops) / len(flops))))
-        rows.append(bench_torch_encoder(n, layers, steps, budget))
+                rows.append(Row(n, name, med, p95, round(sum(flops) / len(flops))))
+        if only in f"torch TransformerEncoder {layers}-layer recompute":
+            rows.append(bench_torch_encoder(n, layers, steps, budget))
     return rows
 
 

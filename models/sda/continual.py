@@ -110,11 +110,13 @@ class ContinualKernel(SDAKernel):
         return rows.output()[:, window_order(st.t, self.n, q.device)]
 
     @inference
-    def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Newest query over a recomputed window. q: (B, d), k, v: (B, n_t, d) -> (B, d)."""
-        self._advance_window(q, k, v)
-        self.report = StepReport(n_t=k.shape[1])
-        return attention(q.unsqueeze(1), k, v)[:, 0]
+    def step_window(self, q: Tensor, kv) -> Tensor:
+        """Newest query over a recomputed window. q: (B, d), kv: KeyValues / FoldedKeyValues
+        (models/sda/window.py) of (B, n_t, d) keys and values -> (B, d)."""
+        self._advance_window(q, kv)
+        self.report = StepReport(n_t=kv.n_t)
+        qs = q.unsqueeze(1) * (1.0 / math.sqrt(q.shape[-1]))
+        return kv.mix(torch.softmax(kv.scores(qs), dim=-1))[:, 0]
 
     def flops(self, r: StepReport) -> F.Flops:
         if not self.retroactive:

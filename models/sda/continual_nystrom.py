@@ -46,13 +46,20 @@ class Landmarks:
     c: Tensor           # (B, 1, m') float64
 
     @staticmethod
-    def install(q: Tensor, k: Tensor, iters: int) -> "Landmarks":
+    def install(q: Tensor, k: Tensor, iters: int, fused: bool = False) -> "Landmarks":
+        """Landmarks q, k (B, m', d) and their pseudo-inverse; ``fused``: the compiled
+        pseudo-inverse (models/fused/pinv.py, same arithmetic), for float32 CPU landmarks."""
         s = 1.0 / math.sqrt(q.shape[-1])
         B, m = q.shape[:2]
-        z = landmark_pinv(q, k, iters)
+        if fused:
+            from ..fused.pinv import landmark_pinv as compiled_pinv
+            z, z64 = compiled_pinv(q, k, iters)
+        else:
+            z = landmark_pinv(q, k, iters).contiguous()
+            z64 = z.double()
         buf = lambda dtype=q.dtype: q.new_empty(B, 1, m, dtype=dtype)  # noqa: E731
         return Landmarks(q.clone(), k.clone(), (q * s).contiguous(),
-                         (k * s).transpose(1, 2).contiguous(), z.contiguous(), z.double(),
+                         (k * s).transpose(1, 2).contiguous(), z, z64,
                          buf(), buf(), buf(torch.float64), buf(torch.float64))
 
 
@@ -142,7 +149,7 @@ class ContinualNystromKernel(SDAKernel):
     def _rebuild(self, st: ContinualNystromState) -> None:
         """Landmarks, pseudo-inverse and every row from scratch over the stored window."""
         self._arrays = None
-        st.marks = Landmarks.install(*self._source(), self.pinv_iters)
+        st.marks = Landmarks.install(*self._source(), self.pinv_iters, self._fusable())
         n_t, m = min(st.t, self.n), self.m
         scores = torch.matmul(st.marks.q_scaled, st.ring.k[:, :n_t].transpose(1, 2))   # (B, m', n_t)
         sums = self._sums(scores, st.ring.v[:, :n_t])
@@ -158,7 +165,7 @@ class ContinualNystromKernel(SDAKernel):
         """A continual landmark replaced its slot: new pinv, its row over the window."""
         self._arrays = None
         r = (self.tracker.state.completed - 1) % self.m
-        st.marks = Landmarks.install(*self.tracker.current(), self.pinv_iters)
+        st.marks = Landmarks.install(*self.tracker.current(), self.pinv_iters, self._fusable())
         st.rows.q_scaled = st.marks.q_scaled
         row_scores = torch.bmm(st.ring.k[:, :n_t], st.marks.q_scaled[:, r].unsqueeze(-1)).squeeze(-1)
         st.rows.sums.assign_((slice(None), r), self._sums(row_scores.unsqueeze(1), st.ring.v[:, :n_t]))
@@ -289,30 +296,30 @@ class ContinualNystromKernel(SDAKernel):
         return out[:, window_order(st.t, self.n, q.device)]
 
     @inference
-    def step_window(self, q: Tensor, k: Tensor, v: Tensor,
-                    landmarks: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """Newest query over a recomputed window. q: (B, d), k, v: (B, n_t, d) -> (B, d).
+    def step_window(self, q: Tensor, kv, landmarks: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """Newest query over a recomputed window. q: (B, d), kv: KeyValues / FoldedKeyValues
+        (models/sda/window.py) of (B, n_t, d) keys and values -> (B, d).
 
         ``landmarks``: (q_land, k_land) (B, m', d), needed with continual landmarks: the
         stream-aligned segment means of the window's queries and keys (models/landmarks.
         aligned_means), new every step because the window itself is recomputed."""
-        st = self._advance_window(q, k, v)
-        n_t, continual = k.shape[1], self.mode == "continual"
+        st = self._advance_window(q, kv)
+        n_t, continual = kv.n_t, self.mode == "continual"
         report = StepReport(n_t=n_t, warmup_landmarks=continual and st.t < self.n)
         if continual:
             if landmarks is None:
                 raise ValueError("step_window with continual landmarks needs landmarks=(q_land, "
                                  "k_land): the aligned segment means of the window")
-            st.marks = Landmarks.install(*landmarks, self.pinv_iters)
+            st.marks = Landmarks.install(*landmarks, self.pinv_iters, self._fusable())
             report.event = "window"
         elif st.marks is None:
-            st.marks = Landmarks.install(*self._source(), self.pinv_iters)
+            st.marks = Landmarks.install(*self._source(), self.pinv_iters, self._fusable())
             report.event = "landmark"
         self.report = report
         mk = st.marks
         k1 = torch.softmax(torch.bmm(q.unsqueeze(1), mk.k_scaled_t), dim=-1)       # (B, 1, m)
-        k3 = torch.softmax(torch.bmm(mk.q_scaled, k.transpose(1, 2)), dim=-1)      # (B, m, n_t)
-        return torch.bmm(torch.bmm(k1, mk.z), torch.bmm(k3, v))[:, 0]
+        k3 = torch.softmax(kv.scores(mk.q_scaled), dim=-1)                        # (B, m, n_t)
+        return torch.bmm(torch.bmm(k1, mk.z), kv.mix(k3))[:, 0]
 
     # ------------------------------------------------------------------ cost
     def flops(self, r: StepReport) -> F.Flops:

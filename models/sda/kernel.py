@@ -6,8 +6,9 @@ Contract (heads folded into the batch B, d the head dimension):
   step(q, k, v)                 q, k, v: (B, d) newest token -> (B, d) single-output, or
                                 (B, n_t, d) for every token of the window, oldest first
                                 (retroactive); n_t = min(t, window)
-  step_window(q, k, v)          single-output layer after a retroactive one: q (B, d) newest
-                                query, k, v (B, n_t, d) the whole (recomputed) window
+  step_window(q, kv)            single-output layer after a retroactive one: q (B, d) newest
+                                query, kv the whole (recomputed) window: KeyValues(k, v) with
+                                k, v (B, n_t, d), or FoldedKeyValues (models/sda/window.py)
   landmarks()                   (q_land, k_land) the last step used, or None
   report / last_step            what the last step did / its FLOPs for the whole batch
 
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from .. import flops as F
 from ..running_sums import Stability
+from .window import FoldedKeyValues, KeyValues
 
 
 @dataclass
@@ -118,7 +120,7 @@ class SDAKernel(abc.ABC):
     def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v: (B, d) newest token -> (B, d), or (B, n_t, d) when retroactive."""
 
-    def step_window(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def step_window(self, q: Tensor, kv) -> Tensor:
         raise ValueError(WINDOW_ONLY)
 
     def landmarks(self) -> tuple[Tensor, Tensor] | None:
@@ -175,13 +177,14 @@ class SDAKernel(abc.ABC):
             return st
         d = st.d or (q.shape[-1] if isinstance(q, Tensor) and q.dim() == 2 else None)
         self._check("q", q, (B, d))
-        kv_shape = (B, None, d) if window_input else (B, d)
-        self._check("k", k, kv_shape)
-        self._check("v", v, kv_shape)
+        if window_input:
+            self._check_window(k, B, d)
+            k, v = (k.k, k.v) if isinstance(k, KeyValues) else (k.x, k.w_v)
+        else:
+            self._check("k", k, (B, d))
+            self._check("v", v, (B, d))
         if k.dtype != q.dtype or v.dtype != q.dtype:
             raise ValueError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-        if window_input and (k.shape[1] != v.shape[1] or not 1 <= k.shape[1] <= self.n):
-            raise ValueError(f"k, v windows must have 1..{self.n} tokens, got {k.shape[1]}, {v.shape[1]}")
         if st.d == 0:             # first step: the stream takes the inputs' dtype and device
             self._dtype, self._device = q.dtype, q.device
             self._fuse_ok = q.dtype == torch.float32 and q.device.type == "cpu"
@@ -198,13 +201,23 @@ class SDAKernel(abc.ABC):
         st.t += 1
         return st, slot, full, min(st.t, self.n)
 
-    def _advance_window(self, q: Tensor, k: Tensor, v: Tensor) -> StreamState:
+    def _advance_window(self, q: Tensor, kv) -> StreamState:
         """The same for ``step_window`` (a single-output kernel after a retroactive layer)."""
         if self.retroactive:
             raise ValueError(WINDOW_ONLY)
-        st = self._begin(q, k, v, window_input=True)
+        st = self._begin(q, kv, None, window_input=True)
         st.t += 1
         return st
+
+    def _check_window(self, kv, B: int, d: int | None) -> None:
+        """kv: a models.sda.window.KeyValues / FoldedKeyValues of (B, 1..n, d) keys and values."""
+        if not isinstance(kv, (KeyValues, FoldedKeyValues)):
+            raise ValueError(f"step_window takes its window as KeyValues(k, v) or FoldedKeyValues, "
+                             f"got {type(kv).__name__}")
+        shape = kv.shape
+        if shape[0] != B or (d is not None and shape[2] != d) or not 1 <= shape[1] <= self.n:
+            raise ValueError(f"the window's keys and values must be ({B}, 1..{self.n}, "
+                             f"{d if d is not None else '?'}), got {shape}")
 
     def _fusable(self) -> bool:
         """The fused kernel may take steps of this stream (asked for, float32 on the CPU)."""

@@ -65,13 +65,15 @@ def landmark_pinv(q_land: Tensor, k_land: Tensor, iters: int = 6) -> Tensor:
 
 
 def nystrom_attention(q: Tensor, k: Tensor, v: Tensor, q_land: Tensor, k_land: Tensor,
-                      pinv_iters: int = 6) -> Tensor:
+                      pinv_iters: int = 6, z: Tensor | None = None) -> Tensor:
     """Nyström attention s(Q K~^T) s(Q~ K~^T)^+ s(Q~ K^T) V (Xiong et al.), scale 1/sqrt(d).
 
-    q: (B, nq, d), k, v: (B, n, d), q_land, k_land: (B, m, d) -> (B, nq, d).
+    q: (B, nq, d), k, v: (B, n, d), q_land, k_land: (B, m, d) -> (B, nq, d); z: the landmarks'
+    pseudo-inverse (B, m, m) if already computed (e.g. compiled), else ``landmark_pinv``.
     """
     s = 1.0 / math.sqrt(q.shape[-1])
     k1 = torch.softmax(torch.matmul(q * s, k_land.transpose(-1, -2)), dim=-1)     # (B, nq, m)
     k3 = torch.softmax(torch.matmul(q_land * s, k.transpose(-1, -2)), dim=-1)     # (B, m, n)
-    z = landmark_pinv(q_land, k_land, pinv_iters)                                 # (B, m, m)
+    if z is None:
+        z = landmark_pinv(q_land, k_land, pinv_iters)                             # (B, m, m)
     return torch.matmul(k1, torch.matmul(z, torch.matmul(k3, v)))

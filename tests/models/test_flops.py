@@ -7,6 +7,7 @@ from models import flops as F
 from models.landmarks import aligned_means
 from models.paper import PAPER_TABLE_II
 from models.sda import streaming_sda
+from models.sda.window import KeyValues
 from models.transformer import ModelConfig, build_model
 
 
@@ -65,7 +66,7 @@ def test_step_window_matmul_part_equals_flop_counter():
             q, k, v = torch.randn(B, d), torch.randn(B, n_t, d), torch.randn(B, n_t, d)
             marks = ({} if variant == "continual" else
                      {"landmarks": (aligned_means(k, t + 1, m, n), aligned_means(v, t + 1, m, n))})
-            counted, _ = counted_matmul_flops(lambda: s.step_window(q, k, v, **marks))
+            counted, _ = counted_matmul_flops(lambda: s.step_window(q, KeyValues(k, v), **marks))
             assert s.last_step.matmul == counted
 
 

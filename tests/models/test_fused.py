@@ -156,3 +156,38 @@ def test_two_block_continual_landmarks_follow_the_updated_window(fused):
             assert (got - exp).abs().max() <= 1e-5, t
         batch = model(window, start=start, landmarks=[marks[0], want])
         assert (logits - batch).abs().max() <= TOL * scale_of(batch), t
+
+
+@pytest.mark.parametrize("m", [1, 4, 6])
+def test_compiled_pinv_equals_reference(m):
+    """models/fused/pinv.py against the torch oracle, from flat to peaked landmark kernels."""
+    from models.fused.pinv import landmark_pinv as compiled
+    from models.sda.reference import landmark_pinv
+    g = torch.Generator().manual_seed(m)
+    for scale in (0.05, 1.0, 5.0, 30.0):
+        q, k = (torch.randn(8, m, 12, generator=g) * scale for _ in range(2))
+        z32, z64 = compiled(q, k, 6)
+        ref = landmark_pinv(q.double(), k.double(), 6)
+        assert z64.dtype == torch.float64 and z32.dtype == torch.float32
+        assert (z64 - ref).abs().max() <= 1e-9 * ref.abs().max(), scale
+        assert (z32.double() - ref).abs().max() <= 1e-6 * ref.abs().max(), scale
+
+
+def test_folded_window_equals_projected_keys_and_values():
+    """FoldedKeyValues (products through x, projections folded in) against the explicitly
+    projected keys and values, in float64: softmax rows of the scores and the mixes agree."""
+    from models.sda.window import FoldedKeyValues, KeyValues
+    g = torch.Generator().manual_seed(0)
+    S, n_t, D, H, r = 2, 7, 16, 4, 3
+    dh = D // H
+    x = torch.randn(S, n_t, D, generator=g, dtype=torch.float64)
+    w_k, w_v = (torch.randn(D, D, generator=g, dtype=torch.float64) for _ in range(2))
+    b_k, b_v = (torch.randn(D, generator=g, dtype=torch.float64) for _ in range(2))
+    fold = lambda t: t.view(S, n_t, H, dh).transpose(1, 2).reshape(S * H, n_t, dh)  # noqa: E731
+    explicit = KeyValues(fold(x @ w_k.T + b_k), fold(x @ w_v.T + b_v))
+    folded = FoldedKeyValues(x, w_k, w_v, b_v, H)
+    assert folded.shape == explicit.shape == (S * H, n_t, dh)
+    qs = torch.randn(S * H, r, dh, generator=g, dtype=torch.float64)
+    p = torch.softmax(explicit.scores(qs), dim=-1)
+    assert torch.allclose(torch.softmax(folded.scores(qs), dim=-1), p, atol=1e-12)
+    assert torch.allclose(folded.mix(p), explicit.mix(p), atol=1e-12)

@@ -113,6 +113,7 @@ def test_step_window_equals_single_query_reference():
     landmarks are the aligned segment means of that window (passed in, new every step)."""
     from models.landmarks import aligned_means, segment_means
     from models.sda import attention, nystrom_attention
+    from models.sda.window import KeyValues
     n, m, d, B = 9, 3, 16, 2
     for variant in ("continual", "continual_nystrom"):
         s = streaming_sda(variant, n, num_landmarks=m if variant != "continual" else None)
@@ -122,11 +123,11 @@ def test_step_window_equals_single_query_reference():
             qw, k, v = torch.randn(B, n_t, d), torch.randn(B, n_t, d), torch.randn(B, n_t, d)
             q = qw[:, -1]
             if variant == "continual":
-                out = s.step_window(q, k, v)
+                out = s.step_window(q, KeyValues(k, v))
                 ref = attention(q.unsqueeze(1).double(), k.double(), v.double())[:, 0]
             else:
-                out = s.step_window(q, k, v, landmarks=(aligned_means(qw, t + 1, m, n),
-                                                        aligned_means(k, t + 1, m, n)))
+                out = s.step_window(q, KeyValues(k, v), landmarks=(aligned_means(qw, t + 1, m, n),
+                                                                   aligned_means(k, t + 1, m, n)))
                 ql, kl = s.landmarks()
                 if (t + 1) % n == 0 or t + 1 < n:     # whole segments: the window's segment means
                     assert torch.allclose(ql, segment_means(qw, min(m, n_t)), atol=1e-6)

@@ -63,3 +63,24 @@ def test_fixed_landmarks_of_another_head_dimension_are_refused(variant):
     s.reset(1)
     with pytest.raises(ValueError, match="fixed landmarks have d=4, inputs have d=6"):
         s.step(torch.zeros(1, 6), torch.zeros(1, 6), torch.zeros(1, 6))
+
+
+@pytest.mark.parametrize("variant", ["continual", "continual_nystrom"])
+def test_bad_windows_are_refused_with_what_is_expected(variant):
+    from models.sda.window import KeyValues
+    s = streaming_sda(variant, 4, num_landmarks=2 if variant != "continual" else None,
+                      landmark_mode="fixed" if variant != "continual" else None,
+                      fixed_landmarks=(torch.zeros(2, 2, 8), torch.zeros(2, 2, 8))
+                      if variant != "continual" else None)
+    s.reset(2)
+    q = torch.zeros(2, 8)
+    with pytest.raises(ValueError, match="KeyValues"):
+        s.step_window(q, torch.zeros(2, 3, 8))                       # a bare tensor
+    with pytest.raises(ValueError, match=r"\(2, 1\.\.4, 8\)"):
+        s.step_window(q, KeyValues(torch.zeros(2, 5, 8), torch.zeros(2, 5, 8)))   # > window
+    with pytest.raises(ValueError, match="one shape"):
+        s.step_window(q, KeyValues(torch.zeros(2, 3, 8), torch.zeros(2, 2, 8)))
+    with pytest.raises(ValueError, match="dtype"):
+        s.step_window(q, KeyValues(torch.zeros(2, 3, 8, dtype=torch.float64),
+                                   torch.zeros(2, 3, 8, dtype=torch.float64)))
+    assert s.step_window(q, KeyValues(torch.zeros(2, 3, 8), torch.ones(2, 3, 8))).shape == (2, 8)
