@@ -191,3 +191,18 @@ def test_folded_window_equals_projected_keys_and_values():
     p = torch.softmax(explicit.scores(qs), dim=-1)
     assert torch.allclose(torch.softmax(folded.scores(qs), dim=-1), p, atol=1e-12)
     assert torch.allclose(folded.mix(p), explicit.mix(p), atol=1e-12)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_recomputing_nystrom_with_the_compiled_pinv_equals_reference(layers):
+    """`nystrom` recomputes the window every step; after use_fused its pseudo-inverse is the
+    compiled one (in inference), and its logits equal the torch reference's."""
+    ref, fused = pair("nystrom", layers)
+    assert all(b.attn.compiled_pinv for b in fused.blocks)
+    assert not any(b.attn.compiled_pinv for b in ref.blocks)
+    ref.reset(1), fused.reset(1)
+    g = torch.Generator().manual_seed(3)
+    for t in range(40):
+        x = torch.randn(1, 16, generator=g)
+        a, b = ref.step(x), fused.step(x)
+        assert (a - b).abs().max() <= TOL * scale_of(a), t
