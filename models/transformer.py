@@ -232,9 +232,10 @@ class GenreTransformer(nn.Module):
     def use_fused(self, on: bool = True) -> "GenreTransformer":
         """Take streaming steps in the fused CPU kernel (models/fused/), or the torch reference.
 
-        Continual variants, float32 on the CPU: a 1-block model at batch 1 steps in one compiled
-        call; otherwise the attention kernels' steady steps and every pseudo-inverse (also the
-        recomputing ``nystrom``'s, in inference) are compiled. Equal to the reference
+        Continual variants, float32 on the CPU: at batch 1 a 1-block model steps in one compiled
+        call and a 2-block one in a few (models/fused/two_block.py); otherwise the attention
+        kernels' steady steps and every pseudo-inverse (also the recomputing ``nystrom``'s, in
+        inference) are compiled. Equal to the reference
         within 1e-5 at every step (tests/models/test_fused.py). Takes effect at the next reset."""
         from .fused import available
         self.fused = bool(on) and available()
@@ -251,9 +252,8 @@ class GenreTransformer(nn.Module):
             block.reset(batch_size)
         self._fused_step = None
         if self.fused and batch_size == 1:
-            from .fused.model_step import FusedModelStep, fusable
-            if fusable(self):
-                self._fused_step = FusedModelStep(self)
+            from .fused.model_step import fused_model_step
+            self._fused_step = fused_model_step(self)
 
     def step(self, token: Tensor) -> Tensor:
         """token: (B, in_dim) -> logits (B, classes) of the window ending at this token."""
@@ -284,6 +284,11 @@ class GenreTransformer(nn.Module):
             n_t = min(t + 1, n)
             order = (torch.arange(n_t, device=token.device) + (t + 1 - n_t)) % n
             return self.forward(self._tokens[:, order], start=(t + 1 - n_t) % self.cfg.period)
+        return self._continual_step(token, t)
+
+    @inference
+    def _continual_step(self, token: Tensor, t: int) -> Tensor:
+        """The torch reference step of a continual model; token: the stream's t-th (0-based)."""
         h = nnf.linear(token, self.embed.weight, self.embed.bias).add_(self.pos.table[t % self.cfg.period])
         if len(self.blocks) == 1:
             h = self.blocks[0].step(h)

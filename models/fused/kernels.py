@@ -151,21 +151,19 @@ def _fresh_row(b, r, key_scores, ring_v, n_t, ref, den, num, peak):
 
 
 @njit(**JIT)
-def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
-                 q_scaled, k_scaled_t, z, seg_q, seg_k, slot, full, n_t, track,
-                 rescale_on, refresh_on, tau, buf, out):
-    """One steady continual Nyström step (no landmark change) for every row, single-output.
+def nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled,
+                   seg_q, seg_k, slot, full, n_t, track, rescale_on, refresh_on, tau):
+    """The running sums' part of a steady continual Nyström step (no landmark change), every row.
 
     Removes the departing key (cached scores) from the m running sums, stores the token, adds the
     newest key (rescaling a row whose reference rises when ``rescale_on``), refreshes rows whose
-    denominator fell below ``tau`` x its peak from cached scores (``refresh_on``), then
-    out = s(q K~^T) Z (num / den). ``track``: add q, k to the landmark segment sums.
-    q, k, v, out: (BH, d); ring_*: (BH, n, d); key_scores: (BH, n, m); ref, den, peak: (BH, m)
-    float64; num: (BH, m, d) float64; q_scaled: (BH, m, d); k_scaled_t: (BH, d, m); z: (BH, m, m);
-    seg_*: (BH, d); buf: (3, m) float64. Returns (any row rescaled, rows refreshed).
+    denominator fell below ``tau`` x its peak from cached scores (``refresh_on``). ``track``: add
+    q, k to the landmark segment sums. q, k, v: (BH, d); ring_*: (BH, n, d); key_scores:
+    (BH, n, m); ref, den, peak: (BH, m) float64; num: (BH, m, d) float64; q_scaled: (BH, m, d);
+    seg_*: (BH, d). Returns (any row rescaled, rows refreshed).
     """
     BH, d = q.shape
-    m = z.shape[1]
+    m = q_scaled.shape[1]
     rescaled, refreshed = False, 0
     for b in range(BH):
         if full:                       # the departing key leaves, with the scores it was added with
@@ -206,6 +204,23 @@ def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, pea
                 if den[b, r] < tau * peak[b, r]:
                     _fresh_row(b, r, key_scores, ring_v, n_t, ref, den, num, peak)
                     refreshed += 1
+    return rescaled, refreshed
+
+
+@njit(**JIT)
+def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
+                 q_scaled, k_scaled_t, z, seg_q, seg_k, slot, full, n_t, track,
+                 rescale_on, refresh_on, tau, buf, out):
+    """One steady continual Nyström step (no landmark change) for every row, single-output:
+    ``nystrom_update``, then out = s(q K~^T) Z (num / den). k_scaled_t: (BH, d, m); z: (BH, m, m);
+    buf: (3, m) float64; out: (BH, d); the rest as in ``nystrom_update``. Returns its flags.
+    """
+    BH, d = q.shape
+    m = z.shape[1]
+    flags = nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
+                           q_scaled, seg_q, seg_k, slot, full, n_t, track, rescale_on, refresh_on,
+                           tau)
+    for b in range(BH):
         # out = s(q K~^T) Z / den @ num
         logit, c = buf[0], buf[1]
         top = -np.inf
@@ -229,7 +244,7 @@ def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, pea
             for r in range(m):
                 acc += c[r] * num[b, r, j]
             out[b, j] = acc
-    return rescaled, refreshed
+    return flags
 
 
 # ----------------------------------------------------------------------------- whole model steps

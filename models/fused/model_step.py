@@ -23,6 +23,15 @@ def fusable(model) -> bool:
             and p.device.type == "cpu" and p.dtype == torch.float32)
 
 
+def fused_model_step(model):
+    """The fused whole-model step for ``model`` (1 block: FusedModelStep; 2 blocks, continual or
+    continual Nyström: two_block.FusedTwoBlockStep), or None where the model takes none."""
+    from .two_block import FusedTwoBlockStep, fusable_two_block
+    if fusable(model):
+        return FusedModelStep(model)
+    return FusedTwoBlockStep(model) if fusable_two_block(model) else None
+
+
 class FusedModelStep:
     """Binds a GenreTransformer's weights (numpy views, shared memory) and step buffers."""
 

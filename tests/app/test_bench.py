@@ -14,8 +14,9 @@ def test_bench_only_rows_fused_and_torch_paths_count_the_same_flops(tmp_path):
             "model 2-block continual_nystrom/fixed (fused)"} <= set(names)
     by = {r.what: r for r in rows}
     for w in names:
-        if w.endswith(" (fused)"):
-            assert by[w].flops == by[w.replace("(fused)", "(torch)")].flops, w
+        if w.endswith(" (fused)"):   # means over the timed steps: a stability refresh among them
+            ref = by[w.replace("(fused)", "(torch)")].flops     # adds ~100 FLOPs, and a slow host
+            assert abs(by[w].flops - ref) <= 1e-3 * ref, w      # times fewer steps in the budget
         assert by[w].median_us > 0 and by[w].flops > 0
     text = out.read_text()
     assert "fused vs torch path" in text and "Audio front end" not in text

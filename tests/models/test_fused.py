@@ -91,6 +91,45 @@ def test_fused_steady_steps_are_compiled(mode):
     assert len(entered) == expected, entered
 
 
+@pytest.mark.parametrize("variant,mode", [("continual_nystrom", "continual"),
+                                          ("continual_nystrom", "fixed"), ("continual", None)])
+def test_two_block_steady_steps_are_compiled(variant, mode):
+    """The 2-block step takes the compiled calls (models/fused/two_block.py) on every step after
+    the window is full that changes no landmark of block 1; the torch reference takes the rest,
+    on the same state. Token scales swing up to 24x, so block 1's rows are rescaled and refreshed
+    on the compiled path too. Step reports and FLOPs equal the torch path's; outputs are within
+    1e-5 of the float64 reference, as the torch path's are (at such scores two float32 paths
+    differ by their own rounding: here 4.5e-6 at worst, 1.2e-5 at a swing of 20x)."""
+    ref, fus = pair(variant, 2, n=24, fixed=variant == "continual_nystrom")
+    exact = copy.deepcopy(ref).double()
+    for model in (ref, fus, exact):
+        if mode:
+            model.set_landmark_mode(mode)
+        model.reset(1)
+    torch_steps, rescaled, refreshed = [], 0, 0
+    worst = {"fused": 0.0, "torch": 0.0, "fused vs torch": 0.0}
+    original = type(fus)._continual_step
+    fus._continual_step = lambda token, t: torch_steps.append(t) or original(fus, token, t)
+    g = torch.Generator().manual_seed(5)
+    swing = 12 * (1 + torch.sin(torch.arange(240.0) / 7)).view(-1, 1, 1)
+    for t, x in enumerate(torch.randn(240, 1, 16, generator=g) * swing):
+        a, b, c = ref.step(x), fus.step(x), exact.step(x.double())
+        for key, (u, w) in {"fused": (b, c), "torch": (a, c), "fused vs torch": (b, a)}.items():
+            worst[key] = max(worst[key], (u.double() - w).abs().max().item() / scale_of(c))
+        assert reports(ref) == reports(fus), t
+        assert ref.step_flops() == fus.step_flops(), t
+        if t >= 24 and t not in torch_steps:
+            rescaled += fus.blocks[0].attn.sda.report.rescaled
+            refreshed += fus.blocks[0].attn.sda.report.rows_refreshed
+    # the window's first n tokens; continual landmarks: also one step per completed segment of 6
+    expected = list(range(24)) + ([t for t in range(24, 240) if (t + 1) % 6 == 0]
+                                  if mode == "continual" else [])
+    assert torch_steps == expected
+    assert rescaled > 0 and refreshed > 0, (rescaled, refreshed)
+    assert worst["fused"] <= TOL and worst["torch"] <= TOL, worst
+    assert worst["fused vs torch"] <= 2 * TOL, worst
+
+
 def test_fused_kernel_equals_torch_kernel_on_huge_scores():
     """Single-output continual Nyström with scores swinging to ~500: rescales and refreshes
     happen at the same steps, and the outputs agree to the float32 resolution of such scores (one

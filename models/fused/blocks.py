@@ -1,0 +1,297 @@
+"""Compiled blocks of the fused 2-block step (two_block.py): a retroactive block 1 over the window's
+n rows, then block 2 for the newest token over block 1's outputs, keys and values folded
+(models/sda/window.py). Rows are in ring order (slot of stream token t is t % n).
+
+Shapes: H heads of dh, D = H dh the model width, F the feed-forward width, n the window, m
+landmarks. The products over all n rows are torch's matrix products, called between these
+(two_block.py): torch's BLAS and threads run them ~1.4x faster than numba's np.dot here.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from . import kernels as K
+from .pinv import landmark_pinv_arrays
+
+JIT = K.JIT
+
+
+# ----------------------------------------------------------------------------- row blocks
+# (between torch's matrix products of two_block.py)
+
+@njit(**JIT)
+def norm_rows(x, a, bias, w, b, eps, out):
+    """out[i] = LayerNorm(x[i] + a[i] + bias) * w + b, every row (a is overwritten).
+    x, a, out: (R, D); bias, w, b: (D,)."""
+    R, D = x.shape
+    for i in range(R):
+        for c in range(D):
+            a[i, c] += x[i, c] + bias[c]
+        K.layer_norm(a[i], w, b, eps, out[i])
+
+
+@njit(**JIT)
+def bias_relu(h, bias):
+    """h = max(h + bias, 0) in place. h: (R, F); bias: (F,)."""
+    R, F = h.shape
+    for i in range(R):
+        for c in range(F):
+            h[i, c] = max(h[i, c] + bias[c], np.float32(0.0))
+
+
+# ----------------------------------------------------------------------------- block 1
+
+@njit(**JIT)
+def nystrom_front(token, pre, pos_index, h, qkv, sda, z64, x_ring, p, slot, full, n_t, track,
+                      rescale_on, refresh_on, tau, zw, attn):
+    """Continual Nyström block 1 up to its attention, one steady token (no landmark change): embed
+    (h), in-projection (qkv), running sums,
+    token into the input ring, then the retroactive outputs of every window slot, ring order:
+      p[b, slot] = s(q_b K~_b^T);   attn[j, b*dh:(b+1)*dh] = p[b, j] Z_b (num_b / den_b)
+    sda: the kernel's arrays (ContinualNystromKernel.fused_arrays); z64: (H, m, m) the landmarks'
+    pseudo-inverse in float64 (it multiplies the float64 sums); x_ring: (n, D); p: (H, n, m);
+    zw: (H, m, dh) buffer; attn: (n, D). Returns (any row rescaled, rows refreshed)."""
+    K.embed_qkv(token, pre, pos_index, h, qkv)
+    ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, _z32, \
+        seg_q, seg_k, _ = sda
+    H, n, dh = ring_k.shape
+    m = z64.shape[1]
+    D = H * dh
+    q = qkv[:D].reshape((H, dh))
+    k = qkv[D:2 * D].reshape((H, dh))
+    v = qkv[2 * D:].reshape((H, dh))
+    flags = K.nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
+                             q_scaled, seg_q, seg_k, slot, full, n_t, track, rescale_on,
+                             refresh_on, tau)
+    x_ring[slot] = h
+    for b in range(H):
+        top = -np.inf
+        for r in range(m):
+            s = np.float32(0.0)
+            for j in range(dh):
+                s += q[b, j] * k_scaled_t[b, j, r]
+            p[b, slot, r] = s
+            top = max(top, s)
+        total = np.float32(0.0)
+        for r in range(m):
+            e = np.float32(math.exp(p[b, slot, r] - top))
+            p[b, slot, r] = e
+            total += e
+        for r in range(m):
+            p[b, slot, r] /= total
+        for r in range(m):                         # Z (num / den) in float64, then float32
+            for e in range(dh):
+                acc = 0.0
+                for s_ in range(m):
+                    acc += z64[b, r, s_] * (num[b, s_, e] / den[b, s_])
+                zw[b, r, e] = acc
+    # attn[j] = sum_r p[:, j, r] (head-expanded) * zw[:, r] over all D columns at once (2x faster
+    # than per head: the head width dh is too short a loop)
+    zt = np.empty((m, D), np.float32)
+    pe = np.empty(D, np.float32)
+    for b in range(H):
+        for r in range(m):
+            for e in range(dh):
+                zt[r, b * dh + e] = zw[b, r, e]
+    for j in range(n_t):
+        attn[j] = 0.0
+        for r in range(m):
+            for b in range(H):
+                pr = p[b, j, r]
+                for e in range(dh):
+                    pe[b * dh + e] = pr
+            for c in range(D):
+                attn[j, c] += pe[c] * zt[r, c]
+    return flags
+
+
+# ----------------------------------------------------------------------------- block 2
+
+@njit(**JIT)
+def window_landmarks(x, seg, first, w_qk, b_qk, iters, means, qk, q_land, k_land, q_scaled,
+                     k_scaled_t, z64, z32):
+    """Block 2's continual landmarks over its input window x (n, D), ring order: the means of the
+    aligned segments (seg: (m, 2) window ranges, oldest first; window index i is ring slot
+    (first + i) % n), projected to queries and keys (w_qk: (2D, D), b_qk: (2D,)), folded per head
+    into q_land, k_land, q_scaled: (H, m, dh) and k_scaled_t: (H, dh, m), with their
+    pseudo-inverse z64, z32: (H, m, m). means: (m, D), qk: (m, 2D) buffers."""
+    n, D = x.shape
+    m = seg.shape[0]
+    for r in range(m):
+        means[r] = 0.0
+        for i in range(seg[r, 0], seg[r, 1]):
+            j = (first + i) % n
+            for c in range(D):
+                means[r, c] += x[j, c]
+        size = np.float32(seg[r, 1] - seg[r, 0])
+        for c in range(D):
+            means[r, c] /= size
+    for r in range(m):
+        K.linear(w_qk, b_qk, means[r], qk[r])
+    H, _, dh = q_land.shape
+    s = np.float32(1.0 / math.sqrt(dh))
+    for h in range(H):
+        for r in range(m):
+            for e in range(dh):
+                qv, kv = qk[r, h * dh + e], qk[r, D + h * dh + e]
+                q_land[h, r, e], k_land[h, r, e] = qv, kv
+                q_scaled[h, r, e] = qv * s
+                k_scaled_t[h, e, r] = kv * s
+    landmark_pinv_arrays(q_land, k_land, iters, z64, z32)
+
+
+@njit(**JIT)
+def continual_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, ref, den, num, peak,
+                    scores, x_ring, slot, full, rescale_on, refresh_on, tau, attn):
+    """Continual (exact) retroactive block 1 up to its attention, one token after the first, window
+    full after it: embed (h), in-projection (qkv), token into the input ring, then per head the
+    running sums of every query slot (models/sda/continual.py): the departing key leaves every
+    row, the new key joins every row (rescaling a row whose reference rises), the newest query's
+    row is computed from scratch, stale rows are refreshed from cached scores; attn[j, head] =
+    num_j / den_j, ring order. ring_*: (H, n, dh); ref, den, peak: (H, n); num: (H, n, dh);
+    scores: (H, n, n) cached scaled score of query slot i against key slot j; x_ring, attn: (n, D).
+    Returns (any row rescaled, rows refreshed)."""
+    K.embed_qkv(token, pre, pos_index, h, qkv)
+    H, n, dh = ring_k.shape
+    D = H * dh
+    q = qkv[:D].reshape((H, dh))
+    k = qkv[D:2 * D].reshape((H, dh))
+    v = qkv[2 * D:].reshape((H, dh))
+    x_ring[slot] = h
+    scale = np.float32(1.0 / math.sqrt(dh))
+    rescaled, refreshed = False, 0
+    for b in range(H):
+        if full:                       # the departing key leaves, with the scores it was added with
+            for r in range(n):
+                e = np.float32(math.exp(scores[b, r, slot] - ref[b, r]))
+                den[b, r] -= e
+                for j in range(dh):
+                    num[b, r, j] -= e * ring_v[b, slot, j]
+        for j in range(dh):
+            ring_q[b, slot, j] = q[b, j]
+            ring_k[b, slot, j] = k[b, j]
+            ring_v[b, slot, j] = v[b, j]
+        for r in range(n):             # the new key joins every row
+            s = np.float32(0.0)
+            for j in range(dh):
+                s += ring_q[b, r, j] * k[b, j]
+            s *= scale
+            scores[b, r, slot] = s
+            if rescale_on and s > ref[b, r]:
+                f = np.float32(math.exp(ref[b, r] - s))
+                den[b, r] *= f
+                peak[b, r] *= f
+                for j in range(dh):
+                    num[b, r, j] *= f
+                ref[b, r] = s
+                rescaled = True
+            e = np.float32(math.exp(s - ref[b, r]))
+            den[b, r] += e
+            for j in range(dh):
+                num[b, r, j] += e * v[b, j]
+            if rescale_on:
+                peak[b, r] = max(peak[b, r], den[b, r])
+        for t in range(n):             # the newest query's row, from scratch
+            s = np.float32(0.0)
+            for j in range(dh):
+                s += ring_k[b, t, j] * q[b, j]
+            scores[b, slot, t] = s * scale
+        _fresh_row32(scores[b, slot], ring_v[b], b, slot, ref, den, num, peak)
+        if refresh_on:
+            for r in range(n):
+                if den[b, r] < tau * peak[b, r]:
+                    _fresh_row32(scores[b, r], ring_v[b], b, r, ref, den, num, peak)
+                    refreshed += 1
+        for r in range(n):
+            for j in range(dh):
+                attn[r, b * dh + j] = num[b, r, j] / den[b, r]
+    return rescaled, refreshed
+
+
+@njit(**JIT)
+def _fresh_row32(row_scores, values, b, r, ref, den, num, peak):
+    """Row r of head b from scratch (float32): row_scores: (n,), values: (n, dh)."""
+    top = row_scores.max()
+    num[b, r] = 0.0
+    total = np.float32(0.0)
+    for t in range(row_scores.shape[0]):
+        e = np.float32(math.exp(row_scores[t] - top))
+        total += e
+        for j in range(values.shape[1]):
+            num[b, r, j] += e * values[t, j]
+    ref[b, r], den[b, r], peak[b, r] = top, total, total
+
+
+# Block 2's products run through its input window x (n, D) with the key/value projections folded
+# in (models/sda/window.FoldedKeyValues), for R query rows per head (m landmarks, or 1 query):
+#   u = W_k,h^T q_hr (queries);        s = softmax(u x^T) (torch product and softmax);
+#   px = s x (torch product);          mixed_hr = px W_v,h^T + b_v,h (unfold_values)
+
+@njit(**JIT)
+def queries(z, slot, w_q, b_q, w_k, exact, rows, q, u):
+    """Block 2's query rows over its input window z (n, D): q = W_q z[slot] + b_q (D,); exact:
+    rows (H, 1, dh) = q / sqrt(dh), else rows are the scaled query landmarks (H, m, dh);
+    u (H*R, D) = each row folded through W_k,h."""
+    K.linear(w_q, b_q, z[slot], q)
+    H, R, dh = rows.shape
+    D = z.shape[1]
+    if exact:
+        scale = np.float32(1.0 / math.sqrt(dh))
+        for h in range(H):
+            for e in range(dh):
+                rows[h, 0, e] = q[h * dh + e] * scale
+    for h in range(H):
+        for r in range(R):
+            i = h * R + r
+            u[i] = 0.0
+            for e in range(dh):
+                qv = rows[h, r, e]
+                for c in range(D):
+                    u[i, c] += qv * w_k[h * dh + e, c]
+
+
+@njit(**JIT)
+def finish(px, w_v, b_v, mixed, exact, q, k_scaled_t, z, attn, x, post, eps1, eps2, bufs, logits):
+    """Block 2's values, attention output, then its tail and the classifier:
+    mixed (H, R, dh) = px W_v,h^T + b_v,h; exact: attn = mixed; Nyström: attn_h = s(q_h K~_h^T)
+    Z_h mixed_h with k_scaled_t (H, dh, m), z (H, m, m); then logits = head(tail(x, attn)).
+    px: (H*R, D); q, attn, x: (D,); post, bufs: as kernels.tail_and_head."""
+    H, R, dh = mixed.shape
+    D = px.shape[1]
+    for h in range(H):
+        for r in range(R):
+            for e in range(dh):
+                acc = np.float32(0.0)
+                for c in range(D):
+                    acc += px[h * R + r, c] * w_v[h * dh + e, c]
+                mixed[h, r, e] = acc + b_v[h * dh + e]
+    if exact:
+        for h in range(H):
+            for e in range(dh):
+                attn[h * dh + e] = mixed[h, 0, e]
+    else:
+        k1 = np.empty(R, np.float32)
+        for h in range(H):
+            top = -np.inf
+            for r in range(R):
+                acc = np.float32(0.0)
+                for e in range(dh):
+                    acc += q[h * dh + e] * k_scaled_t[h, e, r]
+                k1[r] = acc
+                top = max(top, acc)
+            total = np.float32(0.0)
+            for r in range(R):
+                k1[r] = np.float32(math.exp(k1[r] - top))
+                total += k1[r]
+            for e in range(dh):
+                attn[h * dh + e] = 0.0
+            for r in range(R):
+                c = np.float32(0.0)
+                for r2 in range(R):
+                    c += (k1[r2] / total) * z[h, r2, r]
+                for e in range(dh):
+                    attn[h * dh + e] += c * mixed[h, r, e]
+    K.tail_and_head(x, attn, post, eps1, eps2, bufs, logits)
