@@ -46,10 +46,10 @@ def bias_relu(h, bias):
 
 @njit(**JIT)
 def nystrom_front(token, pre, pos_index, h, qkv, sda, z64, x_ring, p, slot, full, n_t, track,
-                      rescale_on, refresh_on, tau, zw, attn):
+                  rescale_on, refresh_on, tau, zw, attn):
     """Continual Nyström block 1 up to its attention, one steady token (no landmark change): embed
-    (h), in-projection (qkv), running sums,
-    token into the input ring, then the retroactive outputs of every window slot, ring order:
+    (h), in-projection (qkv), running sums, token into the input ring, then the retroactive
+    outputs of every window slot, ring order:
       p[b, slot] = s(q_b K~_b^T);   attn[j, b*dh:(b+1)*dh] = p[b, j] Z_b (num_b / den_b)
     sda: the kernel's arrays (ContinualNystromKernel.fused_arrays); z64: (H, m, m) the landmarks'
     pseudo-inverse in float64 (it multiplies the float64 sums); x_ring: (n, D); p: (H, n, m);
