@@ -4,7 +4,8 @@ n rows, then block 2 for the newest token over block 1's outputs, keys and value
 
 Shapes: H heads of dh, D = H dh the model width, F the feed-forward width, n the window, m
 landmarks. The products over all n rows are torch's matrix products, called between these
-(two_block.py): torch's BLAS and threads run them ~1.4x faster than numba's np.dot here.
+(two_block.py): torch's BLAS and threads ran these shapes faster than numba's np.dot when
+measured during development (not a `bench` row).
 """
 from __future__ import annotations
 
@@ -166,10 +167,7 @@ def continual_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, ref, 
     for b in range(H):
         if full:                       # the departing key leaves, with the scores it was added with
             for r in range(n):
-                e = np.float32(math.exp(scores[b, r, slot] - ref[b, r]))
-                den[b, r] -= e
-                for j in range(dh):
-                    num[b, r, j] -= e * ring_v[b, slot, j]
+                K.remove_term(b, r, scores[b, r, slot], ring_v[b, slot], ref, den, num)
         for j in range(dh):
             ring_q[b, slot, j] = q[b, j]
             ring_k[b, slot, j] = k[b, j]
@@ -180,20 +178,8 @@ def continual_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, ref, 
                 s += ring_q[b, r, j] * k[b, j]
             s *= scale
             scores[b, r, slot] = s
-            if rescale_on and s > ref[b, r]:
-                f = np.float32(math.exp(ref[b, r] - s))
-                den[b, r] *= f
-                peak[b, r] *= f
-                for j in range(dh):
-                    num[b, r, j] *= f
-                ref[b, r] = s
+            if K.add_term(b, r, s, v[b], ref, den, num, peak, rescale_on):
                 rescaled = True
-            e = np.float32(math.exp(s - ref[b, r]))
-            den[b, r] += e
-            for j in range(dh):
-                num[b, r, j] += e * v[b, j]
-            if rescale_on:
-                peak[b, r] = max(peak[b, r], den[b, r])
         for t in range(n):             # the newest query's row, from scratch
             s = np.float32(0.0)
             for j in range(dh):

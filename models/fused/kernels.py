@@ -151,6 +151,38 @@ def _fresh_row(b, r, key_scores, ring_v, n_t, ref, den, num, peak):
 
 
 @njit(**JIT)
+def remove_term(b, r, s, v, ref, den, num):
+    """Row r of sequence b loses a key it was given with score s (the row's dtype) and value v (d,)."""
+    e = math.exp(s - ref[b, r])
+    den[b, r] -= e
+    for j in range(v.shape[0]):
+        num[b, r, j] -= e * v[j]
+
+
+@njit(**JIT)
+def add_term(b, r, s, v, ref, den, num, peak, rescale_on):
+    """Row r of sequence b takes a key with score s (the row's dtype) and value v (d,); with
+    ``rescale_on`` a score above the row's reference first rescales the row (returns True) and
+    the peak is tracked (models/running_sums.add_key, one row)."""
+    rescaled = False
+    if rescale_on and s > ref[b, r]:
+        f = math.exp(ref[b, r] - s)
+        den[b, r] *= f
+        peak[b, r] *= f
+        for j in range(v.shape[0]):
+            num[b, r, j] *= f
+        ref[b, r] = s
+        rescaled = True
+    e = math.exp(s - ref[b, r])
+    den[b, r] += e
+    for j in range(v.shape[0]):
+        num[b, r, j] += e * v[j]
+    if rescale_on:
+        peak[b, r] = max(peak[b, r], den[b, r])
+    return rescaled
+
+
+@njit(**JIT)
 def nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled,
                    seg_q, seg_k, slot, full, n_t, track, rescale_on, refresh_on, tau):
     """The running sums' part of a steady continual Nyström step (no landmark change), every row.
@@ -168,10 +200,7 @@ def nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, p
     for b in range(BH):
         if full:                       # the departing key leaves, with the scores it was added with
             for r in range(m):
-                e = math.exp(np.float64(key_scores[b, slot, r]) - ref[b, r])
-                den[b, r] -= e
-                for j in range(d):
-                    num[b, r, j] -= e * ring_v[b, slot, j]
+                remove_term(b, r, np.float64(key_scores[b, slot, r]), ring_v[b, slot], ref, den, num)
         for j in range(d):
             ring_q[b, slot, j] = q[b, j]
             ring_k[b, slot, j] = k[b, j]
@@ -184,21 +213,8 @@ def nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, p
             for j in range(d):
                 s += q_scaled[b, r, j] * k[b, j]
             key_scores[b, slot, r] = s
-            s64 = np.float64(s)
-            if rescale_on and s64 > ref[b, r]:
-                f = math.exp(ref[b, r] - s64)
-                den[b, r] *= f
-                peak[b, r] *= f
-                for j in range(d):
-                    num[b, r, j] *= f
-                ref[b, r] = s64
+            if add_term(b, r, np.float64(s), v[b], ref, den, num, peak, rescale_on):
                 rescaled = True
-            e = math.exp(s64 - ref[b, r])
-            den[b, r] += e
-            for j in range(d):
-                num[b, r, j] += e * v[b, j]
-            if rescale_on:
-                peak[b, r] = max(peak[b, r], den[b, r])
         if refresh_on:
             for r in range(m):
                 if den[b, r] < tau * peak[b, r]:

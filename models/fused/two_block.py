@@ -82,6 +82,7 @@ class FusedTwoBlockStep:
         self.iters, self.period = cfg.pinv_iters, cfg.period
         self.token_shape, self.classes = (1, cfg.in_dim), cfg.num_classes
         self._segments: dict[int, np.ndarray] = {}
+        self._reports = (StepReport(n_t=n), StepReport(n_t=n, event="window"))   # block 2's, shared
         self._views: dict[str, tuple] = {}
         if not self.exact:          # block 2's continual landmarks, rewritten in place every step
             t = lambda *s, dtype=torch.float32: torch.empty(s, dtype=dtype)  # noqa: E731
@@ -129,21 +130,21 @@ class FusedTwoBlockStep:
         st2.t += 1
         if self.exact:
             rows, (k_scaled_t, z_land) = self.qs, self.no_marks
-            self.k2.report = StepReport(n_t=n)
+            self.k2.report = self._reports[0]
         else:
             if self.k2.mode == "continual":
                 B.window_landmarks(z, self._segments_of(st2.t), st2.t % n, self.w_qk, self.b_qk,
                                    self.iters, self.means, self.qk, *self.marks2_arrays)
                 st2.marks = self.marks2
-                self.k2.report = StepReport(n_t=n, event="window")
+                self.k2.report = self._reports[1]
             else:
-                self.k2.report = StepReport(n_t=n)
+                self.k2.report = self._reports[0]
             mk = st2.marks
             rows, k_scaled_t, z_land = (self._view("q2", mk.q_scaled),
                                         self._view("k2", mk.k_scaled_t), self._view("z2", mk.z))
         B.queries(z, slot, self.w_q, self.b_q, self.w_k, self.exact, rows, self.q2, A["u"])
         torch.mm(T["u"], T["z"].t(), out=T["s"])
-        torch.softmax(T["s"], dim=-1, out=T["p"])          # (vectorised exp: 5x the compiled loop)
+        torch.softmax(T["s"], dim=-1, out=T["p"])          # torch's exp is vectorised, numba's not
         torch.mm(T["p"], T["z"], out=T["px"])
         logits = np.empty((1, self.classes), np.float32)
         B.finish(A["px"], self.w_v, self.b_v, self.mixed, self.exact, self.q2, k_scaled_t, z_land,
