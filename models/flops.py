@@ -128,7 +128,7 @@ def _install(m: int, d: int, iters: int) -> Flops:
 
 
 def continual_nystrom_sda(n_t: int, d: int, m: int, iters: int, *, event: str = "step",
-                          retroactive: bool = False, evict: bool = True,
+                          retroactive: bool | str = False, evict: bool = True,
                           stabilize: bool = True, p_rebuilt: bool = False,
                           warmup_landmarks: bool = False, segment_sums: bool = True,
                           rescaled: bool = False) -> Flops:
@@ -152,10 +152,12 @@ def continual_nystrom_sda(n_t: int, d: int, m: int, iters: int, *, event: str = 
         if stabilize:
             f += ew(m)                                            # stale-row check
     f += mm(1, d, m) + softmax(1, m)                              # s(q K~^T)
-    if retroactive:
+    if retroactive:          # "factored": P Z (num / den) left as its two factors
         if p_rebuilt:
             f += mm(n_t, d, m) + softmax(n_t, m)
-        f += ew(m * d) + mm(m, m, d) + mm(n_t, m, d)
+        f += ew(m * d) + mm(m, m, d)
+        if retroactive != "factored":
+            f += mm(n_t, m, d)
     else:
         f += mm(1, m, m) + ew(m) + mm(1, m, d)
     return f
@@ -172,6 +174,13 @@ def windowed_nystrom_sda(n_t: int, d: int, m: int, iters: int, landmark_update: 
     f += (mm(1, d, m) + softmax(1, m) + mm(m, d, n_t) + softmax(m, n_t)
           + mm(1, m, m) + mm(m, n_t, d) + mm(1, m, d))
     return f
+
+
+def folded_out(n_t: int, heads: int, m: int, dh: int, D: int) -> Flops:
+    """Out-projection of a retroactive Nyström block's n_t outputs left factored as P_h (n_t x m)
+    times ZW_h (m x dh) per head (models/mha.py): W_o folded into the m rows of each head,
+    G_h = ZW_h W_o,h^T (m x D), then [P_1 .. P_H] [G_1; ..; G_H] plus the bias."""
+    return mm(heads * m, dh, D) + mm(n_t, heads * m, D) + ew(n_t * D)
 
 
 def folded_kv(rows: int, n_t: int, D: int, dh: int) -> Flops:

@@ -44,6 +44,8 @@ class MultiheadAttention(nn.Module):
         self.sda = streaming_sda(variant, window, retroactive=retroactive,
                                  num_landmarks=self.num_landmarks, pinv_iters=pinv_iters,
                                  landmark_mode=None if self.landmark_mode == "fixed" else self.landmark_mode)
+        # a retroactive Nyström kernel leaves its n outputs factored; step folds W_o into them
+        self.sda.factored = retroactive and variant == "continual_nystrom"
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention, window: int, variant: str, **kw) -> "MultiheadAttention":
@@ -156,9 +158,23 @@ class MultiheadAttention(nn.Module):
         B, H, dh = x.shape[0], self.heads, self.d_head
         qkv = nnf.linear(x, self.in_proj.weight, self.in_proj.bias).view(B, 3, H, dh)
         q, k, v = (qkv[:, i].reshape(B * H, dh) for i in range(3))
-        out = self.sda.step(q, k, v)              # (B*H, dh) or (B*H, n_t, dh)
+        out = self.sda.step(q, k, v)              # (B*H, dh) or (B*H, n_t, dh), or factors
+        if isinstance(out, tuple):
+            return self._folded_out(*out, B)
         out = self._unfold(out, B) if self.retroactive else out.reshape(B, self.d_model)
         return nnf.linear(out, self.out_proj.weight, self.out_proj.bias)
+
+    def _folded_out(self, p: Tensor, zw: Tensor, B: int) -> Tensor:
+        """Out-projection of a retroactive Nyström output left factored, p: (B*H, n_t, m),
+        zw: (B*H, m, dh) -> (B, n_t, d_model). W_o folded into each head's m rows,
+        G_h = zw_h W_o,h^T (m, d_model), then out = [p_1 .. p_H] [G_1; ..; G_H] + b_o
+        (models/flops.folded_out)."""
+        H, dh, D = self.heads, self.d_head, self.d_model
+        n_t, m = p.shape[1], p.shape[2]
+        w_t = self.out_proj.weight.t().reshape(H, dh, D)                  # W_o^T per head
+        g = torch.matmul(zw.view(B, H, m, dh), w_t).view(B, H * m, D)
+        p_all = p.view(B, H, n_t, m).transpose(1, 2).reshape(B, n_t, H * m)
+        return torch.baddbmm(self.out_proj.bias, p_all, g)
 
     @inference
     def step_window(self, xw: Tensor) -> Tensor:

@@ -129,18 +129,19 @@ def first_token_seconds() -> float:
 def format_table(rows: list[Row]) -> str:
     """Markdown: latency, FLOPs, achieved GFLOP/s next to the matrix-product peak for the same
     FLOPs, and speed-ups measured in this run (vs torch's recompute of the window; fused vs the
-    torch reference path of the same variant)."""
+    torch reference path of the same variant): a model row's are paired (the two timed in
+    alternating blocks), the SDA rows' a ratio of their medians."""
     lines = ["| n | what | median us | p95 us | FLOPs/step | GFLOP/s | matmul peak GFLOP/s, same FLOPs "
              "| vs torch recompute | fused vs torch path |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     by_name = {(r.n, r.what): r.median_us for r in rows}
     for r in rows:
         speed = fused = ""
-        if r.what.startswith("model"):
-            layers = r.what.split()[1].split("-")[0]
-            base = by_name.get((r.n, f"torch TransformerEncoder {layers}-layer recompute"))
-            speed = f"{base / r.median_us:.1f}x" if base else ""
-        if r.what.endswith(" (fused)"):
+        if "vs_recompute" in r.extra:                 # paired, see bench_attention.bench_models
+            speed = f"{r.extra['vs_recompute']:.1f}x"
+        if "vs_torch_path" in r.extra:
+            fused = f"{r.extra['vs_torch_path']:.1f}x"
+        elif r.what.endswith(" (fused)"):
             ref = by_name.get((r.n, r.what[:-len(" (fused)")] + " (torch)"))
             fused = f"{ref / r.median_us:.1f}x" if ref else ""
         fl = f"{r.flops:,}" if r.flops is not None else ""
@@ -187,7 +188,10 @@ def run(windows=(30, 120, 480, 1920), steps: int = 2000, budget_s: float = 6.0,
               f"SDA rows: 16 heads of d=12 folded into the batch, single-output, m=4. FLOPs: mean "
               f"over the timed steps (landmark cycles averaged). Peak: one torch.mm of the same FLOPs; "
               f"a 512^3 product reaches {big:.0f} GFLOP/s here. (fused): the compiled CPU step "
-              f"(models/fused/), (torch): the torch reference path.\n\n")
+              f"(models/fused/), (torch): the torch reference path. Speed-ups of model rows are paired: "
+              f"the two steps timed in alternating blocks (100 of the model, 2 or 10 of the other) "
+              f"so that both see the same machine load; the median columns are each row's own "
+              f"timing.\n\n")
     if frontends:
         table += ("\n\n## Audio front end (batch 1)\n\n" + format_table(frontend).replace("| 0 |", "| - |")
                   + f"\n\nFirst token {first:.2f} s after a real-time source starts, in a fresh "

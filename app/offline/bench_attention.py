@@ -13,7 +13,7 @@ from models.sda import streaming_sda
 from models.training import with_config
 from models.transformer import ModelConfig, build_model
 
-from .bench_timing import Row, time_steps, warm
+from .bench_timing import Row, paired_medians, time_steps, warm
 
 SDA_CASES = [("regular", None), ("continual", None), ("nystrom", "segment"),
              ("continual_nystrom", "continual"), ("continual_nystrom", "fixed")]
@@ -84,36 +84,57 @@ def make_model(variant: str, mode: str | None, layers: int, n: int) -> torch.nn.
 
 def bench_models(n: int, steps: int, budget: float, only: str = "") -> list[Row]:
     """Model steps (mean FLOPs over the timed steps, so a landmark cycle is averaged); ``only``:
-    just the rows whose name contains it."""
+    just the rows whose name contains it. Each row's speed-ups are paired: the model step timed
+    in alternating blocks with torch's encoder recomputing the window (``vs_recompute``) and, for
+    a fused row, with the same model on the torch path (``vs_torch_path``)."""
     rows = []
     tokens = [torch.randn(1, 128) for _ in range(64)]
     for layers in (1, 2):
+        encoder = torch_encoder(n, layers)
         for variant, mode in SDA_CASES:
             row = ModelConfig(variant=variant, landmark_mode="fixed" if mode == "fixed" else None).table_row
+            steppers = {}
             for fused in paths(variant, model=True):
                 name = f"model {layers}-block {row}{label(fused, variant, True)}"
                 if only not in name:
                     continue
                 model = make_model(variant, mode, layers, n).use_fused(fused)
                 model.reset(1)
-                i, flops = [0], []
-
-                def step():
-                    model.step(tokens[i[0] % 64])
-                    i[0] += 1
-
+                step = steppers[fused] = stepper(model, tokens)
                 warm(step, n + 20)
+                flops = []
                 med, p95 = time_steps(step, steps, budget,
                                       lambda: flops.append(model.step_flops()["model"]))
-                rows.append(Row(n, name, med, p95, round(sum(flops) / len(flops))))
+                extra = {"vs_recompute": ratio(*paired_medians(step, encoder, budget))}
+                if fused and False in steppers:
+                    extra["vs_torch_path"] = ratio(*paired_medians(step, steppers[False], budget,
+                                                                   block_b=10))
+                rows.append(Row(n, name, med, p95, round(sum(flops) / len(flops)), extra=extra))
         if only in f"torch TransformerEncoder {layers}-layer recompute":
-            rows.append(bench_torch_encoder(n, layers, steps, budget))
+            med, p95 = time_steps(encoder, steps, budget)
+            rows.append(Row(n, f"torch TransformerEncoder {layers}-layer recompute", med, p95,
+                            regular_flops(n, layers)))
     return rows
 
 
-def bench_torch_encoder(n: int, layers: int, steps: int, budget: float) -> Row:
-    """torch's encoder layer(s) recomputing the window: the reference point (FLOPs from the same
-    formulas as a `regular` model of the same shape)."""
+def stepper(model, tokens: list) -> callable:
+    """One streamed step of ``model`` per call, cycling through ``tokens``."""
+    i = [0]
+
+    def step():
+        model.step(tokens[i[0] % len(tokens)])
+        i[0] += 1
+    return step
+
+
+def ratio(model_us: float, reference_us: float) -> float:
+    """How many times faster the model step is than the reference, both paired medians."""
+    return reference_us / model_us
+
+
+def torch_encoder(n: int, layers: int) -> callable:
+    """torch's encoder layer(s) recomputing the window, warmed up: the reference point (its
+    FLOPs are a ``regular`` model's of the same shape, ``regular_flops``)."""
     torch.manual_seed(0)
     embed = torch.nn.Linear(128, 192)
     enc = torch.nn.TransformerEncoder(
@@ -127,13 +148,16 @@ def bench_torch_encoder(n: int, layers: int, steps: int, budget: float) -> Row:
         head(enc(embed(window))[:, -1])
 
     warm(recompute, 5)
-    med, p95 = time_steps(recompute, steps, budget)
+    return recompute
+
+
+def regular_flops(n: int, layers: int) -> int:
+    """FLOPs of one step of a ``regular`` model (the whole window recomputed)."""
     regular = make_model("regular", None, layers, n)
     regular.reset(1)
     for _ in range(n):
         regular.step(torch.zeros(1, 128))
-    return Row(n, f"torch TransformerEncoder {layers}-layer recompute", med, p95,
-               regular.step_flops()["model"])
+    return regular.step_flops()["model"]
 
 
 def matmul_peak(flops: int, budget: float = 0.3) -> float:

@@ -38,3 +38,23 @@ def warm(fn, count: int) -> None:
     """Run ``fn`` ``count`` times, unbudgeted: every timed step must see a full window."""
     for _ in range(count):
         fn()
+
+
+def paired_medians(fn_a, fn_b, budget_s: float, block_a: int = 100, block_b: int = 2,
+                   rounds: int = 200) -> tuple[float, float]:
+    """Median microseconds of ``fn_a`` and ``fn_b`` timed in alternating blocks (block_a calls
+    of one, block_b of the other) for at most ``budget_s``, so both see the same machine load:
+    their ratio holds on a host whose speed drifts between rows (+-30 % here). Blocks of 100:
+    the first steps after the other function's block find cold caches, which a median over 100
+    absorbs (with blocks of 20 it showed: 1-block fused steps ~15 % slower)."""
+    times: tuple[list, list] = ([], [])
+    deadline = time.perf_counter() + budget_s
+    for r in range(rounds):
+        for fn, count, out in ((fn_a, block_a, times[0]), (fn_b, block_b, times[1])):
+            for _ in range(count):
+                t0 = time.perf_counter()
+                fn()
+                out.append(time.perf_counter() - t0)
+        if time.perf_counter() > deadline and r >= 4:
+            break
+    return statistics.median(times[0]) * 1e6, statistics.median(times[1]) * 1e6

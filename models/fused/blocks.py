@@ -47,14 +47,16 @@ def bias_relu(h, bias):
 
 @njit(**JIT)
 def nystrom_front(token, pre, pos_index, h, qkv, sda, z64, x_ring, p, slot, full, n_t, track,
-                  rescale_on, refresh_on, tau, zw, attn):
-    """Continual Nyström block 1 up to its attention, one steady token (no landmark change): embed
-    (h), in-projection (qkv), running sums, token into the input ring, then the retroactive
-    outputs of every window slot, ring order:
-      p[b, slot] = s(q_b K~_b^T);   attn[j, b*dh:(b+1)*dh] = p[b, j] Z_b (num_b / den_b)
+                  rescale_on, refresh_on, tau, zw, w_o, p_all, g):
+    """Continual Nyström block 1 up to its out-projection, one steady token (no landmark change):
+    embed (h), in-projection (qkv), running sums, token into the input ring, then the factors of
+    every window slot's projected output (models/mha.py _folded_out), ring order:
+      p[b, slot] = s(q_b K~_b^T);   zw_b = Z_b (num_b / den_b);   g[b*m + r] = zw_b[r] W_o,b^T
+      p_all[j, b*m + r] = p[b, j, r]   so that  attn_j W_o^T = p_all[j] g   (a torch product)
     sda: the kernel's arrays (ContinualNystromKernel.fused_arrays); z64: (H, m, m) the landmarks'
     pseudo-inverse in float64 (it multiplies the float64 sums); x_ring: (n, D); p: (H, n, m);
-    zw: (H, m, dh) buffer; attn: (n, D). Returns (any row rescaled, rows refreshed)."""
+    zw: (H, m, dh) buffer; w_o: (D, D) out-projection weight; p_all: (n, H m); g: (H m, D).
+    Returns (any row rescaled, rows refreshed)."""
     K.embed_qkv(token, pre, pos_index, h, qkv)
     ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, _z32, \
         seg_q, seg_k, _ = sda
@@ -89,23 +91,15 @@ def nystrom_front(token, pre, pos_index, h, qkv, sda, z64, x_ring, p, slot, full
                 for s_ in range(m):
                     acc += z64[b, r, s_] * (num[b, s_, e] / den[b, s_])
                 zw[b, r, e] = acc
-    # attn[j] = sum_r p[:, j, r] (head-expanded) * zw[:, r] over all D columns at once (2x faster
-    # than per head: the head width dh is too short a loop)
-    zt = np.empty((m, D), np.float32)
-    pe = np.empty(D, np.float32)
-    for b in range(H):
-        for r in range(m):
-            for e in range(dh):
-                zt[r, b * dh + e] = zw[b, r, e]
-    for j in range(n_t):
-        attn[j] = 0.0
-        for r in range(m):
-            for b in range(H):
-                pr = p[b, j, r]
-                for e in range(dh):
-                    pe[b * dh + e] = pr
+        for r in range(m):                         # G_b = zw_b W_o,b^T
             for c in range(D):
-                attn[j, c] += pe[c] * zt[r, c]
+                acc32 = np.float32(0.0)
+                for e in range(dh):
+                    acc32 += zw[b, r, e] * w_o[c, b * dh + e]
+                g[b * m + r, c] = acc32
+        for j in range(n_t):
+            for r in range(m):
+                p_all[j, b * m + r] = p[b, j, r]
     return flags
 
 

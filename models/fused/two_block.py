@@ -3,7 +3,8 @@ window (Hedegaard et al.), continual or continual Nyström, batch 1, float32 on 
 compiled calls per token (models/fused/blocks.py):
 
   block 1   embedding, in-projection, the attention's running sums, the outputs of all n window
-            slots, then out-projection, norms and feed-forward over the n rows (BLAS products)
+            slots (Nyström: left factored, W_o folded into the landmark rows, models/mha.py),
+            then out-projection, norms and feed-forward over the n rows (BLAS products)
   block 2   the newest row's query over the window, keys and values never formed (folded);
             continual landmarks: the aligned segment means of the current window, projected, and
             their pseudo-inverse, every step; then out-projection, tail and classifier
@@ -69,9 +70,11 @@ class FusedTwoBlockStep:
         self.norm2 = (P(b1.ff[2].bias), P(b1.norm2.weight), P(b1.norm2.bias), float(b1.norm2.eps))
         self.b_ff1 = P(b1.ff[0].bias)
         f32 = lambda *shape: torch.empty(shape)  # noqa: E731
+        m1 = 1 if self.exact else cfg.num_landmarks     # block 1's factored output (Nyström)
         self.T = dict(attn=f32(n, D), a=f32(n, D), y=f32(n, D), hid=f32(n, F), f=f32(n, D),
                       z=f32(n, D), u=f32(H * R, D), s=f32(H * R, n), p=f32(H * R, n),
-                      px=f32(H * R, D))
+                      px=f32(H * R, D), p_all=f32(n, H * m1), g=f32(H * m1, D))
+        self.w_o1 = P(b1.attn.out_proj.weight)
         self.A = {k: v.numpy() for k, v in self.T.items()}          # the same memory
         f32 = lambda *shape: np.empty(shape, np.float32)  # noqa: E731
         self.h, self.qkv, self.zw = f32(D), f32(3 * D), f32(H, R, dh)
@@ -116,9 +119,13 @@ class FusedTwoBlockStep:
         blk, n, T, A = self.block1, self.n, self.T, self.A
         x_ring = self._view("x", blk._x)[0]
         blk.__dict__["_t"] = blk._t + 1
-        slot = self._block1(token.numpy()[0], t % self.period, x_ring, A["attn"])
-        # block 1's tail over the n rows: y = LN1(x + attn W_o^T + b_o), z = LN2(y + FF(y))
-        torch.mm(T["attn"], self.out1, out=T["a"])
+        slot = self._block1(token.numpy()[0], t % self.period, x_ring)
+        # block 1's tail over the n rows: y = LN1(x + attn W_o^T + b_o), z = LN2(y + FF(y)),
+        # Nyström: attn W_o^T = p_all g (W_o folded into the landmark rows)
+        if self.exact:
+            torch.mm(T["attn"], self.out1, out=T["a"])
+        else:
+            torch.mm(T["p_all"], T["g"], out=T["a"])
         B.norm_rows(x_ring, A["a"], *self.norm1, A["y"])
         torch.mm(T["y"], self.ff1, out=T["hid"])
         B.bias_relu(A["hid"], self.b_ff1)
@@ -151,10 +158,11 @@ class FusedTwoBlockStep:
                  self.attn2, z[slot], self.post2, *self.eps2, self.bufs, logits[0])
         return torch.from_numpy(logits)
 
-    def _block1(self, x: np.ndarray, pos: int, x_ring: np.ndarray, attn: np.ndarray) -> int:
+    def _block1(self, x: np.ndarray, pos: int, x_ring: np.ndarray) -> int:
         """Block 1's attention for token x (in_dim,) at position index ``pos``: the kernel's state
-        updated as its torch step would, attn (n, D) in ring order. Returns the token's slot."""
-        k1, n = self.k1, self.n
+        updated as its torch step would; continual: the outputs attn (n, D), Nyström: their
+        factors p_all, g; ring order. Returns the token's slot."""
+        k1, n, A = self.k1, self.n, self.A
         st, stab = k1.st, k1.stability
         if self.exact:
             slot = st.t % n
@@ -164,7 +172,7 @@ class FusedTwoBlockStep:
                 x, self.pre, pos, self.h, self.qkv, *self._views_of(
                     "ring", (ring.q, ring.k, ring.v, rows.ref, rows.den, rows.num, rows.peak,
                              st.scores)),
-                x_ring, slot, True, stab.rescale, stab.refresh, TAU, attn)
+                x_ring, slot, True, stab.rescale, stab.refresh, TAU, A["attn"])
             k1.report = StepReport(n_t=n, evicted=True, rescaled=bool(flags[0]),
                                    rows_refreshed=int(flags[1]))
             return slot
@@ -172,7 +180,7 @@ class FusedTwoBlockStep:
         flags = B.nystrom_front(x, self.pre, pos, self.h, self.qkv, k1.fused_arrays(),
                                 self._view("z64", st.marks.z64), x_ring, self._view("p", st.p),
                                 slot, full, n_t, track, stab.rescale, stab.refresh, TAU, self.zw,
-                                attn)
+                                self.w_o1, A["p_all"], A["g"])
         k1.fused_end(*flags)
         return slot
 

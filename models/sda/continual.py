@@ -17,7 +17,7 @@ from torch import Tensor
 from .. import flops as F
 from ..running_sums import (RunningSums, SumsScratch, add_key, fresh_sums, refresh_stale,
                             remove_key)
-from .kernel import Ring, SDAKernel, StepReport, StreamState, window_order
+from .kernel import Ring, SDAKernel, StepReport, StreamState, fused_kernels, window_order
 from .reference import attention, inference
 
 
@@ -72,11 +72,10 @@ class ContinualKernel(SDAKernel):
         """q, k, v: (B, d) -> (B, d) single-output, or (B, n_t, d) retroactive."""
         arrays = self._as_arrays(q, k, v) if self._fusable() and self.steady_next() else None
         if arrays is not None:
-            from ..fused.kernels import continual_step
             out = np.empty(arrays[0].shape, np.float32)
             slot, n_t = self.fused_begin()
             ring_k, ring_v, scores = self.fused_arrays()
-            continual_step(*arrays, ring_k, ring_v, slot, n_t, scores, out)
+            fused_kernels().continual_step(*arrays, ring_k, ring_v, slot, n_t, scores, out)
             return torch.from_numpy(out)
         return self._step(q, k, v)
 

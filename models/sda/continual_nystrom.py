@@ -10,6 +10,9 @@ removes the departing key's term and adds the newest key's, O(m d). Landmarks ar
 A window-fed kernel (the single-output block after a retroactive one) gets a new window of keys
 every step; its continual landmarks are the stream-aligned segment means of the current window's
 queries and keys, which the caller passes in (models/mha.py), so it equals the batch forward.
+A retroactive kernel with ``factored = True`` returns its n_t outputs as the factors
+(s(Q K~^T), Z s(Q~ K^T) V) so that the caller can fold its out-projection into the m rows
+(models/mha.py): n_t m D instead of n_t D^2 multiply-adds.
 The steady step (no landmark change) allocates nothing but its output; with ``fused=True`` it is
 one compiled call (models/fused/).
 """
@@ -27,7 +30,7 @@ from ..landmarks import ContinualLandmarks
 from ..running_sums import (TAU, RunningSums, SumsScratch, add_key, fresh_sums, refresh_stale,
                             remove_key)
 from .fixed import check_fixed_dim, check_mode, expand_fixed, init_landmarks
-from .kernel import Ring, SDAKernel, StepReport, StreamState, window_order
+from .kernel import Ring, SDAKernel, StepReport, StreamState, fused_kernels, window_order
 from .reference import inference, landmark_pinv
 
 
@@ -92,6 +95,7 @@ class ContinualNystromKernel(SDAKernel):
         self.tracker = ContinualLandmarks(window, num_landmarks)
         self._arrays = None              # numpy views of the state for the fused step
         self._steady_report = StepReport(n_t=window, evicted=True)
+        self.factored = False            # retroactive: return (p, zw), see _retroactive_output
         init_landmarks(self, num_landmarks, landmark_mode, fixed_landmarks, pinv_iters)
 
     def _new_state(self) -> ContinualNystromState:
@@ -180,8 +184,9 @@ class ContinualNystromKernel(SDAKernel):
             return False
         return self.mode == "fixed" or not self.tracker.completes_next()
 
-    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """q, k, v: (B, d) -> (B, d) single-output, or (B, n_t, d) retroactive."""
+    def step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """q, k, v: (B, d) -> (B, d) single-output, or (B, n_t, d) retroactive, or the factors
+        ((B, n_t, m'), (B, m', d)) of that output when ``factored``."""
         if self._fusable() and self.steady_next():
             arrays = self._as_arrays(q, k, v)
             if arrays is not None:
@@ -240,11 +245,10 @@ class ContinualNystromKernel(SDAKernel):
 
     def _fused_step(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> Tensor:
         """The steady step in one compiled call (models/fused/kernels.nystrom_step)."""
-        from ..fused.kernels import nystrom_step
         out = np.empty(q.shape, np.float32)
         slot, full, n_t, track = self.fused_begin()
         a, stab = self.fused_arrays(), self.stability
-        flags = nystrom_step(q, k, v, a[0], a[1], a[2], a[3], a[4], a[5],
+        flags = fused_kernels().nystrom_step(q, k, v, a[0], a[1], a[2], a[3], a[4], a[5],
                              a[6], a[7], a[8], a[9], a[10], a[11], a[12], slot, full, n_t, track,
                              stab.rescale, stab.refresh, TAU, a[13], out)
         self.fused_end(*flags)
@@ -281,7 +285,9 @@ class ContinualNystromKernel(SDAKernel):
             assert all(a.flags.c_contiguous for a in self._arrays)
         return self._arrays
 
-    def _retroactive_output(self, st: ContinualNystromState, q: Tensor, slot: int, n_t: int) -> Tensor:
+    def _retroactive_output(self, st: ContinualNystromState, q: Tensor, slot: int, n_t: int):
+        """Every window slot's output P (Z num / den), window order: (B, n_t, d), or with
+        ``factored`` the pair P (B, n_t, m'), Z num / den (B, m', d)."""
         mk = st.marks
         a = torch.softmax(torch.bmm(q.unsqueeze(1), mk.k_scaled_t), dim=-1)      # (B, 1, m')
         self.report.p_rebuilt = st.p is None
@@ -292,8 +298,8 @@ class ContinualNystromKernel(SDAKernel):
             st.p[:, slot] = a[:, 0]
         z = mk.z64 if st.rows.sums.num.dtype == torch.float64 else mk.z
         zw = torch.bmm(z, st.rows.sums.output()).to(q.dtype)                      # (B, m, d)
-        out = torch.bmm(st.p[:, :n_t], zw)                                          # (B, n_t, d)
-        return out[:, window_order(st.t, self.n, q.device)]
+        p = st.p[:, :n_t][:, window_order(st.t, self.n, q.device)]                 # (B, n_t, m)
+        return (p, zw) if self.factored else torch.bmm(p, zw)                      # (B, n_t, d)
 
     @inference
     def step_window(self, q: Tensor, kv, landmarks: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -329,7 +335,8 @@ class ContinualNystromKernel(SDAKernel):
             return F.windowed_nystrom_sda(r.n_t, st.d, m, self.pinv_iters,
                                           landmark_update=r.event in ("landmark", "window"))
         return F.continual_nystrom_sda(
-            r.n_t, st.d, m, self.pinv_iters, event=r.event, retroactive=self.retroactive,
+            r.n_t, st.d, m, self.pinv_iters, event=r.event,
+            retroactive="factored" if self.retroactive and self.factored else self.retroactive,
             evict=r.evicted, stabilize=self.stability.refresh, p_rebuilt=r.p_rebuilt,
             warmup_landmarks=r.warmup_landmarks, segment_sums=self.mode == "continual",
             rescaled=r.rescaled)

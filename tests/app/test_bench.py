@@ -18,6 +18,26 @@ def test_bench_only_rows_fused_and_torch_paths_count_the_same_flops(tmp_path):
             ref = by[w.replace("(fused)", "(torch)")].flops     # adds ~100 FLOPs, and a slow host
             assert abs(by[w].flops - ref) <= 1e-3 * ref, w      # times fewer steps in the budget
         assert by[w].median_us > 0 and by[w].flops > 0
+        if w.startswith("model"):    # speed-ups paired: both timed alternately in this run
+            assert by[w].extra["vs_recompute"] > 0, w
+            assert ("vs_torch_path" in by[w].extra) == w.endswith(" (fused)"), w
     text = out.read_text()
     assert "fused vs torch path" in text and "Audio front end" not in text
     assert len(json.loads(out.with_suffix(".json").read_text())) == len(rows)
+
+
+def test_paired_medians_time_each_function_in_alternating_blocks():
+    import time
+    from app.offline.bench_timing import paired_medians
+    calls = []
+
+    def fast():
+        calls.append("a")
+
+    def slow():
+        calls.append("b")
+        time.sleep(0.002)
+
+    a, b = paired_medians(fast, slow, budget_s=0.05, block_a=5, block_b=1)
+    assert calls[:12] == ["a"] * 5 + ["b"] + ["a"] * 5 + ["b"]
+    assert b >= 2000 > 20 * a          # microseconds: the sleep is in b's median, not in a's

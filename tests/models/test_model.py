@@ -29,6 +29,35 @@ def test_mha_from_torch_equals_torch_module_on_the_window(variant, retro):
     torch.testing.assert_close(ours(x[:, :n]), full, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["continual", "fixed"])
+def test_retroactive_nystrom_out_projection_folded_into_landmark_rows(mode):
+    """A retroactive continual Nyström MHA returns P (Z num/den) W_o^T as P (Z num/den W_o^T)
+    (models/mha.py _folded_out): equal in float64 to the unfolded product of the same kernel
+    output, and to the batch forward with the landmarks the step used, at every step."""
+    torch.manual_seed(0)
+    d, h, n, m, B = 24, 4, 8, 2, 2
+    mha = MultiheadAttention(d, h, n, "continual_nystrom", num_landmarks=m, landmark_mode=mode,
+                             retroactive=True).double().eval()
+    if mode == "fixed":
+        mha.set_fixed_landmarks(torch.randn(h, m, d // h, dtype=torch.float64),
+                                torch.randn(h, m, d // h, dtype=torch.float64))
+    assert mha.sda.factored
+    x = torch.randn(B, 3 * n, d, dtype=torch.float64)
+    mha.reset(B)
+    for t in range(3 * n):
+        out = mha.step(x[:, t])
+        win = x[:, max(0, t + 1 - n):t + 1]
+        want = mha(win, landmarks=mha.landmarks())
+        torch.testing.assert_close(out, want, atol=1e-10, rtol=0, msg=lambda s: f"t={t}: {s}")
+    # the same stream with the kernel's output formed, then projected the unfolded way
+    folded = out
+    mha.sda.factored = False
+    mha.reset(B)
+    for t in range(3 * n):
+        unfolded = mha.step(x[:, t])
+    torch.testing.assert_close(folded, unfolded, atol=1e-12, rtol=0)
+
+
 small_config = tiny_config
 
 
