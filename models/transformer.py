@@ -361,9 +361,10 @@ class GenreTransformer(nn.Module):
             else:   # retroactive block (out-proj and tail over n_t tokens), then window-fed block
                 marks = self.blocks[1].attn.sda.landmarks()  # with folded keys and values
                 rows = cfg.heads * (marks[0].shape[1] if marks is not None else 1)
-                first = self.blocks[0].attn.sda
-                out1 = (F.folded_out(n_t, cfg.heads, first.st.marks.q.shape[1], d // cfg.heads, d)
-                        if getattr(first, "factored", False) else F.linear(d, d, n_t))
+                first = self.blocks[0].attn.sda          # factored: W_o folded in (mha.py)
+                marks1 = getattr(first.st, "marks", None) if getattr(first, "factored", False) else None
+                out1 = (F.folded_out(n_t, cfg.heads, marks1.q.shape[1], d // cfg.heads, d)
+                        if marks1 is not None else F.linear(d, d, n_t))
                 proj = (F.linear(d, 3 * d, 1) + out1
                         + F.linear(d, d, 1) + F.folded_kv(rows, n_t, d, d // cfg.heads)
                         + F.linear(d, d, 1))
