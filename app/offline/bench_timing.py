@@ -46,7 +46,8 @@ def paired_medians(fn_a, fn_b, budget_s: float, block_a: int = 100, block_b: int
     of one, block_b of the other) for at most ``budget_s``, so both see the same machine load:
     their ratio holds on a host whose speed drifts between rows (+-30 % here). Blocks of 100:
     the first steps after the other function's block find cold caches, which a median over 100
-    absorbs (with blocks of 20 it showed: 1-block fused steps ~15 % slower)."""
+    absorbs (with blocks of 20, 1-block fused steps read ~15 % slower when tried during
+    development)."""
     times: tuple[list, list] = ([], [])
     deadline = time.perf_counter() + budget_s
     for _ in range(rounds):
