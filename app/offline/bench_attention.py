@@ -20,19 +20,19 @@ SDA_CASES = [("regular", None), ("continual", None), ("nystrom", "segment"),
 CONTINUAL = ("continual", "continual_nystrom")
 
 
-def has_fused(variant: str, model: bool) -> bool:
-    """Continual kernels and models have a fused step; a recomputing ``nystrom`` model a
-    compiled pseudo-inverse."""
-    return fused_available() and (variant in CONTINUAL or (model and variant == "nystrom"))
+def has_fused(variant: str) -> bool:
+    """Continual kernels and models have a fused step; a recomputing ``nystrom`` kernel or model
+    a compiled pseudo-inverse."""
+    return fused_available() and (variant in CONTINUAL or variant == "nystrom")
 
 
-def paths(variant: str, model: bool = False) -> list[bool]:
+def paths(variant: str) -> list[bool]:
     """fused=False (torch reference) always; fused=True too where it exists."""
-    return [False, True] if has_fused(variant, model) else [False]
+    return [False, True] if has_fused(variant) else [False]
 
 
-def label(fused: bool, variant: str, model: bool = False) -> str:
-    if not has_fused(variant, model):
+def label(fused: bool, variant: str) -> str:
+    if not has_fused(variant):
         return ""
     return " (fused)" if fused else " (torch)"
 
@@ -94,8 +94,8 @@ def bench_models(n: int, steps: int, budget: float, only: str = "") -> list[Row]
         for variant, mode in SDA_CASES:
             row = ModelConfig(variant=variant, landmark_mode="fixed" if mode == "fixed" else None).table_row
             steppers = {}
-            for fused in paths(variant, model=True):
-                name = f"model {layers}-block {row}{label(fused, variant, True)}"
+            for fused in paths(variant):
+                name = f"model {layers}-block {row}{label(fused, variant)}"
                 if only not in name:
                     continue
                 model = make_model(variant, mode, layers, n).use_fused(fused)

@@ -159,21 +159,20 @@ def continual_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, ref, 
     scale = np.float32(1.0 / math.sqrt(dh))
     rescaled, refreshed = False, 0
     for b in range(H):
-        if full:                       # the departing key leaves, with the scores it was added with
-            for r in range(n):
-                K.remove_term(b, r, scores[b, r, slot], ring_v[b, slot], ref, den, num)
         for j in range(dh):
             ring_q[b, slot, j] = q[b, j]
             ring_k[b, slot, j] = k[b, j]
-            ring_v[b, slot, j] = v[b, j]
-        for r in range(n):             # the new key joins every row
+        for r in range(n):             # every row: the departing key (cached score) out, new in
             s = np.float32(0.0)
             for j in range(dh):
                 s += ring_q[b, r, j] * k[b, j]
             s *= scale
-            scores[b, r, slot] = s
-            if K.add_term(b, r, s, v[b], ref, den, num, peak, rescale_on):
+            if K.swap_term(b, r, scores[b, r, slot], ring_v[b, slot], full, s, v[b], ref, den,
+                           num, peak, rescale_on):
                 rescaled = True
+            scores[b, r, slot] = s
+        for j in range(dh):
+            ring_v[b, slot, j] = v[b, j]
         for t in range(n):             # the newest query's row, from scratch
             s = np.float32(0.0)
             for j in range(dh):

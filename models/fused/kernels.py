@@ -98,6 +98,51 @@ def tail_and_head(x, attn, w, eps1, eps2, bufs, logits):
     linear(w[10], w[11], z, logits)
 
 
+# ----------------------------------------------------------------------------- packed weights
+
+# a 1-block model's parameters in model_step.pack_parameters' order (rows of its layout)
+EMBED_W, EMBED_B, POS, IN_W, IN_B, OUT_W, OUT_B, N1_W, N1_B, F1_W, F1_B, F2_W, F2_B, N2_W, N2_B, \
+    HEAD_W, HEAD_B = range(17)
+
+
+@njit(**JIT)
+def mat(w, layout, i):
+    """Parameter i of the packed weights w as a (rows, cols) view; layout: (N, 3) offset, rows,
+    cols."""
+    off, rows, cols = layout[i, 0], layout[i, 1], layout[i, 2]
+    return w[off:off + rows * cols].reshape((rows, cols))
+
+
+@njit(**JIT)
+def vec(w, layout, i):
+    """Parameter i of the packed weights w as a (cols,) view (a bias or norm weight)."""
+    off = layout[i, 0]
+    return w[off:off + layout[i, 2]]
+
+
+@njit(**JIT)
+def unpack(w, layout):
+    """The packed 1-block model -> (pre, post) as ``embed_qkv`` and ``tail_and_head`` take them.
+    One packed buffer is one argument to unbox instead of seventeen (about 1.8 us a call)."""
+    pre = (mat(w, layout, EMBED_W), vec(w, layout, EMBED_B), mat(w, layout, POS),
+           mat(w, layout, IN_W), vec(w, layout, IN_B))
+    post = (mat(w, layout, OUT_W), vec(w, layout, OUT_B), vec(w, layout, N1_W),
+            vec(w, layout, N1_B), mat(w, layout, F1_W), vec(w, layout, F1_B),
+            mat(w, layout, F2_W), vec(w, layout, F2_B), vec(w, layout, N2_W),
+            vec(w, layout, N2_B), mat(w, layout, HEAD_W), vec(w, layout, HEAD_B))
+    return pre, post
+
+
+@njit(**JIT)
+def scratch_views(s, D, F):
+    """One float32 scratch buffer s (9 D + F,) as h (D,), qkv (3 D,), attn (D,) and the block
+    tail's buffers (a, y, hid (F,), f, z)."""
+    h, qkv, attn = s[:D], s[D:4 * D], s[4 * D:5 * D]
+    bufs = (s[5 * D:6 * D], s[6 * D:7 * D], s[7 * D:7 * D + F], s[7 * D + F:8 * D + F],
+            s[8 * D + F:9 * D + F])
+    return h, qkv, attn, bufs
+
+
 # ----------------------------------------------------------------------------- exact attention
 
 @njit(**JIT)
@@ -151,32 +196,31 @@ def _fresh_row(b, r, key_scores, ring_v, n_t, ref, den, num, peak):
 
 
 @njit(**JIT)
-def remove_term(b, r, s, v, ref, den, num):
-    """Row r of sequence b loses a key it was given with score s (the row's dtype) and value v (d,)."""
-    e = math.exp(s - ref[b, r])
-    den[b, r] -= e
-    for j in range(v.shape[0]):
-        num[b, r, j] -= e * v[j]
-
-
-@njit(**JIT)
-def add_term(b, r, s, v, ref, den, num, peak, rescale_on):
-    """Row r of sequence b takes a key with score s (the row's dtype) and value v (d,); with
-    ``rescale_on`` a score above the row's reference first rescales the row (returns True) and
-    the peak is tracked (models/running_sums.add_key, one row)."""
+def swap_term(b, r, s_out, v_out, full, s, v, ref, den, num, peak, rescale_on):
+    """Row r of sequence b loses the departing key (score s_out, value v_out (d,); only when
+    ``full``) and takes the newest (score s, value v (d,)) in one pass over the row; scores in the
+    row's dtype. With ``rescale_on`` a score above the row's reference first rescales the row
+    (returns True) and the peak is tracked (models/running_sums: remove_key then add_key, one
+    row, equal up to rounding)."""
+    e_out = math.exp(s_out - ref[b, r]) if full else 0.0
     rescaled = False
     if rescale_on and s > ref[b, r]:
         f = math.exp(ref[b, r] - s)
         den[b, r] *= f
         peak[b, r] *= f
+        e_out *= f
         for j in range(v.shape[0]):
             num[b, r, j] *= f
         ref[b, r] = s
         rescaled = True
-    e = math.exp(s - ref[b, r])
-    den[b, r] += e
-    for j in range(v.shape[0]):
-        num[b, r, j] += e * v[j]
+    e_in = math.exp(s - ref[b, r])
+    den[b, r] += e_in - e_out
+    if full:
+        for j in range(v.shape[0]):
+            num[b, r, j] += e_in * v[j] - e_out * v_out[j]
+    else:                              # v_out is an unused slot: never read it
+        for j in range(v.shape[0]):
+            num[b, r, j] += e_in * v[j]
     if rescale_on:
         peak[b, r] = max(peak[b, r], den[b, r])
     return rescaled
@@ -187,20 +231,25 @@ def nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, p
                    seg_q, seg_k, slot, full, n_t, track, rescale_on, refresh_on, tau):
     """The running sums' part of a steady continual Nyström step (no landmark change), every row.
 
-    Removes the departing key (cached scores) from the m running sums, stores the token, adds the
-    newest key (rescaling a row whose reference rises when ``rescale_on``), refreshes rows whose
-    denominator fell below ``tau`` x its peak from cached scores (``refresh_on``). ``track``: add
-    q, k to the landmark segment sums. q, k, v: (BH, d); ring_*: (BH, n, d); key_scores:
-    (BH, n, m); ref, den, peak: (BH, m) float64; num: (BH, m, d) float64; q_scaled: (BH, m, d);
-    seg_*: (BH, d). Returns (any row rescaled, rows refreshed).
+    Each of the m running sums swaps the departing key (its cached score) for the newest
+    (rescaling a row whose reference rises when ``rescale_on``), the token is stored, rows whose
+    denominator fell below ``tau`` x its peak are refreshed from cached scores (``refresh_on``).
+    ``track``: add q, k to the landmark segment sums. q, k, v: (BH, d); ring_*: (BH, n, d);
+    key_scores: (BH, n, m); ref, den, peak: (BH, m) float64; num: (BH, m, d) float64; q_scaled:
+    (BH, m, d); seg_*: (BH, d). Returns (any row rescaled, rows refreshed).
     """
     BH, d = q.shape
     m = q_scaled.shape[1]
     rescaled, refreshed = False, 0
     for b in range(BH):
-        if full:                       # the departing key leaves, with the scores it was added with
-            for r in range(m):
-                remove_term(b, r, np.float64(key_scores[b, slot, r]), ring_v[b, slot], ref, den, num)
+        for r in range(m):
+            s = np.float32(0.0)
+            for j in range(d):
+                s += q_scaled[b, r, j] * k[b, j]
+            if swap_term(b, r, np.float64(key_scores[b, slot, r]), ring_v[b, slot], full,
+                         np.float64(s), v[b], ref, den, num, peak, rescale_on):
+                rescaled = True
+            key_scores[b, slot, r] = s
         for j in range(d):
             ring_q[b, slot, j] = q[b, j]
             ring_k[b, slot, j] = k[b, j]
@@ -208,13 +257,6 @@ def nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, p
             if track:
                 seg_q[b, j] += q[b, j]
                 seg_k[b, j] += k[b, j]
-        for r in range(m):
-            s = np.float32(0.0)
-            for j in range(d):
-                s += q_scaled[b, r, j] * k[b, j]
-            key_scores[b, slot, r] = s
-            if add_term(b, r, np.float64(s), v[b], ref, den, num, peak, rescale_on):
-                rescaled = True
         if refresh_on:
             for r in range(m):
                 if den[b, r] < tau * peak[b, r]:
@@ -266,13 +308,16 @@ def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, pea
 # ----------------------------------------------------------------------------- whole model steps
 
 @njit(**JIT)
-def model_step_continual(token, pre, pos_index, post, eps1, eps2, h, qkv, attn, bufs, ring_k,
-                         ring_v, slot, n_t, scores, logits):
+def model_step_continual(token, w, layout, pos_index, eps1, eps2, scratch, ring_k, ring_v, slot,
+                         n_t, scores, logits):
     """1-block continual model, one token: embed, in-projection, continual single-output SDA over
-    every head, out-projection, block tail, classifier -> logits (C,)."""
-    embed_qkv(token, pre, pos_index, h, qkv)
+    every head, out-projection, block tail, classifier -> logits (C,). w, layout: the packed
+    weights; scratch: see ``scratch_views``."""
+    pre, post = unpack(w, layout)
     H, dh = ring_k.shape[0], ring_k.shape[2]
     D = H * dh
+    h, qkv, attn, bufs = scratch_views(scratch, D, layout[F1_B, 2])
+    embed_qkv(token, pre, pos_index, h, qkv)
     q = qkv[:D].reshape((H, dh))
     k = qkv[D:2 * D].reshape((H, dh))
     v = qkv[2 * D:].reshape((H, dh))
@@ -281,15 +326,17 @@ def model_step_continual(token, pre, pos_index, post, eps1, eps2, h, qkv, attn, 
 
 
 @njit(**JIT)
-def model_step_nystrom(token, pre, pos_index, post, eps1, eps2, h, qkv, attn, bufs, sda, slot,
-                       full, n_t, track, rescale_on, refresh_on, tau, logits):
+def model_step_nystrom(token, w, layout, pos_index, eps1, eps2, scratch, sda, slot, full, n_t,
+                       track, rescale_on, refresh_on, tau, logits):
     """1-block continual Nyström model, one steady token (see ``nystrom_step``); sda: the kernel's
     state arrays (ContinualNystromKernel.fused_arrays). Returns (rescaled, rows refreshed)."""
-    embed_qkv(token, pre, pos_index, h, qkv)
+    pre, post = unpack(w, layout)
     ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z, \
         seg_q, seg_k, buf = sda
     H, dh = ring_k.shape[0], ring_k.shape[2]
     D = H * dh
+    h, qkv, attn, bufs = scratch_views(scratch, D, layout[F1_B, 2])
+    embed_qkv(token, pre, pos_index, h, qkv)
     q = qkv[:D].reshape((H, dh))
     k = qkv[D:2 * D].reshape((H, dh))
     v = qkv[2 * D:].reshape((H, dh))

@@ -1,12 +1,14 @@
 """The baselines: attention recomputed over the whole window at every step.
 
   regular   exact softmax attention, O(n^2 d) per step
-  nystrom   Nyström attention with landmarks 'segment' (segment means of the window) or 'fixed'
+  nystrom   Nyström attention with landmarks 'segment' (segment means of the window) or 'fixed';
+            ``fused``: the landmarks' pseudo-inverse in the compiled kernel (models/fused/pinv.py)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from .. import flops as F
@@ -74,7 +76,11 @@ class NystromKernel(RecomputeKernel):
         else:
             ql, kl = segment_means(qw, min(self.m, n_t)), segment_means(kw, min(self.m, n_t))
         st.q_land, st.k_land = ql, kl
-        return nystrom_attention(qw, kw, vw, ql, kl, self.pinv_iters)
+        z = None
+        if self.fused and ql.dtype == torch.float32 and ql.device.type == "cpu":
+            from ..fused.pinv import landmark_pinv      # the compiled pseudo-inverse, same result
+            z = landmark_pinv(ql, kl, self.pinv_iters)[0]
+        return nystrom_attention(qw, kw, vw, ql, kl, self.pinv_iters, z=z)
 
     def flops(self, r: StepReport) -> F.Flops:
         return F.nystrom_sda(r.n_t, self.st.d, self.st.q_land.shape[1], self.pinv_iters,

@@ -245,3 +245,56 @@ def test_recomputing_nystrom_with_the_compiled_pinv_equals_reference(layers):
         x = torch.randn(1, 16, generator=g)
         a, b = ref.step(x), fused.step(x)
         assert (a - b).abs().max() <= TOL * scale_of(a), t
+
+
+@pytest.mark.parametrize("mode", ["segment", "fixed"])
+def test_recomputing_nystrom_kernel_with_the_compiled_pinv_equals_reference(mode, monkeypatch):
+    """The `nystrom` SDA kernel with ``fused``: every step's pseudo-inverse is the compiled one
+    (counted on the real function) and its outputs equal the torch kernel's, warm-up included."""
+    import models.fused.pinv as compiled
+    calls = []
+    real = compiled.landmark_pinv
+    monkeypatch.setattr(compiled, "landmark_pinv", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(4)
+    fixed = (torch.randn(3, 4, 8, generator=g), torch.randn(3, 4, 8, generator=g))
+    kernels = [streaming_sda("nystrom", 20, num_landmarks=4, landmark_mode=mode,
+                             fixed_landmarks=fixed if mode == "fixed" else None, fused=f)
+               for f in (False, True)]
+    for s in kernels:
+        s.reset(3)
+    for t in range(50):
+        q, k, v = torch.randn(3, 3, 8, generator=g) * 2
+        a, b = (s.step(q, k, v) for s in kernels)
+        assert (a - b).abs().max() <= TOL * scale_of(a), t
+    assert len(calls) == 50
+
+
+@pytest.mark.parametrize("variant", ["continual", "continual_nystrom"])
+def test_fused_step_reads_the_live_weights_from_one_packed_buffer(variant, tmp_path):
+    """The 1-block fused step's weights are the model's parameters (one buffer, shared memory):
+    an in-place change after reset (an optimizer step, load_state_dict) reaches the next fused
+    step, a second reset keeps the buffer, and the state dict round-trips unchanged."""
+    ref, fus = pair(variant, 1, fixed=variant == "continual_nystrom")
+    for model in (ref, fus):
+        model.reset(1)
+    buf = fus._fused_step.w
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randn(60, 1, 16, generator=g)
+    worst = 0.0
+    for t, x in enumerate(tokens):
+        if t == 30:                                   # new weights mid-stream, no reset
+            new = {k: v + 0.01 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+                   for k, v in ref.state_dict().items()}
+            ref.load_state_dict(new)
+            fus.load_state_dict(new)
+        a, b = ref.step(x), fus.step(x)
+        worst = max(worst, (a - b).abs().max().item() / scale_of(a))
+    assert worst <= TOL, worst
+    fus.reset(1)
+    assert fus._fused_step.w.ctypes.data == buf.ctypes.data          # not packed twice
+    assert fus.embed.weight.data_ptr() == buf.ctypes.data
+    torch.save(fus.state_dict(), tmp_path / "w.pt")
+    back = build_model(fus.cfg)
+    back.load_state_dict(torch.load(tmp_path / "w.pt", weights_only=True))
+    for k, v in fus.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[k], v, rtol=0, atol=0)
