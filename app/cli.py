@@ -8,13 +8,23 @@ import sys
 from app.commands import load_all
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends with its default, unless the help states it already or there is
+    none to state (None, an empty list or string, a flag's False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, [], "", False, argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="main.py", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=HelpFormatter)
     sub = p.add_subparsers(dest="command")
     for c in load_all().values():
-        s = sub.add_parser(c.name, help=c.help, description=c.help,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        s = sub.add_parser(c.name, help=c.help, description=c.help, formatter_class=HelpFormatter)
         c.add_arguments(s)
         s.set_defaults(run=c.run)
     return p

@@ -78,6 +78,9 @@ class InterleavedStreams(nn.Module):
     def landmark_updated(self) -> bool:
         return self._last.landmark_updated()
 
+    def window_full(self) -> bool:
+        return self._last.window_full()
+
     def landmarks(self):
         return self._last.landmarks()
 

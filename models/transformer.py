@@ -306,6 +306,10 @@ class GenreTransformer(nn.Module):
         """True if the last step installed a new continual landmark in any block."""
         return self.continual and any(b.attn.sda.landmark_updated for b in self.blocks)
 
+    def window_full(self) -> bool:
+        """Whether the last step's window held n tokens (past warm-up)."""
+        return self._t >= self.cfg.window
+
     def window_start(self) -> int:
         """Position index of the oldest token of the current window (for ``forward(start=...)``)."""
         return (self._t - min(self._t, self.cfg.window)) % self.cfg.period

@@ -13,7 +13,8 @@ from . import command
 
 def add_arguments(p) -> None:
     p.add_argument("--audio", required=True, metavar="DIR", help="folder of <genre>.<nnnnn>.wav files")
-    p.add_argument("--frontend", default="musicnn", choices=("musicnn", "vggish"))
+    p.add_argument("--frontend", default="musicnn", choices=("musicnn", "vggish"),
+                   help="front end that turns the audio into tokens (its shipped models are scored)")
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
                    help="models to score (default: the shipped ones for the front end)")
     p.add_argument("--out", default="docs/audio_accuracy", help="folder for accuracy.md/.json/confusion.png")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from app.offline.extract import extract_gtzan
 from app.runtime.frontend_args import add_frontend_arguments
@@ -15,7 +16,10 @@ from . import command
 def add_arguments(p) -> None:
     p.add_argument("--gtzan", metavar="DIR", help="GTZAN folder (see audio/gtzan.py for layouts)")
     p.add_argument("--musicnn", metavar="DIR", help="convert the musicnn GTZAN taggram .npz files")
-    p.add_argument("--out", required=True, help="token file to write (.npz)")
+    p.add_argument("--out", required=True,
+                   help="token file to write (.npz); an existing one is kept unless --force")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite an existing --out (an interrupted extraction resumes without it)")
     add_frontend_arguments(p)
     p.add_argument("--batch-size", type=int, default=64, help="VGGish batch size")
     p.add_argument("--cuda", action="store_true", help="run the front end on CUDA if available")
@@ -24,6 +28,10 @@ def add_arguments(p) -> None:
 @command("extract", "GTZAN audio (or musicnn taggrams) -> a token file", add_arguments)
 def run(args) -> int:
     from app.runtime.frontend_args import frontend_from_args
+    if Path(args.out).exists() and not args.force:
+        print(f"extract: {args.out} exists; give --force to overwrite it, or another --out",
+              file=sys.stderr)
+        return 1
     try:
         if args.musicnn:
             tokens = convert_musicnn(args.musicnn)

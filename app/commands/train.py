@@ -22,30 +22,33 @@ from . import command
 def add_arguments(p) -> None:
     p.add_argument("--tokens", required=True, help="token file (python main.py extract)")
     p.add_argument("--out", required=True, help="checkpoint to write (.pt)")
-    p.add_argument("--variant", default="continual_nystrom", choices=VARIANTS)
+    p.add_argument("--variant", default="continual_nystrom", choices=VARIANTS,
+                   help="attention variant to train")
     p.add_argument("--landmark-mode", default=None,
                    help="continual|fixed (continual_nystrom), segment|fixed (nystrom)")
     p.add_argument("--landmarks", type=int, default=4, help="m")
-    p.add_argument("--layers", type=int, default=1, choices=(1, 2))
+    p.add_argument("--layers", type=int, default=1, choices=(1, 2), help="encoder blocks")
     p.add_argument("--window", type=int, default=None, help="n (default: the sequence length)")
-    p.add_argument("--d-model", type=int, default=192)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--ff-dim", type=int, default=384)
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--d-model", type=int, default=192, help="model width d")
+    p.add_argument("--heads", type=int, default=16, help="attention heads (d must divide by it)")
+    p.add_argument("--ff-dim", type=int, default=384, help="feed-forward width")
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout rate in training")
     p.add_argument("--init", metavar="CKPT", help="start from this checkpoint (e.g. phase 2 only)")
     d = TrainConfig()
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per batch")
     p.add_argument("--epochs", type=int, default=d.epochs, help="the most, per phase")
     p.add_argument("--patience", type=int, default=d.patience, help="early-stopping patience")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--data-seed", type=int, default=d.data_seed)
-    p.add_argument("--kmeans-tokens", type=int, default=d.kmeans_tokens)
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the weights and batches")
+    p.add_argument("--data-seed", type=int, default=d.data_seed,
+                   help="seed of the random 72/18/10 split (token files without a predefined one)")
+    p.add_argument("--kmeans-tokens", type=int, default=d.kmeans_tokens,
+                   help="training tokens sampled for the fixed landmarks' k-means, per head")
     p.add_argument("--crop-min", type=int, default=d.crop_min,
                    help="train on random contiguous crops of at least this many tokens "
                         "(0: whole sequences, the paper's setting)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train")
 
 
 @command("train", "train one variant on a token file (two phases for fixed landmarks)", add_arguments)
@@ -81,8 +84,9 @@ def run(args) -> int:
                             data_name=Path(args.tokens).name)
         save_checkpoint(model, args.out, classes=list(tokens.genres), metadata=meta,
                         frontend=frontend_of_tokens(tokens.metadata, cfg.in_dim))
-        print(json.dumps({"checkpoint": str(args.out), **{k: meta["metrics"][k] for k in
-                          ("val_acc", "test_acc", "epochs")}}))
+        metrics = meta["metrics"]
+        print(json.dumps({"checkpoint": str(args.out), "val_acc": round(metrics["val_acc"], 4),
+                          "test_acc": round(metrics["test_acc"], 4), "epochs": metrics["epochs"]}))
         return 0
     except (TrainError, TokenFileError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -61,6 +61,7 @@ class SidePanel(QWidget):
         f.addRow("Front end", self.frontend_box)
         buttons = QHBoxLayout()
         self.start_btn, self.pause_btn, self.stop_btn = (QPushButton(t) for t in ("Start", "Pause", "Stop"))
+        self.pause_btn.setToolTip("Pause / resume the source (Ctrl+P)")
         for b in (self.start_btn, self.pause_btn, self.stop_btn):
             buttons.addWidget(b)
         f.addRow(buttons)

@@ -8,8 +8,57 @@ from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem
 from app.runtime.records import percentile, reference_for
 from audio.melspec import HOP_MS
 
-COLUMNS = ["model", "landmarks", "top genre", "agrees with (reference)", "SDA FLOPs/step",
-           "model FLOPs/step", "latency median / p95 (ms)", "state memory", "weights"]
+COLUMNS = ["model", "landmarks", "top genre", "agrees with (reference)",
+           "SDA FLOPs/step, mean (min-max)", "model FLOPs/step, mean (min-max)",
+           "latency median / p95 (ms)", "state memory", "weights"]
+
+
+def same_mode_run(recent: list, name: str) -> list:
+    """``name``'s ModelSteps at the end of ``recent`` since it last changed landmark mode (or
+    joined), past warm-up once it has any full-window step (as the evaluate report counts): the
+    steps whose costs describe what it does now."""
+    mode, run = recent[-1].models[name].landmark_mode, []
+    for r in reversed(recent):
+        m = r.models.get(name)
+        if m is None or m.landmark_mode != mode:
+            break
+        run.append(m)
+    full = [m for m in run if m.warm]
+    return (full or run)[::-1]
+
+
+def weights_text(trained: bool, frontend: str) -> str:
+    """What a model's prediction is worth: untrained, or trained but fed a RANDOM front end's
+    tokens (a checkpoint trained on real VGGish embeddings run without the VGGish weights)."""
+    if not trained:
+        return "UNTRAINED (random)"
+    return "trained, on RANDOM tokens: not meaningful" if "RANDOM" in frontend else "trained"
+
+
+def label_text(m, frontend: str) -> str:
+    """The big label for ModelStep ``m``: top genre and confidence, and what its weights are worth."""
+    genre, p = m.top
+    warn = {"trained": "", "UNTRAINED (random)": "  (untrained)"}.get(
+        weights_text(m.trained, frontend), "  (RANDOM front end: not meaningful)")
+    return f"{genre}  {100 * p:.0f}%{warn}"
+
+
+def preferred_focus(models: dict, current: str) -> str | None:
+    """The model the big label follows: ``current`` while it runs, else the product's model
+    (continual Nyström), trained ones first; None leaves the choice as it is."""
+    if current in models:
+        return current
+    nystrom = [n for n, m in models.items() if m.variant == "continual_nystrom"]
+    return next((n for n in nystrom if models[n].trained), nystrom[0] if nystrom else None)
+
+
+def flops_cell(steps: list, key: str) -> str:
+    """Mean FLOPs per step over ``steps`` (over a minute of steady running: the landmark-cycle
+    mean of the evaluate report, up to a partial cycle), with the min-max where they vary:
+    '11,637 (9,280-25,664)'."""
+    values = [m.flops[key] for m in steps]
+    lo, hi, mean = min(values), max(values), round(statistics.fmean(values))
+    return f"{mean:,}" if lo == hi else f"{mean:,} ({lo:,}-{hi:,})"
 
 
 def agreement(recent: list, name: str) -> str:
@@ -44,12 +93,12 @@ class ComparisonTable(QTableWidget):
             m = last.models[name]
             lat = [r.models[name].latency_ms for r in recent if name in r.models]
             genre, p = m.top
+            run = same_mode_run(recent, name)
             self._set_row(row, [name, m.landmark_mode or "—", f"{genre} {100 * p:.0f}%",
                                 agreement(recent, name) if m.variant != "regular" else "—",
-                                f"{m.flops['sda']:,}", f"{m.flops['model']:,}",
+                                flops_cell(run, "sda"), flops_cell(run, "model"),
                                 f"{statistics.median(lat):.2f} / {percentile(lat, 0.95):.2f}",
-                                f"{m.state_bytes / 1024:.1f} KiB",
-                                "trained" if m.trained else "UNTRAINED (random)"])
+                                f"{m.state_bytes / 1024:.1f} KiB", weights_text(m.trained, last.frontend)])
 
     def _set_row(self, row: int, cells: list[str]) -> None:
         for c, text in enumerate(cells):

@@ -3,21 +3,19 @@ in the engine worker (worker.py); this thread reads finished StepResults on a 33
 from __future__ import annotations
 
 import copy
-import csv
 import time
 from collections import deque
 from pathlib import Path
 
 import torch
 from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QFont
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter,
                                QVBoxLayout, QWidget)
 
 from app.runtime.engine import Engine
 from app.runtime.frontend_args import frontend_or_random
 from app.runtime.lineup import Entry, ShippedLineup, load_trained
-from app.runtime.records import csv_row
 from app.runtime.sources import SourceKind, SourceSpec
 from audio.errors import AudioError, with_hint
 from audio.frontends import DEFAULT_FRONTEND
@@ -25,11 +23,12 @@ from audio.melspec import HOPS_PER_MINUTE
 from models.checkpoint import CheckpointError
 from models.transformer import ModelConfig, build_model
 
+from . import export, settings as store
 from .controls import SidePanel
-from . import settings as store
+from .header import Header
 from .settings import Options, share_the_gil
 from .plots import LivePlots
-from .table import ComparisonTable, status_texts
+from .table import ComparisonTable, label_text, preferred_focus, status_texts
 from .worker import EngineWorker, WorkerThread
 
 HISTORY = 14400               # StepResults kept for export (one hour of hops)
@@ -92,23 +91,10 @@ class MainWindow(QMainWindow):
 
         main = QWidget()
         mcol = QVBoxLayout(main)
-        self.banner = QLabel()
-        self.banner.setWordWrap(True)
-        self.banner.setStyleSheet("background:#fde2e1;color:#7a1712;padding:6px;border:1px solid #e0a09c;")
-        self.banner.hide()
-        self.banner.mousePressEvent = lambda e: self.banner.hide()
-        mcol.addWidget(self.banner)
-        top = QHBoxLayout()
-        self.top_label = QLabel("—")
-        big = QFont()
-        big.setPointSize(26)
-        big.setBold(True)
-        self.top_label.setFont(big)
-        self.focus_label = QLabel("")
-        top.addWidget(self.top_label)
-        top.addStretch(1)
-        top.addWidget(self.focus_label)
-        mcol.addLayout(top)
+        self.header = Header()
+        self.banner, self.top_label, self.focus_label = (self.header.banner, self.header.top_label,
+                                                         self.header.focus_label)
+        mcol.addWidget(self.header)
         split = QSplitter(Qt.Vertical)
         self.plots = LivePlots()
         split.addWidget(self.plots)
@@ -126,10 +112,8 @@ class MainWindow(QMainWindow):
         self.status = {k: QLabel() for k in ("source", "frontend", "rtf", "dropped", "weights", "device", "delay")}
         for w in self.status.values():
             self.statusBar().addPermanentWidget(w)
-        quit_action = QAction("Quit", self)
-        quit_action.setShortcut("Ctrl+Q")
-        quit_action.triggered.connect(self.close)
-        self.addAction(quit_action)
+        for text, key, slot in (("Quit", "Ctrl+Q", self.close), ("Pause / resume", "Ctrl+P", self.toggle_pause)):
+            self.addAction(QAction(text, self, shortcut=key, triggered=slot))
         self.setAcceptDrops(True)
         self.side.refresh_devices()
 
@@ -142,8 +126,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ messages
     def show_error(self, message: str) -> None:
         """A message in the window (click to dismiss); the app stays usable."""
-        self.banner.setText(message)
-        self.banner.show()
+        self.header.show_error(message)
 
     # ------------------------------------------------------------------ files and checkpoints
     def _ask_path(self, title, pattern, action) -> None:
@@ -288,14 +271,18 @@ class MainWindow(QMainWindow):
         self.recent.clear()
         worker = EngineWorker(self.engine, self.source_spec().open)
         worker.error.connect(self.on_worker_error)
+        worker.finished.connect(self.on_finished)         # queued: runs in this (GUI) thread
         self.runner = WorkerThread(worker)
         self.runner.start()
-        self.paused = False
+        self.paused = self.failed = False                 # failed: an error ended this run
         self.pause_btn.setText("Pause")
+        self.pause_btn.setEnabled(True)
+        self.statusBar().clearMessage()
+        self.header.set_ended("")
         self.save_settings()
 
     def toggle_pause(self) -> None:
-        if self.runner is None:
+        if self.runner is None or not self.pause_btn.isEnabled():     # none running, or it ended
             return
         self.paused = not self.paused
         self.runner.worker.set_paused(self.paused)
@@ -306,8 +293,22 @@ class MainWindow(QMainWindow):
             self.runner.stop(1.0)
             self.runner = None
 
+    def on_finished(self) -> None:
+        """A run ended: its source ran out (a file without loop) or Stop / a new start ended it."""
+        if self.runner is not None and self.sender() is not self.runner.worker:
+            return                                        # an earlier run, already replaced
+        self.redraw()                                     # its last results first
+        self.pause_btn.setEnabled(False)
+        last = self.history[-1] if self.history else None
+        how = ("stopped" if self.runner is None else "ended by an error: see the message above"
+               if self.failed else "finished: the source ended")
+        self.statusBar().showMessage(f"{how.capitalize()}" + (
+            f" after {last.step + 1} hops ({last.audio_time:.1f} s of audio)" if last else ""))
+        self.header.set_ended(how.split(":")[0])
+
     def on_worker_error(self, error: BaseException) -> None:
         """The run ended with ``error``: its message and the hint its type carries."""
+        self.failed = True
         self.show_error(with_hint(error) if isinstance(error, AudioError)
                         else f"processing stopped: {type(error).__name__}: {error}")
 
@@ -336,9 +337,8 @@ class MainWindow(QMainWindow):
             self.recent.append(r)
             if r.mel is not None:
                 self.plots.push_mel(r.mel)
-            for e in r.events:
-                if e.startswith("error"):
-                    self.show_error(e)
+            for e in r.events:          # control feedback (landmark switches, k-means fits)
+                self.show_error(e) if e.startswith("error") else self.statusBar().showMessage(e, 15000)
         last = new[-1]
         models = list(last.models)
         self._update_focus(last, models)
@@ -346,10 +346,9 @@ class MainWindow(QMainWindow):
         recent = list(self.recent)
         self.plots.redraw(recent, focus, models)
         if focus in last.models:
-            genre, p = last.models[focus].top
-            warn = "" if last.models[focus].trained else "  (untrained)"
-            self.top_label.setText(f"{genre}  {100 * p:.0f}%{warn}")
-            self.focus_label.setText(f"focused: {focus}")
+            self.header.show_genre(label_text(last.models[focus], last.frontend), focus)
+        elif not models:
+            self.header.show_no_model()
         minute = recent[-HOPS_PER_MINUTE:]
         self.table.show_steps(minute)
         for key, text in status_texts(minute, self.paused, self.device, self.delay_ms).items():
@@ -368,29 +367,33 @@ class MainWindow(QMainWindow):
         self.focus_box.blockSignals(True)
         self.focus_box.clear()
         self.focus_box.addItems(models)
-        preferred = [m for m in models if last.models[m].variant == "continual_nystrom"]
-        if focus in models:
-            self.focus_box.setCurrentText(focus)
-        elif preferred:          # the product's model, trained ones first
-            trained = [m for m in preferred if last.models[m].trained]
-            self.focus_box.setCurrentText((trained or preferred)[0])
+        chosen = preferred_focus(last.models, focus)
+        if chosen is not None:
+            self.focus_box.setCurrentText(chosen)
         self.focus_box.blockSignals(False)
 
     # ------------------------------------------------------------------ export
     def export_csv(self, path: str) -> int:
-        """Write every kept step record (one row per hop, all models); returns the row count."""
-        rows = [csv_row(r) for r in self.history]
-        fields: list[str] = []
-        for row in rows:
-            fields += [k for k in row if k not in fields]
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows(rows)
-        return len(rows)
+        """Every kept step record to ``path`` (.csv added if missing), a session summary (JSON)
+        beside it; said in the status bar. Returns the row count."""
+        try:
+            rows, out, summary = export.save_csv(list(self.history), path)
+        except (export.NothingToExport, OSError) as e:
+            self.show_error(f"Could not export: {e}")
+            return 0
+        self.statusBar().showMessage(f"Exported {rows} steps to {out} (and {summary.name})", 15000)
+        return rows
 
     def export_png(self, path: str) -> bool:
-        return self.plots.grab().save(path)
+        """The plots, captioned (source, front end, models; RANDOM / UNTRAINED marked), to ``path``
+        (.png added if missing), a session summary beside it; said in the status bar."""
+        try:
+            out = export.save_png(self.plots.grab().toImage(), list(self.history), path)
+        except OSError as e:
+            self.show_error(f"Could not export: {e}")
+            return False
+        self.statusBar().showMessage(f"Saved the plots to {out}", 15000)
+        return True
 
     def screenshot(self, path: str) -> bool:
         return self.grab().save(path)

@@ -84,6 +84,8 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
                                         else 61 * 256 / 16000)}})
     save_tokens(out, tokens)
     shutil.rmtree(parts)
-    log(f"wrote {out}: {len(seqs)} tracks, X {tokens.X.shape}, {len(skipped)} skipped"
+    random = (f"; made with {frontend.description}: NOT meaningful for training"
+              if frontend.random else "")
+    log(f"wrote {out}: {len(seqs)} tracks, X {tokens.X.shape}, {len(skipped)} skipped{random}"
         + "".join(f"\n  skipped {s['id']}: {s['reason']}" for s in skipped))
     return tokens

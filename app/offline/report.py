@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from audio.frontends import frontend_of_tokens
 from models.flops import paper_table_ii
 from models.paper import PAPER_ACCURACY, PAPER_TABLE_II, TABLE_ROWS
 
@@ -117,6 +118,11 @@ def markdown(report: dict, title: str, commands: str | None, images: list[Path])
          f"(torch {report['torch']}, {report['threads']} CPU threads, {report['seconds']:.1f} s).", "",
          f"Tokens: `{Path(tok['file']).name}` (sha256 `{tok['sha256'][:16]}…`), X {tuple(tok['shape'])} "
          f"(sequences, tokens, dimension). Source: {tok['metadata'].get('source', 'unknown')}.", ""]
+    if frontend_of_tokens(tok["metadata"], tok["shape"][-1]).get("random"):
+        L += ["**RANDOM front end: these tokens were made by a VGGish with random weights "
+              f"({tok['metadata'].get('vggish_description') or tok['metadata'].get('vggish')}). "
+              "The accuracies below say nothing about genre recognition; the FLOPs, latencies "
+              "and stream/batch agreement still hold.**", ""]
     if commands:
         L += ["Commands that produced this report:", "", "```sh", commands.strip(), "```", ""]
     L += ["## Results", "",

@@ -47,8 +47,28 @@ def make_splits(tokens: TokenSet, data_seed: int) -> dict[str, np.ndarray]:
         return {"train": train_all[inner["train"]], "val": train_all[inner["val"]], "test": test}
     parts = stratified_split(tokens.labels, data_seed)
     if min(len(v) for v in parts.values()) == 0:
-        raise TrainError(f"{len(tokens.labels)} sequences are too few for a train/val/test split")
+        largest = int(np.bincount(tokens.labels).max())
+        raise TrainError(
+            f"{len(tokens.labels)} sequences are too few for the 72/18/10 train/val/test split: "
+            f"it needs at least {MIN_PER_GENRE} sequences of one genre (each genre's parts are "
+            f"rounded; {MIN_PER_GENRE} x 10 % rounds to one test sequence), and the largest genre "
+            f"here has {largest}. Give more tracks, or a token file with a predefined train/test "
+            f"split (python main.py extract --musicnn)")
     return parts
+
+
+MIN_PER_GENRE = 6     # the fewest sequences of one genre that give each split part a sequence
+
+
+def describe_setup(cfg: ModelConfig, tokens: TokenSet, splits: dict, source: str) -> str:
+    """One line: what is about to be trained, on what."""
+    mode = f", {cfg.home_landmark_mode} landmarks m = {cfg.num_landmarks}" \
+        if "nystrom" in cfg.variant else ""
+    sizes = ", ".join(f"{k} {len(v)}" for k, v in splits.items())
+    return (f"training {cfg.variant}{mode}, {cfg.layers} block{'s' if cfg.layers > 1 else ''}, "
+            f"window n = {cfg.window}, d = {cfg.d_model}, {cfg.heads} heads, on {source}: "
+            f"{len(tokens.labels)} sequences of up to {tokens.X.shape[1]} {tokens.X.shape[2]}-d "
+            f"tokens, {len(tokens.genres)} genres; split {sizes}")
 
 
 def train(tokens: TokenSet, cfg: ModelConfig, tc: TrainConfig, *, init=None, data_sha256: str = "",
@@ -63,6 +83,7 @@ def train(tokens: TokenSet, cfg: ModelConfig, tc: TrainConfig, *, init=None, dat
         raise TrainError(f"sequences hold up to {tokens.X.shape[1]} tokens but the window is "
                          f"{cfg.window}; use --window {tokens.X.shape[1]} or more")
     splits = make_splits(tokens, tc.data_seed)
+    log(describe_setup(cfg, tokens, splits, data_name or "the given tokens"))
     X = torch.as_tensor(tokens.X).to(tc.device)
     labels = torch.as_tensor(tokens.labels)
     t0 = time.monotonic()

@@ -229,7 +229,7 @@ class Engine:
                 probabilities=[round(x, 6) for x in p.tolist()], classes=list(slot.classes),
                 flops=model.step_flops(), latency_ms=latency, state_bytes=model.state_nbytes(),
                 trained=slot.trained, landmark_mode=model.landmark_mode,
-                landmark_update=model.landmark_updated(), spacing=slot.spacing,
+                landmark_update=model.landmark_updated(), warm=model.window_full(), spacing=slot.spacing,
                 variant=cfg.variant, layers=cfg.layers, window=cfg.window)
         return StepResult(item.index, item.audio_time, source.name, self.frontend.description, models,
                           {"frontend": item.mel_ms + item.network_ms, "mel": item.mel_ms,

@@ -19,6 +19,7 @@ class ModelStep:
     trained: bool                      # weights from a trained checkpoint
     landmark_mode: str | None          # in use now: 'continual' / 'segment' / 'fixed' / None
     landmark_update: bool              # this step installed new landmarks
+    warm: bool                         # the window held n tokens (warm-up over)
     spacing: int                       # hops between the tokens the model is fed
     variant: str
     layers: int
@@ -76,6 +77,7 @@ def csv_row(r: StepResult) -> dict:
         row[f"{name}.untrained"] = not m.trained
         row[f"{name}.landmark_mode"] = m.landmark_mode or ""
         row[f"{name}.landmark_update"] = m.landmark_update
+        row[f"{name}.window_full"] = m.warm
         for g, p in zip(m.classes, m.probabilities):
             row[f"{name}.p_{g}"] = p
         for k, v in m.flops.items():

@@ -101,7 +101,17 @@ def test_train_and_evaluate_cli_refuse_bad_input(tmp_path, capsys):
     tiny = ["--d-model", "32", "--heads", "4", "--ff-dim", "64", "--epochs", "1", "--landmarks", "2"]
     assert main(["train", "--tokens", str(tmp_path / "t.npz"), "--variant", "continual",
                  "--out", str(tmp_path / "c.pt"), *tiny]) == 0
-    capsys.readouterr()
+    out, err = capsys.readouterr()
+    assert err.startswith("training continual, 1 block, window n = 10, d = 32, 4 heads, on t.npz: "
+                          "36 sequences of up to 10 8-d tokens, 3 genres; split train 27, val 6, test 3")
+    result = json.loads(out)                                 # rounded: no 0.10000000149011612
+    assert all(len(repr(result[k]).split(".")[-1]) <= 4 for k in ("val_acc", "test_acc"))
+    # too few sequences for the random split: says how many it needs
+    save_tokens(tmp_path / "few.npz", synthetic_tokens(n_per_class=5))
+    assert main(["train", "--tokens", str(tmp_path / "few.npz"), "--out", str(tmp_path / "x.pt"), *tiny]) == 1
+    err = capsys.readouterr().err
+    assert "15 sequences are too few" in err and "at least 6 sequences of one genre" in err
+    assert "the largest genre here has 5" in err
     # wrong shape: X without a time axis
     np.savez(tmp_path / "flat.npz", X=np.zeros((4, 8), np.float32), labels=np.zeros(4, np.int64))
     assert main(["train", "--tokens", str(tmp_path / "flat.npz"), "--out", str(tmp_path / "x.pt")]) == 1
@@ -142,7 +152,10 @@ def test_end_to_end_on_gtzan_excerpts(shared_data, tmp_path, capsys):
             src = shared_data / "gtzan_excerpts" / f"{g}.{k:05d}.wav"
             (folder / src.name).symlink_to(src)
     tok = tmp_path / "tokens.npz"
+    capsys.readouterr()
     assert main(["extract", "--gtzan", str(folder), "--random-vggish", "--out", str(tok)]) == 0
+    final = capsys.readouterr().err.strip().splitlines()[-1]
+    assert final.startswith(f"wrote {tok}") and "RANDOM VGGish" in final and "NOT meaningful" in final
     tokens = load_tokens(tok)
     assert tokens.X.shape[0] == 18 and tokens.X.shape[2] == 128
     tiny = ["--d-model", "32", "--heads", "4", "--ff-dim", "64", "--epochs", "2", "--landmarks", "4",
@@ -160,6 +173,7 @@ def test_end_to_end_on_gtzan_excerpts(shared_data, tmp_path, capsys):
         assert (tmp_path / "report" / name).stat().st_size > 500
     assert len(report["models"]) == 4
     md = (tmp_path / "report" / "report.md").read_text()
+    assert "**RANDOM front end" in md.split("## Results")[0]          # said before any number
     for m in report["models"]:
         s, (ck,) = m["summary"], m["checkpoints"]
         assert s["name"] in md

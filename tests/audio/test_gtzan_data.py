@@ -149,6 +149,15 @@ def test_extract_cli(tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=root)
     assert r.returncode == 0, r.stderr
     assert "[3/3]" in r.stderr and load_tokens(tmp_path / "t.npz").X.shape == (3, 2, 128)
+    before = (tmp_path / "t.npz").stat().st_mtime_ns
+    again = [sys.executable, str(root / "main.py"), "extract", "--gtzan", str(tmp_path / "g"),
+             "--random-vggish", "--vggish-seed", "1", "--out", str(tmp_path / "t.npz")]
+    r = subprocess.run(again, capture_output=True, text=True, timeout=300, cwd=root)
+    assert r.returncode == 1 and "t.npz exists; give --force" in r.stderr
+    assert (tmp_path / "t.npz").stat().st_mtime_ns == before                    # kept
+    r = subprocess.run(again + ["--force"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert load_tokens(tmp_path / "t.npz").metadata["vggish"] == "random-1"       # replaced
     r = subprocess.run([sys.executable, str(root / "main.py"), "extract", "--gtzan",
                         str(tmp_path / "missing"), "--random-vggish", "--out", str(tmp_path / "u.npz")],
                        capture_output=True, text=True, timeout=300, cwd=root)

@@ -1,6 +1,7 @@
 """The desktop window, headless (QT_QPA_PLATFORM=offscreen), with real sources and the real engine;
 and once under Xvfb as a real X11 window with a screenshot."""
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -11,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QImage
 
 from app.runtime.records import csv_row
+from app.runtime.sources import SourceKind
 from app.gui.window import MainWindow, Options
 from audio_helpers import tone, write
 from models.checkpoint import save_checkpoint
@@ -110,6 +113,79 @@ def test_landmark_switch_changes_the_flops_curve_live(make_window, qtbot):
     qtbot.waitUntil(lambda: w.history[-1].models["continual_nystrom"].landmark_mode == "continual", timeout=10000)
 
 
+def test_table_flops_are_means_since_the_last_landmark_switch_with_min_max(make_window, qtbot):
+    """The table's FLOPs are the mean over the steps since the model last changed landmark mode
+    (with the min-max where they vary), not the last step: fixed landmarks no longer look dearer
+    than continual ones, whose update spikes the last step hides."""
+    w = make_window(source="demo", variants=("continual_nystrom",))
+    name = "continual_nystrom"
+
+    def table_now(warm_only=True):
+        recent = list(w.history)
+        w.table.show_steps(recent)            # same thread as the timer: no redraw in between
+        run = []
+        for r in reversed(recent):
+            if r.models[name].landmark_mode != recent[-1].models[name].landmark_mode:
+                break
+            run.append(r.models[name])
+        full = [m for m in run if m.warm]
+        return w.table.item(0, 4).text(), [m.flops["sda"] for m in (full if warm_only else run)]
+
+    wait_steps(qtbot, w, 12)                   # the live k-means fit needs a window of tokens
+    cell, run = table_now()                    # warm-up steps (n = 8) are not in the mean
+    assert cell == expected(run) and len(run) < len(table_now(warm_only=False)[1])
+    w.mode_fixed.setChecked(True)
+    qtbot.waitUntil(lambda: bool(w.history) and w.history[-1].models[name].landmark_mode == "fixed",
+                    timeout=10000)
+    wait_steps(qtbot, w, len(w.history) + 6)
+    cell, run = table_now()
+    assert cell == expected(run) and run[-1] == max(run)   # steady fixed steps (after the switch's)
+    w.mode_continual.setChecked(True)
+    qtbot.waitUntil(lambda: w.history[-1].models[name].landmark_mode == "continual", timeout=10000)
+    wait_steps(qtbot, w, len(w.history) + 13)              # three landmark cycles (n = 8, m = 2)
+    cell, run = table_now()
+    assert min(run) < max(run) and cell == expected(run)
+
+
+def expected(run):
+    mean = round(sum(run) / len(run))
+    return f"{mean:,}" if min(run) == max(run) else f"{mean:,} ({min(run):,}-{max(run):,})"
+
+
+def test_the_window_says_when_a_run_ends_and_what_a_control_did(make_window, qtbot, tmp_path):
+    short = write(tmp_path / "short.wav", tone(1.5, 22050, 440), 22050)
+    w = make_window(source=f"file:{short}", variants=("continual_nystrom",), start=False)
+    w.loop_box.setChecked(False)
+    w.start()
+    # the file ends (no loop): Pause is disabled, the status bar and the header say so
+    qtbot.waitUntil(lambda: "Finished" in w.statusBar().currentMessage(), timeout=20000)
+    assert not w.pause_btn.isEnabled() and w.focus_label.text().endswith("· finished")
+    assert f"after {w.history[-1].step + 1} hops" in w.statusBar().currentMessage()
+    # a new run enables Pause again and clears the mark
+    w.set_source_kind(SourceKind.DEMO)
+    w.start()
+    wait_steps(qtbot, w, 12)
+    assert w.pause_btn.isEnabled() and "finished" not in w.focus_label.text()
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow, timeout=5000)
+    qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier)      # the pause shortcut, both ways
+    assert w.paused and w.pause_btn.text() == "Resume"
+    qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier)
+    assert not w.paused and w.pause_btn.text() == "Pause"
+    # what a control did reaches the status bar (here the live k-means fit)
+    w.mode_fixed.setChecked(True)
+    qtbot.waitUntil(lambda: "fixed landmarks" in w.statusBar().currentMessage(), timeout=10000)
+    assert "k-means" in w.statusBar().currentMessage()
+    # every variant unticked: no stale genre on screen
+    for box in w.variant_boxes.values():
+        box.setChecked(False)
+    qtbot.waitUntil(lambda: w.top_label.text() == "—", timeout=10000)
+    assert w.focus_label.text().startswith("no model running")
+    w.stop()
+    qtbot.waitUntil(lambda: "Stopped" in w.statusBar().currentMessage(), timeout=5000)
+    assert not w.pause_btn.isEnabled() and w.focus_label.text().endswith("· stopped")
+
+
 def test_models_are_added_and_removed_mid_stream(make_window, qtbot):
     w = make_window(source="demo", variants=("continual",))
     wait_steps(qtbot, w, 4)
@@ -133,15 +209,28 @@ def test_export_csv_rows_match_the_engine_records(make_window, qtbot, tmp_path):
     w = make_window(source="demo")
     wait_steps(qtbot, w, 6)
     w.stop()
-    out = tmp_path / "steps.csv"
-    assert w.export_csv(str(out)) == len(w.history)
+    assert w.export_csv(str(tmp_path / "steps")) == len(w.history)     # as typed in a save dialog
+    out = tmp_path / "steps.csv"                                        # the suffix added
+    assert f"Exported {len(w.history)} steps to {out}" in w.statusBar().currentMessage()
     with open(out) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(w.history)
     for row, record in zip(rows, w.history):
         expected = csv_row(record)
         assert {k: str(v) for k, v in expected.items()} == {k: row[k] for k in expected}
-    assert w.export_png(str(tmp_path / "plots.png")) and (tmp_path / "plots.png").stat().st_size > 10000
+    assert {"regular.landmark_mode", "continual_nystrom.landmark_mode", "events", "frontend"} <= set(rows[0])
+    summary = json.loads((tmp_path / "steps.session.json").read_text())
+    assert summary["source"] == "demo" and summary["random_frontend"] is True
+    assert summary["steps"] == [w.history[0].step, w.history[-1].step]
+    assert set(summary["models"]) == set(w.history[-1].models)
+    assert summary["models"]["continual"]["weights"] == "UNTRAINED (random)"
+    assert w.export_png(str(tmp_path / "plots")) and (tmp_path / "plots.png").stat().st_size > 10000
+    image = QImage(str(tmp_path / "plots.png"))
+    assert image.height() > w.plots.height() and image.width() >= w.plots.width()   # the caption strip
+    assert (tmp_path / "plots.session.json").exists()
+    # a folder that does not exist: a message in the window, nothing raised, nothing written
+    assert w.export_csv(str(tmp_path / "missing" / "x.csv")) == 0
+    assert "Could not export" in w.banner.text() and not (tmp_path / "missing").exists()
 
 
 def test_errors_show_a_message_and_the_app_stays_usable(make_window, qtbot, tmp_path):
@@ -178,6 +267,13 @@ def test_trained_checkpoint_runs_beside_untrained_models(make_window, qtbot, tmp
     wait_steps(qtbot, w, 3)
     last = w.history[-1]
     assert {n: not m.trained for n, m in last.models.items()} == {"continual": True, "continual_nystrom [cn]": False}
+    # trained, but fed RANDOM VGGish tokens: neither the table nor the big label calls it good
+    qtbot.waitUntil(lambda: w.table.rowCount() == 3 and w.focus_box.currentText() == "continual_nystrom [cn]",
+                    timeout=5000)
+    rows = {w.table.item(r, 0).text(): w.table.item(r, 8).text() for r in range(2)}
+    assert rows == {"continual": "UNTRAINED (random)",
+                    "continual_nystrom [cn]": "trained, on RANDOM tokens: not meaningful"}
+    assert "RANDOM front end: not meaningful" in w.top_label.text()
 
 
 def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, qtbot, music_file):
@@ -291,7 +387,7 @@ def test_agreement_column_with_two_blocks_and_an_untrained_regular_beside_a_trai
     def step(variant, trained, top):
         probs = [0.0] * 10
         probs[top] = 1.0
-        return ModelStep(probs, list(range(10)), {}, 0.0, 0, trained, None, False, 4, variant, 1, 29)
+        return ModelStep(probs, list(range(10)), {}, 0.0, 0, trained, None, False, True, 4, variant, 1, 29)
     models = {"regular (untrained)": step("regular", False, 1), "regular": step("regular", True, 2),
               "continual": step("continual", True, 2)}
     assert reference_for("continual", models) == "regular"

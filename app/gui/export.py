@@ -1,0 +1,134 @@
+"""What the window exports: step records (CSV), the plots (PNG with a caption), and beside either
+a session summary (JSON) saying where the numbers came from. Qt only for the image."""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import time
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QFont, QImage, QPainter
+
+from app.runtime.records import csv_row
+
+from .table import weights_text
+
+
+def with_suffix(path: str, suffix: str) -> Path:
+    """``path`` with ``suffix`` added when it has no suffix of that kind (a save dialog's name)."""
+    p = Path(path)
+    return p if p.suffix.lower() == suffix else p.with_name(p.name + suffix)
+
+
+def summary_path(path: Path) -> Path:
+    """The session summary written beside an export: plots.png -> plots.session.json."""
+    return path.with_name(path.stem + ".session.json")
+
+
+def write_csv(history: list, path: Path) -> int:
+    """Every kept step record, one row per hop (all models' columns); returns the row count."""
+    rows = [csv_row(r) for r in history]
+    fields: list[str] = []
+    for row in rows:
+        fields += [k for k in row if k not in fields]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    return len(rows)
+
+
+def model_summaries(history: list) -> dict[str, dict]:
+    """Per model over ``history``: what it is, what its weights are worth, what it answered and
+    what it cost (means over the steps it ran)."""
+    out: dict[str, dict] = {}
+    names = dict.fromkeys(n for r in history for n in r.models)
+    for name in names:
+        steps = [(r, r.models[name]) for r in history if name in r.models]
+        r, m = steps[-1]
+        tops = [s.top[0] for _, s in steps]
+        top = max(set(tops), key=tops.count)
+        out[name] = {"variant": m.variant, "layers": m.layers, "window": m.window,
+                     "landmark_modes": sorted({s.landmark_mode for _, s in steps if s.landmark_mode}),
+                     "weights": weights_text(m.trained, r.frontend), "steps": len(steps),
+                     "top_genre": top, "top_share": round(tops.count(top) / len(tops), 4),
+                     "sda_flops_mean": round(statistics.fmean(s.flops["sda"] for _, s in steps)),
+                     "model_flops_mean": round(statistics.fmean(s.flops["model"] for _, s in steps)),
+                     "latency_ms_median": round(statistics.median(s.latency_ms for _, s in steps), 4)}
+    return out
+
+
+def session_summary(history: list, exported: Path) -> dict:
+    """Where an export's numbers came from: source, front end, models, span, events."""
+    first, last = history[0], history[-1]
+    return {"exported": exported.name, "written": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "source": last.source, "frontend": last.frontend,
+            "random_frontend": "RANDOM" in last.frontend,
+            "steps": [first.step, last.step], "audio_time_s": [first.audio_time, last.audio_time],
+            "dropped_hops": last.dropped_hops,
+            "events": [f"step {r.step}: {e}" for r in history for e in r.events],
+            "models": model_summaries(history)}
+
+
+def write_summary(history: list, exported: Path) -> Path:
+    path = summary_path(exported)
+    path.write_text(json.dumps(session_summary(history, exported), indent=1))
+    return path
+
+
+class NothingToExport(ValueError):
+    """No step has been recorded yet."""
+
+
+def save_csv(history: list, path: str) -> tuple[int, Path, Path]:
+    """``history`` to ``path`` (.csv added if missing) and its session summary beside it ->
+    (rows, CSV path, summary path). Raises NothingToExport, OSError."""
+    if not history:
+        raise NothingToExport("Nothing to export yet: start a source first.")
+    out = with_suffix(path, ".csv")
+    return write_csv(history, out), out, write_summary(history, out)
+
+
+def save_png(image: QImage, history: list, path: str) -> Path:
+    """``image`` (the plots) to ``path`` (.png added if missing) with a caption of source, front
+    end and models, and a session summary beside it -> the PNG path. Raises OSError."""
+    out = with_suffix(path, ".png")
+    if history:
+        image = captioned(image, caption(history))
+    if not image.save(str(out)):
+        raise OSError(f"could not write {out} (folder missing or not writable?)")
+    if history:
+        write_summary(history, out)
+    return out
+
+
+def caption(history: list) -> str:
+    """One line for an exported image: source, front end, models and their weights' worth."""
+    last = history[-1]
+    models = ", ".join(f"{n}" + ("" if w == "trained" else f" ({w})")
+                       for n, w in ((n, weights_text(m.trained, last.frontend))
+                                    for n, m in last.models.items()))
+    return (f"Nystream · source {last.source} · front end {last.frontend} · steps "
+            f"{history[0].step}-{last.step} · models: {models or 'none'}")
+
+
+def captioned(image: QImage, text: str) -> QImage:
+    """``image`` with ``text`` in a strip above it (wrapped to the image's width)."""
+    font = QFont()
+    font.setPointSize(10)
+    width = max(image.width(), 400)
+    probe = QPainter(image)
+    probe.setFont(font)
+    box = probe.boundingRect(0, 0, width - 16, 10_000, Qt.TextWordWrap, text)
+    probe.end()
+    out = QImage(width, image.height() + box.height() + 12, QImage.Format_ARGB32)
+    out.fill(QColor("white"))
+    p = QPainter(out)
+    p.setFont(font)
+    p.setPen(QColor("#7a1712") if "RANDOM" in text or "UNTRAINED" in text else QColor("black"))
+    p.drawText(8, 6, width - 16, box.height(), Qt.TextWordWrap, text)
+    p.drawImage(0, box.height() + 12, image)
+    p.end()
+    return out
