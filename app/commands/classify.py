@@ -55,16 +55,6 @@ def source_spec(args):
     return SourceSpec(SourceKind.FILE, args.path, realtime=args.realtime, loop=args.loop)
 
 
-def final_verdict(counts: dict, last) -> str:
-    """Per model: the class of the last step and the class most often on top over the run."""
-    lines = []
-    for name, c in counts.items():
-        top, n = max(c.items(), key=lambda kv: kv[1])
-        genre, p = last.models[name].top
-        lines.append(f"#   {name}: last {genre} ({p:.2f}); most often {top} ({n}/{sum(c.values())} steps)")
-    return "\n".join(lines)
-
-
 def list_devices() -> int:
     from audio.sources import list_input_devices
     for d in list_input_devices():
@@ -79,6 +69,7 @@ def run(args) -> int:
     from app.runtime.frontend_args import frontend_from_args
     from app.runtime.lineup import default_lineup
     from app.runtime.records import csv_row, human
+    from app.runtime.verdict import Tally
 
     try:
         if args.list_devices:
@@ -100,15 +91,11 @@ def run(args) -> int:
               + (f"; trained: {', '.join(trained)}" if trained else "")
               + (f"; UNTRAINED models (random weights, seed {args.seed}), marked *: "
                  f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)
-        writer, csv_file, last = None, None, None
-        counts = {e.name: {} for e in entries}
+        writer, csv_file, tally = None, None, Tally()
         limit = None if args.seconds is None else int(args.seconds / HOP_SECONDS)
         try:
             for r in engine.run(source):
-                last = r
-                for name, m in r.models.items():
-                    c = counts.setdefault(name, {})
-                    c[m.top[0]] = c.get(m.top[0], 0) + 1
+                tally.add(r)
                 if args.jsonl:
                     print(r.to_json(), flush=True)
                 elif args.csv:
@@ -132,9 +119,9 @@ def run(args) -> int:
         print(f"# {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input overflows, "
               f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped",
               file=sys.stderr)
-        if last is not None and not args.jsonl:
-            print("# verdict:\n" + final_verdict({k: v for k, v in counts.items() if v}, last),
-                  file=sys.stderr)
+        if tally.tops:
+            print(f"# verdict over {source.name}, per model (the genre most often on top):\n"
+                  + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)
         return 0
     except (AudioError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)

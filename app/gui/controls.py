@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import torch
-from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QFormLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QPushButton, QRadioButton, QSpinBox,
+from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout,
+                               QGroupBox, QHBoxLayout, QLabel, QPushButton, QRadioButton, QSpinBox,
                                QVBoxLayout, QWidget)
 
 from app.runtime.sources import SourceKind
@@ -103,6 +103,11 @@ class SidePanel(QWidget):
         f.addRow(self.checkpoint_btn)
         self.focus_box = QComboBox()
         f.addRow("Focus", self.focus_box)
+        self.smooth_box = QDoubleSpinBox(minimum=0.0, maximum=60.0, singleStep=1.0, value=5.0)
+        self.smooth_box.setSuffix(" s")
+        self.smooth_box.setToolTip("the big genre label averages the focused model's probabilities "
+                                   "exponentially over about this long (0: each 0.25 s step as is)")
+        f.addRow("Genre smoothing", self.smooth_box)
         self.flops_kind = QComboBox()
         self.flops_kind.addItem("SDA", "sda")
         self.flops_kind.addItem("attention (with projections)", "attention")

@@ -35,11 +35,10 @@ def weights_text(trained: bool, frontend: str) -> str:
     return "trained, on RANDOM tokens: not meaningful" if "RANDOM" in frontend else "trained"
 
 
-def label_text(m, frontend: str) -> str:
-    """The big label for ModelStep ``m``: top genre and confidence, and what its weights are worth."""
-    genre, p = m.top
-    warn = {"trained": "", "UNTRAINED (random)": "  (untrained)"}.get(
-        weights_text(m.trained, frontend), "  (RANDOM front end: not meaningful)")
+def label_text(genre: str, p: float, trained: bool, frontend: str) -> str:
+    """The big label: a genre and its probability, and what the model's weights are worth."""
+    warn = ("  (untrained)" if not trained else
+            "  (RANDOM front end: not meaningful)" if "RANDOM" in frontend else "")
     return f"{genre}  {100 * p:.0f}%{warn}"
 
 

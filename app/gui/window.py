@@ -28,7 +28,7 @@ from .controls import SidePanel
 from .header import Header
 from .settings import Options, share_the_gil
 from .plots import LivePlots
-from .table import ComparisonTable, label_text, preferred_focus, status_texts
+from .table import ComparisonTable, preferred_focus, status_texts
 from .worker import EngineWorker, WorkerThread
 
 HISTORY = 14400               # StepResults kept for export (one hour of hops)
@@ -70,7 +70,7 @@ class MainWindow(QMainWindow):
         for name in ("source_kind", "device_box", "file_label", "loop_box", "compute_box",
                      "frontend_box", "start_btn", "pause_btn", "stop_btn", "variant_boxes",
                      "layers_box", "window_box", "landmarks_box", "mode_group", "mode_continual",
-                     "mode_fixed", "reset_btn", "focus_box", "flops_kind"):
+                     "mode_fixed", "reset_btn", "focus_box", "flops_kind", "smooth_box"):
             setattr(self, name, getattr(side, name))
         side.rescan_btn.clicked.connect(side.refresh_devices)
         side.open_btn.clicked.connect(self.open_file_dialog)
@@ -84,6 +84,7 @@ class MainWindow(QMainWindow):
         self.mode_group.idToggled.connect(lambda i, on: on and self.switch_landmarks())
         self.reset_btn.clicked.connect(lambda: self.engine is not None and self.engine.reset_model(None))
         side.checkpoint_btn.clicked.connect(self.open_checkpoint_dialog)
+        self.smooth_box.valueChanged.connect(lambda v: setattr(self.header.smoother, "seconds", v))
         self.flops_kind.currentIndexChanged.connect(
             lambda: setattr(self.plots, "flops_kind", self.flops_kind.currentData()))
         side.csv_btn.clicked.connect(lambda: self._ask_path("Export step records", "CSV (*.csv)", self.export_csv))
@@ -278,7 +279,7 @@ class MainWindow(QMainWindow):
         self.pause_btn.setText("Pause")
         self.pause_btn.setEnabled(True)
         self.statusBar().clearMessage()
-        self.header.set_ended("")
+        self.header.start_run()
         self.save_settings()
 
     def toggle_pause(self) -> None:
@@ -299,12 +300,9 @@ class MainWindow(QMainWindow):
             return                                        # an earlier run, already replaced
         self.redraw()                                     # its last results first
         self.pause_btn.setEnabled(False)
-        last = self.history[-1] if self.history else None
         how = ("stopped" if self.runner is None else "ended by an error: see the message above"
                if self.failed else "finished: the source ended")
-        self.statusBar().showMessage(f"{how.capitalize()}" + (
-            f" after {last.step + 1} hops ({last.audio_time:.1f} s of audio)" if last else ""))
-        self.header.set_ended(how.split(":")[0])
+        self.statusBar().showMessage(self.header.end_run(how, list(self.history), self.focus_box.currentText()))
 
     def on_worker_error(self, error: BaseException) -> None:
         """The run ended with ``error``: its message and the hint its type carries."""
@@ -335,6 +333,7 @@ class MainWindow(QMainWindow):
         for r in new:
             self.history.append(r)
             self.recent.append(r)
+            self.header.push(r)
             if r.mel is not None:
                 self.plots.push_mel(r.mel)
             for e in r.events:          # control feedback (landmark switches, k-means fits)
@@ -346,7 +345,7 @@ class MainWindow(QMainWindow):
         recent = list(self.recent)
         self.plots.redraw(recent, focus, models)
         if focus in last.models:
-            self.header.show_genre(label_text(last.models[focus], last.frontend), focus)
+            self.header.show_focus(last, focus)
         elif not models:
             self.header.show_no_model()
         minute = recent[-HOPS_PER_MINUTE:]

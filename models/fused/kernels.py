@@ -123,7 +123,8 @@ def vec(w, layout, i):
 @njit(**JIT)
 def unpack(w, layout):
     """The packed 1-block model -> (pre, post) as ``embed_qkv`` and ``tail_and_head`` take them.
-    One packed buffer is one argument to unbox instead of seventeen (about 1.8 us a call)."""
+    One packed buffer is one argument to unbox instead of seventeen (about 1.8 us a call when
+    timed during development)."""
     pre = (mat(w, layout, EMBED_W), vec(w, layout, EMBED_B), mat(w, layout, POS),
            mat(w, layout, IN_W), vec(w, layout, IN_B))
     post = (mat(w, layout, OUT_W), vec(w, layout, OUT_B), vec(w, layout, N1_W),

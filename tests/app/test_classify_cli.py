@@ -93,6 +93,19 @@ def test_classify_defaults_to_musicnn_and_the_shipped_trained_models(tmp_path):
         assert x["models"]["regular"]["top"][0] == x["models"]["continual"]["top"][0]
         assert x["models"]["regular"]["probabilities"] == pytest.approx(
             x["models"]["continual"]["probabilities"], abs=1e-5)
+    # the per-file verdict (stderr, also with --jsonl): per model the genre most often on top,
+    # its share of the steps and its mean probability, as the records say
+    table = r.stderr[r.stderr.index("# verdict over file:a.wav"):].splitlines()[1:]
+    assert table[0].split() == ["#", "model", "genre", "share", "of", "steps", "mean", "probability", "steps"]
+    rows = {line.split()[1]: line.split()[2:] for line in table[1:]}
+    assert set(rows) == set(first["models"])
+    for name, (genre, share, mean, steps) in rows.items():
+        tops = [x["models"][name]["top"][0] for x in records]
+        probs = [x["models"][name]["probabilities"][x["models"][name]["classes"].index(genre)]
+                 for x in records]
+        assert genre == max(set(tops), key=tops.count) and int(steps) == len(records)
+        assert share == f"{100 * tops.count(genre) / len(tops):.0f}%"
+        assert mean == f"{100 * sum(probs) / len(probs):.0f}%"
 
 
 def test_classify_refuses_a_checkpoint_of_another_front_end(tmp_path):

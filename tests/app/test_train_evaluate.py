@@ -8,7 +8,7 @@ from tiny import TINY
 
 from app.cli import main
 from app.offline.evaluate import EvaluateError, evaluate
-from app.offline.train import TrainError, make_splits, train
+from app.offline.train import MIN_PER_GENRE, TrainError, make_splits, train
 from audio.gtzan import GENRES
 from audio.token_cache import TokenSet, convert_musicnn, load_tokens, pack, save_tokens
 from models.checkpoint import load_checkpoint, save_checkpoint
@@ -49,6 +49,10 @@ def test_splits_predefined_and_random():
     tokens.split = np.array(["train"] * len(tokens.labels))
     with pytest.raises(TrainError, match="'train' and 'test'"):
         make_splits(tokens, 0)
+    # the smallest genre size the error message names is enough, one fewer is not
+    assert min(len(v) for v in make_splits(synthetic_tokens(n_per_class=MIN_PER_GENRE), 0).values()) > 0
+    with pytest.raises(TrainError, match=f"at least {MIN_PER_GENRE} sequences of one genre"):
+        make_splits(synthetic_tokens(n_per_class=MIN_PER_GENRE - 1), 0)
 
 
 def test_fixed_training_runs_both_phases_and_keeps_landmarks_frozen(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from PySide6.QtGui import QImage
 
 from app.runtime.records import csv_row
 from app.runtime.sources import SourceKind
+from app.runtime.verdict import Tally, top_k
 from app.gui.window import MainWindow, Options
 from audio_helpers import tone, write
 from models.checkpoint import save_checkpoint
@@ -161,11 +162,26 @@ def test_the_window_says_when_a_run_ends_and_what_a_control_did(make_window, qtb
     qtbot.waitUntil(lambda: "Finished" in w.statusBar().currentMessage(), timeout=20000)
     assert not w.pause_btn.isEnabled() and w.focus_label.text().endswith("· finished")
     assert f"after {w.history[-1].step + 1} hops" in w.statusBar().currentMessage()
+    # the file's verdict for the focused model, as the records tally it
+    v = {v.name: v for v in Tally.of(w.history).verdicts()}["continual_nystrom"]
+    assert w.header.verdict.isVisible()
+    assert f"<b>{v.genre}</b>, on top in {100 * v.share:.0f}% of {v.steps} steps" in w.header.verdict.text()
+    # the big label: the smoothed probabilities (5 s by default), then the two runners-up
+    (genre, p), *rest = top_k(w.history[-1].models["continual_nystrom"].classes,
+                              w.header.smoother.state["continual_nystrom"])
+    assert w.top_label.text().startswith(f"{genre}  {100 * p:.0f}%")
+    assert w.header.runners_up.text().strip() == "then " + ", ".join(f"{g} {100 * q:.0f}%" for g, q in rest)
+    assert w.header.smoother.seconds == w.smooth_box.value() == 5.0
     # a new run enables Pause again and clears the mark
     w.set_source_kind(SourceKind.DEMO)
     w.start()
     wait_steps(qtbot, w, 12)
     assert w.pause_btn.isEnabled() and "finished" not in w.focus_label.text()
+    assert not w.header.verdict.isVisible()
+    w.smooth_box.setValue(0)                             # no smoothing: the raw newest step
+    qtbot.waitUntil(lambda: w.top_label.text().startswith(
+        "{}  {:.0f}%".format(w.history[-1].models["continual_nystrom"].top[0],
+                             100 * w.history[-1].models["continual_nystrom"].top[1])), timeout=5000)
     w.activateWindow()
     qtbot.waitUntil(w.isActiveWindow, timeout=5000)
     qtbot.keyClick(w, Qt.Key_P, Qt.ControlModifier)      # the pause shortcut, both ways

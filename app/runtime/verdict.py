@@ -1,0 +1,90 @@
+"""Reading a genre off a stream: a smoothed genre per model (exponential moving average of its
+probabilities) and a verdict per run (the genre most often on top, its share of the steps and
+its mean probability). Qt-free: the window and `classify` both use it."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from audio.melspec import HOP_SECONDS
+
+
+class Smoother:
+    """Per model, probabilities averaged exponentially with time constant ``seconds`` (0: the
+    raw step). One update per hop of HOP_SECONDS."""
+
+    def __init__(self, seconds: float = 0.0):
+        self.seconds = seconds
+        self.state: dict[str, list[float]] = {}
+
+    @property
+    def alpha(self) -> float:
+        """Weight of the newest hop: 1 - exp(-hop / seconds)."""
+        return 1.0 if self.seconds <= 0 else 1.0 - math.exp(-HOP_SECONDS / self.seconds)
+
+    def update(self, name: str, probabilities: list[float]) -> list[float]:
+        """The smoothed probabilities of ``name`` after this hop's ``probabilities`` (C,)."""
+        old, a = self.state.get(name), self.alpha
+        if old is None or len(old) != len(probabilities):
+            new = list(probabilities)
+        else:
+            new = [o + a * (p - o) for o, p in zip(old, probabilities)]
+        self.state[name] = new
+        return new
+
+    def reset(self) -> None:
+        self.state.clear()
+
+
+def top_k(classes: list[str], probabilities: list[float], k: int = 3) -> list[tuple[str, float]]:
+    """The k most probable (class, probability) pairs, most probable first."""
+    order = sorted(range(len(probabilities)), key=probabilities.__getitem__, reverse=True)
+    return [(classes[i], probabilities[i]) for i in order[:k]]
+
+
+@dataclass
+class Verdict:
+    name: str           # model
+    genre: str          # most often on top over the run
+    share: float        # fraction of the model's steps with ``genre`` on top
+    confidence: float   # mean probability of ``genre`` over those steps (all steps)
+    steps: int
+
+
+class Tally:
+    """Per model over a run: how often each genre was on top and each genre's summed probability."""
+
+    def __init__(self):
+        self.tops: dict[str, dict[str, int]] = {}
+        self.sums: dict[str, dict[str, float]] = {}
+
+    @classmethod
+    def of(cls, results) -> "Tally":
+        tally = cls()
+        for r in results:
+            tally.add(r)
+        return tally
+
+    def add(self, result) -> None:
+        """One StepResult."""
+        for name, m in result.models.items():
+            tops, sums = self.tops.setdefault(name, {}), self.sums.setdefault(name, {})
+            tops[m.top[0]] = tops.get(m.top[0], 0) + 1
+            for c, p in zip(m.classes, m.probabilities):
+                sums[c] = sums.get(c, 0.0) + p
+
+    def verdicts(self) -> list[Verdict]:
+        out = []
+        for name, tops in self.tops.items():
+            steps = sum(tops.values())
+            genre, n = max(tops.items(), key=lambda kv: kv[1])
+            out.append(Verdict(name, str(genre), n / steps, self.sums[name][genre] / steps, steps))
+        return out
+
+    def table(self) -> str:
+        """The verdicts as an aligned text table (one row per model)."""
+        rows = [("model", "genre", "share of steps", "mean probability", "steps")]
+        rows += [(v.name, v.genre, f"{100 * v.share:.0f}%", f"{100 * v.confidence:.0f}%",
+                  str(v.steps)) for v in self.verdicts()]
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
