@@ -74,7 +74,8 @@ def score(model, X, labels: torch.Tensor, lengths, idx) -> tuple[float, float]:
 
 # ----------------------------------------------------------------------------- training
 
-def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: str, log) -> list[dict]:
+def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: str, log,
+                epoch_log=None) -> list[dict]:
     """AdamW with early stopping on validation accuracy (then loss); restores the best weights."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
@@ -107,9 +108,9 @@ def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: 
             best, best_key, since = copy.deepcopy(model.state_dict()), key, 0
         else:
             since += 1
-        log(f"[{phase}] epoch {epoch:3d}/{tc.epochs}  train loss {row['train_loss']:.4f}  "
-            f"val acc {val_acc:6.2%}  val loss {val_loss:.4f}  {row['seconds']:.1f} s"
-            + ("  *" if better else ""))
+        (epoch_log or log)(f"[{phase}] epoch {epoch:3d}/{tc.epochs}  train loss "
+                           f"{row['train_loss']:.4f}  val acc {val_acc:6.2%}  val loss "
+                           f"{val_loss:.4f}  {row['seconds']:.1f} s" + ("  *" if better else ""))
         if since >= tc.patience:
             log(f"[{phase}] early stop: no better validation score for {tc.patience} epochs")
             break
@@ -127,13 +128,15 @@ def with_config(model: GenreTransformer, cfg: ModelConfig) -> GenreTransformer:
 
 
 def fit(cfg: ModelConfig, X: Tensor, labels: Tensor, lengths: np.ndarray, splits: dict[str, np.ndarray],
-        tc: TrainConfig, *, init: GenreTransformer | None = None, log=print) -> tuple[GenreTransformer, list[dict]]:
+        tc: TrainConfig, *, init: GenreTransformer | None = None, log=print,
+        epoch_log=None) -> tuple[GenreTransformer, list[dict]]:
     """Train a model for ``cfg`` on token sequences; returns (model in eval mode, per-epoch history).
 
     X: (N, T, in_dim) zero-padded sequences, labels: (N,), lengths: (N,), splits: index arrays
     'train' and 'val'. cfg.landmark_mode 'fixed' runs both phases of Carreto Picón et al.: train
     with continual (segment-mean) landmarks, then k-means landmarks per head and block, frozen,
-    and fine-tune; with ``init`` (a trained model) phase 1 is skipped.
+    and fine-tune; with ``init`` (a trained model) phase 1 is skipped. ``epoch_log`` takes each
+    epoch's line instead of ``log`` (e.g. a progress bar that counts epochs).
     """
     torch.manual_seed(tc.seed)
     rng = np.random.default_rng(tc.seed)
@@ -147,7 +150,7 @@ def fit(cfg: ModelConfig, X: Tensor, labels: Tensor, lengths: np.ndarray, splits
         model = build_model(cfg.replace(landmark_mode=None)).to(tc.device)   # phase 1: continual
     if init is None or not fixed:
         history += train_phase(model, X, labels, lengths, splits, tc, rng,
-                               "phase 1" if fixed else "train", log)
+                               "phase 1" if fixed else "train", log, epoch_log)
     if fixed:
         train_seqs = [X[g, :L] for L, g in length_groups(lengths, splits["train"]).items()]
         k0 = time.monotonic()
@@ -155,5 +158,5 @@ def fit(cfg: ModelConfig, X: Tensor, labels: Tensor, lengths: np.ndarray, splits
         model = with_config(model, cfg)      # from here on it is a fixed-landmark model
         log(f"fixed landmarks: k-means per head and block in {time.monotonic() - k0:.1f} s; "
             f"fine-tuning with them frozen")
-        history += train_phase(model, X, labels, lengths, splits, tc, rng, "phase 2", log)
+        history += train_phase(model, X, labels, lengths, splits, tc, rng, "phase 2", log, epoch_log)
     return model.eval(), history

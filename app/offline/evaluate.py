@@ -24,6 +24,7 @@ from models.checkpoint import load_checkpoint
 from models.evaluation import Costs, measure_costs, regular_reference, stream_metrics
 from models.fused import default_fused
 
+from .progress import Progress
 from .train import make_splits
 
 class EvaluateError(ValueError):
@@ -91,6 +92,37 @@ def evaluate_checkpoint(model, payload, path, tokens: TokenSet, X: torch.Tensor,
                             test_size=len(idx), **m)
 
 
+def results_of_checkpoint(path, tokens, X, sha, genres, variant, data_seed, allow_other_data,
+                          results: dict, progress) -> None:
+    """Evaluate one checkpoint into ``results`` (one ModelResult per model shape and landmark
+    mode, its costs measured once)."""
+    model, payload = load_checkpoint(path, variant=variant, in_dim=tokens.X.shape[2], classes=genres)
+    model.use_fused(default_fused(model.embed.weight.device))   # the compiled CPU step
+    trained_on = payload.get("metadata", {}).get("data", {}).get("sha256")
+    if trained_on and trained_on != sha and not allow_other_data:
+        raise EvaluateError(f"{path} was trained on another token file (sha256 {trained_on[:12]}…, "
+                            f"this one is {sha[:12]}…); pass --allow-other-data to evaluate anyway")
+    if tokens.X.shape[1] > model.cfg.window:
+        progress.say(f"note: {path} has window {model.cfg.window} < sequence length "
+                     f"{tokens.X.shape[1]}; the last-step prediction sees the final "
+                     f"{model.cfg.window} tokens")
+    idx = test_indices(tokens, payload, path, data_seed)
+    t0 = time.monotonic()
+    res = evaluate_checkpoint(model, payload, path, tokens, X, idx)
+    cfg = model.cfg
+    key = cfg.replace(dropout=0.0)            # one row per model shape and landmark mode
+    if key not in results:
+        steps = 3 * model.cfg.window
+        stream = torch.cat([X[i, :tokens.lengths[i]] for i in idx])
+        results[key] = ModelResult(cfg.table_row, cfg.description, cfg.to_dict(),
+                                   costs=measure_costs(model, stream, steps),
+                                   regular_flops=regular_reference(model.cfg, steps))
+    results[key].checkpoints.append(res)
+    progress.step(f"{cfg.description} seed {res.seed}: accuracy {res.accuracy:.2%} on "
+                  f"{res.test_size} test sequences, streaming = batch on {res.agreement:.1%} "
+                  f"(max logit diff {res.max_logit_diff:.1e}), {time.monotonic() - t0:.1f} s")
+
+
 def evaluate(tokens_path: str, checkpoints: list[str], *, variant: str | None = None,
              data_seed: int = 0, allow_other_data: bool = False,
              log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
@@ -103,31 +135,10 @@ def evaluate(tokens_path: str, checkpoints: list[str], *, variant: str | None = 
     X = torch.as_tensor(tokens.X)
     genres = list(tokens.genres)
     results: dict[str, ModelResult] = {}
-    for path in checkpoints:
-        model, payload = load_checkpoint(path, variant=variant, in_dim=tokens.X.shape[2], classes=genres)
-        model.use_fused(default_fused(model.embed.weight.device))   # the compiled CPU step
-        trained_on = payload.get("metadata", {}).get("data", {}).get("sha256")
-        if trained_on and trained_on != sha and not allow_other_data:
-            raise EvaluateError(f"{path} was trained on another token file (sha256 {trained_on[:12]}…, "
-                                f"this one is {sha[:12]}…); pass --allow-other-data to evaluate anyway")
-        if tokens.X.shape[1] > model.cfg.window:
-            log(f"note: {path} has window {model.cfg.window} < sequence length {tokens.X.shape[1]}; "
-                f"the last-step prediction sees the final {model.cfg.window} tokens")
-        idx = test_indices(tokens, payload, path, data_seed)
-        t0 = time.monotonic()
-        res = evaluate_checkpoint(model, payload, path, tokens, X, idx)
-        cfg = model.cfg
-        key = cfg.replace(dropout=0.0)            # one row per model shape and landmark mode
-        if key not in results:
-            steps = 3 * model.cfg.window
-            stream = torch.cat([X[i, :tokens.lengths[i]] for i in idx])
-            results[key] = ModelResult(cfg.table_row, cfg.description, cfg.to_dict(),
-                                       costs=measure_costs(model, stream, steps),
-                                       regular_flops=regular_reference(model.cfg, steps))
-        results[key].checkpoints.append(res)
-        log(f"{cfg.description} seed {res.seed}: accuracy {res.accuracy:.2%} on "
-            f"{res.test_size} test sequences, streaming = batch on {res.agreement:.1%} "
-            f"(max logit diff {res.max_logit_diff:.1e}), {time.monotonic() - t0:.1f} s")
+    with Progress(len(checkpoints), "evaluate", "checkpoint", log) as progress:
+        for path in checkpoints:
+            results_of_checkpoint(path, tokens, X, sha, genres, variant, data_seed,
+                                  allow_other_data, results, progress)
     return {
         "tokens": {"file": str(tokens_path), "sha256": sha, "shape": list(tokens.X.shape),
                    "metadata": tokens.metadata, "genres": genres},

@@ -21,6 +21,8 @@ from audio.errors import AudioFileError
 from audio.gtzan import GENRES, discover
 from audio.token_cache import TokenFileError, pack, save_tokens
 
+from .progress import Progress
+
 FRONTEND = {"sample_rate": melspec.SAMPLE_RATE, "hop": melspec.HOP, "window": melspec.WIN,
             "frame_step": melspec.STEP, "fft": melspec.FFT, "bands": melspec.BANDS,
             "mel_hz": [melspec.MEL_LOW, melspec.MEL_HIGH], "log_offset": melspec.LOG_OFFSET,
@@ -50,24 +52,24 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
         raise TokenFileError(f"{parts} holds a partial extraction with other tracks or VGGish "
                              f"weights; delete it or choose another --out")
     mpath.write_text(json.dumps(manifest))
-    t_start = time.monotonic()
-    for i, track in enumerate(tracks):
-        done, skip = parts / f"{i:05d}.npy", parts / f"{i:05d}.skip"
-        if done.exists() or skip.exists():
-            continue
-        t0 = time.monotonic()
-        try:
-            tokens, _ = frontend.file_tokens(track.path)
-        except AudioFileError as e:
-            skip.write_text(str(e))
-            log(f"[{i + 1}/{len(tracks)}] {track.track_id}: SKIPPED ({e})")
-            continue
-        tmp = parts / f"{i:05d}.tmp.npy"
-        np.save(tmp, tokens.numpy())
-        os.replace(tmp, done)
-        elapsed = time.monotonic() - t_start
-        log(f"[{i + 1}/{len(tracks)}] {track.track_id}: {len(tokens)} tokens in "
-            f"{time.monotonic() - t0:.1f} s ({elapsed:.0f} s so far)")
+    todo = [i for i in range(len(tracks)) if not (parts / f"{i:05d}.npy").exists()
+            and not (parts / f"{i:05d}.skip").exists()]
+    if len(todo) < len(tracks):
+        log(f"resuming: {len(tracks) - len(todo)} of {len(tracks)} tracks already done")
+    with Progress(len(todo), "extract", "track", log) as progress:
+        for i in todo:
+            track, t0 = tracks[i], time.monotonic()
+            try:
+                tokens, _ = frontend.file_tokens(track.path)
+            except AudioFileError as e:
+                (parts / f"{i:05d}.skip").write_text(str(e))
+                progress.step(f"[{i + 1}/{len(tracks)}] {track.track_id}: SKIPPED ({e})")
+                continue
+            tmp = parts / f"{i:05d}.tmp.npy"
+            np.save(tmp, tokens.numpy())
+            os.replace(tmp, parts / f"{i:05d}.npy")
+            progress.step(f"[{i + 1}/{len(tracks)}] {track.track_id}: {len(tokens)} tokens in "
+                          f"{time.monotonic() - t0:.1f} s")
     seqs, labels, ids, skipped = [], [], [], []
     for i, track in enumerate(tracks):
         if (parts / f"{i:05d}.skip").exists():

@@ -24,6 +24,8 @@ from audio.token_cache import TokenSet
 from models.training import TrainConfig, fit, score
 from models.transformer import ModelConfig
 
+from .progress import Progress
+
 
 class TrainError(ValueError):
     """Training cannot start: bad options, or a token file or checkpoint that does not fit."""
@@ -87,7 +89,10 @@ def train(tokens: TokenSet, cfg: ModelConfig, tc: TrainConfig, *, init=None, dat
     X = torch.as_tensor(tokens.X).to(tc.device)
     labels = torch.as_tensor(tokens.labels)
     t0 = time.monotonic()
-    model, history = fit(cfg, X, labels, tokens.lengths, splits, tc, init=init, log=log)
+    phases = 2 if cfg.landmark_mode == "fixed" and init is None else 1
+    with Progress(tc.epochs * phases, "train (epochs, at most)", "epoch", log) as progress:
+        model, history = fit(cfg, X, labels, tokens.lengths, splits, tc, init=init,
+                             log=progress.say, epoch_log=progress.step)
     val_acc, val_loss = score(model, X, labels, tokens.lengths, splits["val"])
     test_acc, test_loss = score(model, X, labels, tokens.lengths, splits["test"])
     log(f"done in {time.monotonic() - t0:.0f} s: val acc {val_acc:.2%}, test acc {test_acc:.2%} "
