@@ -12,6 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter
 
 from app.runtime.records import csv_row
+from app.runtime.verdict import Tally
 
 from .table import weights_text
 
@@ -44,19 +45,17 @@ def model_summaries(history: list) -> dict[str, dict]:
     """Per model over ``history``: what it is, what its weights are worth, what it answered and
     what it cost (means over the steps it ran)."""
     out: dict[str, dict] = {}
-    names = dict.fromkeys(n for r in history for n in r.models)
-    for name in names:
-        steps = [(r, r.models[name]) for r in history if name in r.models]
+    for v in Tally.of(history).verdicts():          # the same verdict as the window and classify
+        steps = [(r, r.models[v.name]) for r in history if v.name in r.models]
         r, m = steps[-1]
-        tops = [s.top[0] for _, s in steps]
-        top = max(set(tops), key=tops.count)
-        out[name] = {"variant": m.variant, "layers": m.layers, "window": m.window,
-                     "landmark_modes": sorted({s.landmark_mode for _, s in steps if s.landmark_mode}),
-                     "weights": weights_text(m.trained, r.frontend), "steps": len(steps),
-                     "top_genre": top, "top_share": round(tops.count(top) / len(tops), 4),
-                     "sda_flops_mean": round(statistics.fmean(s.flops["sda"] for _, s in steps)),
-                     "model_flops_mean": round(statistics.fmean(s.flops["model"] for _, s in steps)),
-                     "latency_ms_median": round(statistics.median(s.latency_ms for _, s in steps), 4)}
+        out[v.name] = {"variant": m.variant, "layers": m.layers, "window": m.window,
+                       "landmark_modes": sorted({s.landmark_mode for _, s in steps if s.landmark_mode}),
+                       "weights": weights_text(m.trained, r.frontend), "steps": v.steps,
+                       "top_genre": v.genre, "top_share": round(v.share, 4),
+                       "top_mean_probability": round(v.confidence, 4),
+                       "sda_flops_mean": round(statistics.fmean(s.flops["sda"] for _, s in steps)),
+                       "model_flops_mean": round(statistics.fmean(s.flops["model"] for _, s in steps)),
+                       "latency_ms_median": round(statistics.median(s.latency_ms for _, s in steps), 4)}
     return out
 
 

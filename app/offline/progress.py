@@ -31,7 +31,10 @@ class Progress:
 
     def say(self, line: str) -> None:
         """A line that counts nothing (a note)."""
-        self.log(line) if self.bar.disable else self.bar.write(line, file=sys.stderr)
+        if self.bar.disable:
+            self.log(line)
+        else:
+            self.bar.write(line, file=sys.stderr)
 
     def step(self, line: str = "") -> None:
         """One item done, with its line."""

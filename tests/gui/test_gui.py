@@ -240,6 +240,8 @@ def test_export_csv_rows_match_the_engine_records(make_window, qtbot, tmp_path):
     assert summary["steps"] == [w.history[0].step, w.history[-1].step]
     assert set(summary["models"]) == set(w.history[-1].models)
     assert summary["models"]["continual"]["weights"] == "UNTRAINED (random)"
+    v = {v.name: v for v in Tally.of(w.history).verdicts()}["continual"]     # classify's verdict
+    assert (summary["models"]["continual"]["top_genre"], summary["models"]["continual"]["steps"]) == (v.genre, v.steps)
     assert w.export_png(str(tmp_path / "plots")) and (tmp_path / "plots.png").stat().st_size > 10000
     image = QImage(str(tmp_path / "plots.png"))
     assert image.height() > w.plots.height() and image.width() >= w.plots.width()   # the caption strip
