@@ -63,6 +63,18 @@ def list_devices() -> int:
     return 0
 
 
+def csv_progress(args, source, limit: int | None):
+    """With --csv nothing else shows the run's progress: a bar (or on a pipe a line every tenth
+    of the file, with the time left); the total is the file's hops, up to --seconds."""
+    from app.offline.progress import Progress
+    total = source.hops() if hasattr(source, "hops") and not getattr(source, "loop", False) else None
+    if limit is not None:
+        total = limit if total is None else min(total, limit)
+    p = Progress(total if args.csv else 0, "classify", "hop", lambda line: print(line, file=sys.stderr))
+    p.every = max(1, (total or 400) // 10)
+    return p
+
+
 @command("classify", "classify a file, the microphone or the demo signal", add_arguments)
 def run(args) -> int:
     from app.runtime.engine import Engine
@@ -93,6 +105,7 @@ def run(args) -> int:
                  f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)
         writer, csv_file, tally = None, None, Tally()
         limit = None if args.seconds is None else int(args.seconds / HOP_SECONDS)
+        progress = csv_progress(args, source, limit)
         try:
             for r in engine.run(source):
                 tally.add(r)
@@ -105,6 +118,8 @@ def run(args) -> int:
                         writer = csv.DictWriter(csv_file, fieldnames=list(row))
                         writer.writeheader()
                     writer.writerow(row)
+                    progress.step(f"# {r.step + 1} steps written to {args.csv}"
+                                  if (r.step + 1) % progress.every == 0 else "")
                 else:
                     print(human(r), flush=True)
                 if limit is not None and r.step + 1 >= limit:
@@ -112,6 +127,7 @@ def run(args) -> int:
         except KeyboardInterrupt:                  # Ctrl-C: a normal way to stop a live run
             print("# stopped", file=sys.stderr)
         finally:
+            progress.close()
             source.close()
             if csv_file is not None:
                 csv_file.close()

@@ -1,7 +1,10 @@
 """The side panel's widgets: source, models and export. Built here, wired by the window."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout,
                                QGroupBox, QHBoxLayout, QLabel, QPushButton, QRadioButton, QSpinBox,
                                QVBoxLayout, QWidget)
@@ -19,7 +22,6 @@ class SidePanel(QWidget):
 
     def __init__(self):
         super().__init__()
-        self.setFixedWidth(310)
         col = QVBoxLayout(self)
         col.addWidget(self._source_box())
         col.addWidget(self._models_box())
@@ -46,7 +48,8 @@ class SidePanel(QWidget):
         self.file_label = QLabel("no file (open one, or drop it on the window)")
         self.file_label.setWordWrap(True)
         self.open_btn = QPushButton("Open file…")
-        f.addRow(self.open_btn, self.file_label)
+        f.addRow("File", self.open_btn)
+        f.addRow(self.file_label)                  # a row of its own: a long name never squeezes the button
         self.loop_box = QCheckBox("Loop file (real-time pace)")
         f.addRow("", self.loop_box)
         self.compute_box = QComboBox()
@@ -108,12 +111,13 @@ class SidePanel(QWidget):
         self.smooth_box.setToolTip("the big genre label averages the focused model's probabilities "
                                    "exponentially over about this long (0: each 0.25 s step as is)")
         f.addRow("Genre smoothing", self.smooth_box)
-        self.flops_kind = QComboBox()
-        self.flops_kind.addItem("SDA", "sda")
-        self.flops_kind.addItem("attention (with projections)", "attention")
-        self.flops_kind.addItem("whole model", "model")
-        f.addRow("FLOPs plot", self.flops_kind)
         return mod
+
+    def show_file(self, path: str) -> None:
+        """The file's name, elided in the middle to the panel's width; the full path as tooltip."""
+        name = Path(path).name
+        self.file_label.setText(self.file_label.fontMetrics().elidedText(name, Qt.ElideMiddle, 260))
+        self.file_label.setToolTip(path)
 
     def refresh_devices(self) -> None:
         from audio.sources import list_input_devices

@@ -131,3 +131,45 @@ def captioned(image: QImage, text: str) -> QImage:
     p.drawImage(0, box.height() + 12, image)
     p.end()
     return out
+
+
+def stacked(images: list[QImage]) -> QImage:
+    """``images`` one above the other on white, as wide as the widest."""
+    width = max((i.width() for i in images), default=1)
+    out = QImage(width, max(sum(i.height() for i in images), 1), QImage.Format_ARGB32)
+    out.fill(QColor("white"))
+    p, y = QPainter(out), 0
+    for image in images:
+        p.drawImage(0, y, image)
+        y += image.height()
+    p.end()
+    return out
+
+
+# The window's export actions (MainWindow.export_csv / export_png): errors are said in the
+# window, successes in its status bar.
+
+def export_csv(window, path: str) -> int:
+    """Every kept step record of ``window`` to ``path`` (.csv added if missing), a session summary
+    (JSON) beside it. Returns the row count (0: nothing written)."""
+    try:
+        rows, out, summary = save_csv(list(window.history), path)
+    except (NothingToExport, OSError) as e:
+        window.show_error(f"Could not export: {e}")
+        return 0
+    window.statusBar().showMessage(f"Exported {rows} steps to {out} (and {summary.name})", 15000)
+    return rows
+
+
+def export_png(window, path: str) -> bool:
+    """The visible plot panels of ``window`` stacked (genre, costs, ranking, spectrogram),
+    captioned (source, front end, models; RANDOM / UNTRAINED marked), to ``path`` (.png added if
+    missing), a session summary beside it."""
+    panels = [w for w in (window.genre, window.cost, window.ranking, window.spectrogram) if w.isVisible()]
+    try:
+        out = save_png(stacked([w.grab().toImage() for w in panels]), list(window.history), path)
+    except OSError as e:
+        window.show_error(f"Could not export: {e}")
+        return False
+    window.statusBar().showMessage(f"Saved the plots to {out}", 15000)
+    return True

@@ -31,9 +31,10 @@ class Header(QWidget):
         self.focus_label = QLabel("")
         self.runners_up = QLabel("")           # the next two genres, smoothed
         self.runners_up.setStyleSheet("color:#555;font-size:14pt;")
+        for label in (self.top_label, self.runners_up, self.focus_label):
+            label.setWordWrap(True)             # long texts wrap: they never widen the window
         row.addWidget(self.top_label)
-        row.addWidget(self.runners_up)
-        row.addStretch(1)
+        row.addWidget(self.runners_up, 1)
         col.addLayout(row)
         col.addWidget(self.focus_label)         # a line of its own: it never widens the window
         self.verdict = QLabel("")              # a finished file's verdict

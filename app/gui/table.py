@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import statistics
 
-from PySide6.QtWidgets import QHeaderView, QTableWidget, QTableWidgetItem
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QHeaderView, QLabel, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.runtime.records import percentile, reference_for
 from audio.melspec import HOP_MS
@@ -60,10 +61,27 @@ def flops_cell(steps: list, key: str) -> str:
     return f"{mean:,}" if lo == hi else f"{mean:,} ({lo:,}-{hi:,})"
 
 
-def agreement(recent: list, name: str) -> str:
+AUTO = "auto: a regular model of the same shape"
+
+
+def reference_of(name: str, models: dict, choice: str | None) -> str | None:
+    """``name``'s reference for agreement: the chosen model when it runs with ``name``'s shape
+    (blocks, window, classes), else a `regular` model (records.reference_for)."""
+    me, ref = models[name], models.get(choice)
+    if ref is not None and choice != name and (ref.layers, ref.window, ref.classes) == (me.layers, me.window, me.classes):
+        return choice
+    return reference_for(name, models)
+
+
+def agreement(recent: list, name: str, choice: str | None = None) -> str:
     """How often ``name``'s top class equals its reference model's over ``recent``, e.g.
-    '97% (regular)'; '—' when no `regular` model runs beside it."""
-    ref = reference_for(name, recent[-1].models)
+    '97% (regular)'; 'reference' for the chosen reference itself; '—' without a reference."""
+    models = recent[-1].models
+    if name == choice:
+        return "reference"
+    if choice not in models and models[name].variant == "regular":
+        return "—"                       # the automatic reference is exact attention itself
+    ref = reference_of(name, models, choice)
     if ref is None:
         return "—"
     steps = [r for r in recent if name in r.models and ref in r.models]
@@ -71,57 +89,97 @@ def agreement(recent: list, name: str) -> str:
     return f"{100 * same / len(steps):.0f}% ({ref})" if steps else "—"
 
 
-class ComparisonTable(QTableWidget):
+class ComparisonTable(QWidget):
+    """One row per model over the last minute, and the choice of the agreement reference."""
+
     def __init__(self):
-        super().__init__(0, len(COLUMNS))
-        self.setHorizontalHeaderLabels(COLUMNS)
-        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-        self.verticalHeader().hide()
+        super().__init__()
+        col = QVBoxLayout(self)
+        col.setContentsMargins(2, 2, 2, 2)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("Agreement reference"))
+        self.reference_box = QComboBox()
+        self.reference_box.setToolTip("the model each row's top genre is compared with; a model of "
+                                      "another shape (blocks, window) is compared with a regular model "
+                                      "of its own shape")
+        self.reference_box.addItem(AUTO, "")
+        row.addWidget(self.reference_box)
+        row.addStretch(1)
+        col.addLayout(row)
+        self.grid = QTableWidget(0, len(COLUMNS))
+        self.grid.setHorizontalHeaderLabels(COLUMNS)
+        self.grid.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.grid.verticalHeader().hide()
+        col.addWidget(self.grid, 1)
+        self.wanted = ""                  # a saved choice, taken when that model runs
+
+    def save(self, settings) -> None:
+        settings.setValue("table/reference", self.reference or self.wanted)
+
+    def restore(self, settings) -> None:
+        self.wanted = str(settings.value("table/reference", "") or "")
+
+    @property
+    def reference(self) -> str | None:
+        return self.reference_box.currentData() or None
+
+    def _offer(self, models: list[str]) -> None:
+        """The reference choices: automatic, or any running model (the choice kept while it runs)."""
+        offered = [self.reference_box.itemData(i) for i in range(1, self.reference_box.count())]
+        if offered == models:
+            return
+        chosen = self.reference or self.wanted
+        self.reference_box.blockSignals(True)
+        while self.reference_box.count() > 1:
+            self.reference_box.removeItem(1)
+        for name in models:
+            self.reference_box.addItem(name, name)
+        self.reference_box.setCurrentIndex(max(self.reference_box.findData(chosen), 0) if chosen else 0)
+        if self.reference:
+            self.wanted = ""
+        self.reference_box.blockSignals(False)
 
     def show_steps(self, recent: list) -> None:
         """One row per model of the newest StepResult, over ``recent`` (the last minute)."""
         last = recent[-1]
         models = list(last.models)
-        self.setRowCount(len(models) + 1)
+        self._offer(models)
+        self.grid.setRowCount(len(models) + 1)
+        self.grid.setRowCount(len(models) + 1)
         front = [r.stages["frontend"] for r in recent]
-        self._set_row(len(models), [f"front end: {last.frontend}", "—", "—", "—", "—",
+        self._set_row(len(models), ["front end", "—", "—", "—", "—",
                                     f"{last.frontend_flops:,} (per hop)",
                                     f"{statistics.median(front):.2f} / {percentile(front, 0.95):.2f}",
-                                    "—", "pretrained" if "RANDOM" not in last.frontend else "RANDOM"])
+                                    "—", last.frontend])
         for row, name in enumerate(models):
             m = last.models[name]
             lat = [r.models[name].latency_ms for r in recent if name in r.models]
             genre, p = m.top
             run = same_mode_run(recent, name)
             self._set_row(row, [name, m.landmark_mode or "—", f"{genre} {100 * p:.0f}%",
-                                agreement(recent, name) if m.variant != "regular" else "—",
+                                agreement(recent, name, self.reference),
                                 flops_cell(run, "sda"), flops_cell(run, "model"),
                                 f"{statistics.median(lat):.2f} / {percentile(lat, 0.95):.2f}",
                                 f"{m.state_bytes / 1024:.1f} KiB", weights_text(m.trained, last.frontend)])
 
     def _set_row(self, row: int, cells: list[str]) -> None:
         for c, text in enumerate(cells):
-            item = self.item(row, c)
+            item = self.grid.item(row, c)
             if item is None:
                 item = QTableWidgetItem()
-                self.setItem(row, c, item)
+                self.grid.setItem(row, c, item)
             item.setText(text)
 
 
 def status_texts(recent: list, paused: bool, device: str, delay_ms) -> dict[str, str]:
-    """The status bar's fields from ``recent`` (the last minute of StepResults)."""
+    """The status bar's three fields from ``recent`` (the last minute of StepResults): the source,
+    how the run keeps up (real-time factor, dropped hops, delay), and the tokens and compute.
+    Short, so that a message on the left of the bar keeps its room."""
     last = recent[-1]
     rtf = statistics.fmean(r.stages["frontend"] + sum(m.latency_ms for m in r.models.values())
                            for r in recent) / HOP_MS
-    front = [r.stages["frontend"] for r in recent]
-    rate = f", {last.input_rate} Hz in" if last.input_rate else ""
-    out = {"frontend": f"Front end: {statistics.median(front):.1f} / {percentile(front, 0.95):.1f} ms "
-                       f"median / p95, {last.frontend_flops / 1e6:.0f}M FLOPs/hop",
-           "source": f"Source: {last.source}{rate}{'  (paused)' if paused else ''}",
-           "rtf": f"Real-time factor: {rtf:.2f}",
-           "dropped": f"Dropped hops: {last.dropped_hops}",
-           "weights": f"Tokens: {last.frontend}",
-           "device": f"Compute: {device}"}
-    if delay_ms:
-        out["delay"] = f"Delay p95: {percentile(delay_ms, 0.95):.0f} ms"
-    return out
+    rate = f", {last.input_rate} Hz" if last.input_rate else ""
+    delay = f" · delay p95 {percentile(delay_ms, 0.95):.0f} ms" if delay_ms else ""
+    return {"source": f"{'PAUSED · ' if paused else ''}{last.source}{rate}",
+            "run": f"real-time factor {rtf:.2f} · dropped hops: {last.dropped_hops}{delay}",
+            "tokens": f"tokens: {last.frontend} · {device}"}

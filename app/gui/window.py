@@ -1,5 +1,7 @@
-"""The main window: side panel, live plots, comparison table, status bar. Everything heavy runs
-in the engine worker (worker.py); this thread reads finished StepResults on a 33 ms timer."""
+"""The main window: the genre (header and genre panel) in the middle, the controls, costs,
+comparison table and spectrogram in dock panels around it (docks.py), a status bar. Everything
+heavy runs in the engine worker (worker.py); this thread reads finished StepResults on a 33 ms
+timer."""
 from __future__ import annotations
 
 import copy
@@ -10,8 +12,7 @@ from pathlib import Path
 import torch
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QMainWindow, QSplitter,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QVBoxLayout, QWidget
 
 from app.runtime.engine import Engine
 from app.runtime.frontend_args import frontend_or_random
@@ -23,11 +24,14 @@ from audio.melspec import HOPS_PER_MINUTE
 from models.checkpoint import CheckpointError
 from models.transformer import ModelConfig, build_model
 
-from . import export, settings as store
+from . import docks, export, settings as store
 from .controls import SidePanel
+from .cost_panel import CostPanel
+from .genre_panel import GenrePanel
+from .ranking import RankingPanel
 from .header import Header
 from .settings import Options, share_the_gil
-from .plots import LivePlots
+from .spectrogram import SpectrogramPanel
 from .table import ComparisonTable, preferred_focus, status_texts
 from .worker import EngineWorker, WorkerThread
 
@@ -42,7 +46,6 @@ class MainWindow(QMainWindow):
         self.options = options or Options()
         self.settings = settings or QSettings("Nystream", "Nystream")
         self.setWindowTitle("Nystream — continual Nyström transformers, live")
-        self.resize(1500, 950)
         self.history: deque = deque(maxlen=HISTORY)   # for export
         self.recent: deque = deque(maxlen=RECENT)     # what the plots and the table show
         self.frame_ms: deque = deque(maxlen=2000)     # GUI-thread time per redraw
@@ -57,6 +60,7 @@ class MainWindow(QMainWindow):
         self.auto_names: set[str] = set()            # ticked-variant models this window runs
         self._build_ui()
         store.load_settings(self)
+        docks.restore(self, self.settings)
         store.apply_options(self)
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.redraw)
@@ -70,7 +74,7 @@ class MainWindow(QMainWindow):
         for name in ("source_kind", "device_box", "file_label", "loop_box", "compute_box",
                      "frontend_box", "start_btn", "pause_btn", "stop_btn", "variant_boxes",
                      "layers_box", "window_box", "landmarks_box", "mode_group", "mode_continual",
-                     "mode_fixed", "reset_btn", "focus_box", "flops_kind", "smooth_box"):
+                     "mode_fixed", "reset_btn", "focus_box", "smooth_box"):
             setattr(self, name, getattr(side, name))
         side.rescan_btn.clicked.connect(side.refresh_devices)
         side.open_btn.clicked.connect(self.open_file_dialog)
@@ -85,32 +89,37 @@ class MainWindow(QMainWindow):
         self.reset_btn.clicked.connect(lambda: self.engine is not None and self.engine.reset_model(None))
         side.checkpoint_btn.clicked.connect(self.open_checkpoint_dialog)
         self.smooth_box.valueChanged.connect(lambda v: setattr(self.header.smoother, "seconds", v))
-        self.flops_kind.currentIndexChanged.connect(
-            lambda: setattr(self.plots, "flops_kind", self.flops_kind.currentData()))
         side.csv_btn.clicked.connect(lambda: self._ask_path("Export step records", "CSV (*.csv)", self.export_csv))
         side.png_btn.clicked.connect(lambda: self._ask_path("Export plots", "PNG (*.png)", self.export_png))
 
-        main = QWidget()
-        mcol = QVBoxLayout(main)
+        centre = QWidget()
+        col = QVBoxLayout(centre)
         self.header = Header()
         self.banner, self.top_label, self.focus_label = (self.header.banner, self.header.top_label,
                                                          self.header.focus_label)
-        mcol.addWidget(self.header)
-        split = QSplitter(Qt.Vertical)
-        self.plots = LivePlots()
-        split.addWidget(self.plots)
-        self.table = ComparisonTable()
-        split.addWidget(self.table)
-        split.setSizes([720, 180])
-        mcol.addWidget(split)
-
-        root = QWidget()
-        h = QHBoxLayout(root)
-        h.addWidget(side)
-        h.addWidget(main, 1)
-        self.setCentralWidget(root)
-
-        self.status = {k: QLabel() for k in ("source", "frontend", "rtf", "dropped", "weights", "device", "delay")}
+        col.addWidget(self.header)
+        self.genre = GenrePanel()
+        col.addWidget(self.genre, 1)
+        self.setCentralWidget(centre)
+        self.cost, self.table, self.spectrogram = CostPanel(), ComparisonTable(), SpectrogramPanel()
+        self.ranking = RankingPanel()
+        self.docks = {title: docks.dock(self, title, widget, area) for title, widget, area in (
+            ("Controls", docks.scrolling(side), Qt.LeftDockWidgetArea),
+            ("Costs", self.cost, Qt.RightDockWidgetArea),
+            ("Comparison table", self.table, Qt.BottomDockWidgetArea),
+            ("Ranking", self.ranking, Qt.BottomDockWidgetArea),
+            ("Spectrogram", self.spectrogram, Qt.BottomDockWidgetArea))}
+        self.splitDockWidget(self.docks["Comparison table"], self.docks["Ranking"], Qt.Horizontal)
+        self.tabifyDockWidget(self.docks["Comparison table"], self.docks["Spectrogram"])
+        self.docks["Comparison table"].raise_()
+        self.resizeDocks([self.docks["Costs"], self.docks["Ranking"]], [560, 520], Qt.Horizontal)
+        self.resizeDocks([self.docks["Comparison table"]], [230], Qt.Vertical)
+        self.default_state = self.saveState()
+        view = self.menuBar().addMenu("&View")
+        for d in self.docks.values():
+            view.addAction(d.toggleViewAction())
+        view.addAction(QAction("Reset layout", self, triggered=lambda: self.restoreState(self.default_state)))
+        self.status = {k: QLabel() for k in ("source", "run", "tokens")}
         for w in self.status.values():
             self.statusBar().addPermanentWidget(w)
         for text, key, slot in (("Quit", "Ctrl+Q", self.close), ("Pause / resume", "Ctrl+P", self.toggle_pause)):
@@ -120,6 +129,7 @@ class MainWindow(QMainWindow):
 
     def save_settings(self) -> None:
         store.save_settings(self)
+        docks.save(self, self.settings)
 
     def set_source_kind(self, kind: SourceKind) -> None:
         self.source_kind.setCurrentIndex(max(self.source_kind.findData(kind.value), 0))
@@ -144,7 +154,7 @@ class MainWindow(QMainWindow):
 
     def set_file(self, path: str) -> None:
         self.file_path = path
-        self.file_label.setText(Path(path).name)
+        self.side.show_file(path)
 
     def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt API
         if event.mimeData().hasUrls():
@@ -254,7 +264,8 @@ class MainWindow(QMainWindow):
             self.show_error(with_hint(e))
             return
         fe = self.frontend
-        self.plots.set_spectrogram(fe.bands, fe.mel_levels, fe.frame_ms)
+        self.spectrogram.set_spectrogram(fe.bands, fe.mel_levels, fe.frame_ms)
+        self.genre.reset()
         self.engine = Engine(fe)
         wanted = self.wanted_models()
         for name, what in wanted.items():
@@ -334,8 +345,9 @@ class MainWindow(QMainWindow):
             self.history.append(r)
             self.recent.append(r)
             self.header.push(r)
+            self.genre.push(r, self.header.smoother.state)
             if r.mel is not None:
-                self.plots.push_mel(r.mel)
+                self.spectrogram.push_mel(r.mel)
             for e in r.events:          # control feedback (landmark switches, k-means fits)
                 self.show_error(e) if e.startswith("error") else self.statusBar().showMessage(e, 15000)
         last = new[-1]
@@ -343,7 +355,10 @@ class MainWindow(QMainWindow):
         self._update_focus(last, models)
         focus = self.focus_box.currentText()
         recent = list(self.recent)
-        self.plots.redraw(recent, focus, models)
+        self.genre.redraw(recent, focus)
+        self.cost.redraw(recent, models)
+        self.ranking.redraw(recent, models, self.cost.flops_kind)
+        self.spectrogram.redraw()
         if focus in last.models:
             self.header.show_focus(last, focus)
         elif not models:
@@ -372,27 +387,8 @@ class MainWindow(QMainWindow):
         self.focus_box.blockSignals(False)
 
     # ------------------------------------------------------------------ export
-    def export_csv(self, path: str) -> int:
-        """Every kept step record to ``path`` (.csv added if missing), a session summary (JSON)
-        beside it; said in the status bar. Returns the row count."""
-        try:
-            rows, out, summary = export.save_csv(list(self.history), path)
-        except (export.NothingToExport, OSError) as e:
-            self.show_error(f"Could not export: {e}")
-            return 0
-        self.statusBar().showMessage(f"Exported {rows} steps to {out} (and {summary.name})", 15000)
-        return rows
-
-    def export_png(self, path: str) -> bool:
-        """The plots, captioned (source, front end, models; RANDOM / UNTRAINED marked), to ``path``
-        (.png added if missing), a session summary beside it; said in the status bar."""
-        try:
-            out = export.save_png(self.plots.grab().toImage(), list(self.history), path)
-        except OSError as e:
-            self.show_error(f"Could not export: {e}")
-            return False
-        self.statusBar().showMessage(f"Saved the plots to {out}", 15000)
-        return True
+    export_csv = export.export_csv      # (self, path) -> rows written; said in the status bar
+    export_png = export.export_png      # (self, path) -> saved?; the plot panels, captioned
 
     def screenshot(self, path: str) -> bool:
         return self.grab().save(path)

@@ -49,7 +49,7 @@ def plot(report: dict, out: Path) -> list[Path]:
         mean = curves.mean(0)
         x = (np.arange(len(mean)) + 1) * (hop or 1)
         ax.plot(x, 100 * mean, label=m["summary"]["name"])
-    ax.set(xlabel=xlabel, ylabel="test accuracy (%)", title="Accuracy as the stream goes on (mean over seeds; up to the shortest test sequence)")
+    ax.set(xlabel=xlabel, ylabel="test accuracy (%)", title="Accuracy as the stream goes on\n(mean over seeds; up to the shortest test sequence)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -74,7 +74,8 @@ def plot(report: dict, out: Path) -> list[Path]:
 
     cols = min(len(models), 4)
     rows = (len(models) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.7 * rows), squeeze=False,
+                             constrained_layout=True)         # the suptitle keeps its room
     for ax in axes.flat:
         ax.axis("off")
     for ax, m in zip(axes.flat, models):
@@ -82,15 +83,14 @@ def plot(report: dict, out: Path) -> list[Path]:
         ax.axis("on")
         ax.imshow(conf, cmap="Blues")
         ax.set_title(m["summary"]["name"], fontsize=7)
-        ax.set_xticks(range(len(genres)), [g[:4] for g in genres], rotation=90, fontsize=6)
-        ax.set_yticks(range(len(genres)), [g[:4] for g in genres], fontsize=6)
+        ax.set_xticks(range(len(genres)), genres, rotation=90, fontsize=6)       # names in full
+        ax.set_yticks(range(len(genres)), genres, fontsize=6)
         for i in range(len(genres)):
             for j in range(len(genres)):
                 if conf[i, j]:
                     ax.text(j, i, int(conf[i, j]), ha="center", va="center", fontsize=5,
                             color="white" if conf[i, j] > conf.max() / 2 else "black")
     fig.suptitle("Confusion matrices (rows: true genre; summed over seeds)", fontsize=9)
-    fig.tight_layout()
     paths.append(out / "confusion.png")
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)

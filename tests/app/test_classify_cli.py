@@ -44,6 +44,10 @@ def test_classify_demo_csv(tmp_path):
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 6 and rows[0]["continual.untrained"] == "True"
     assert float(rows[-1]["audio_time_s"]) == 1.5
+    # nothing else shows progress with --csv: on a pipe, lines with the time left
+    lines = [x for x in r.stderr.splitlines() if "steps written" in x]
+    assert lines[-1].startswith(f"# 6 steps written to {out} (") and lines[-1].endswith("~0 s left)")
+    assert len(lines) == 6                                    # one per tenth of 6 hops: every hop
 
 
 def test_classify_bad_inputs_exit_nonzero_with_a_message(tmp_path):

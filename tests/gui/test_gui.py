@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 
 from app.runtime.records import csv_row
@@ -20,42 +20,11 @@ from app.runtime.sources import SourceKind
 from app.runtime.verdict import Tally, top_k
 from app.gui.window import MainWindow, Options
 from audio_helpers import tone, write
+from gui_helpers import wait_steps
 from models.checkpoint import save_checkpoint
 from models.transformer import ModelConfig, build_model
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def make_window(qtbot, tmp_path):
-    windows = []
-
-    def make(source=None, variants=("regular", "continual", "continual_nystrom"), n=8, start=True,
-             random_vggish=0, **kw):
-        settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
-        w = MainWindow(Options(source=source, variants=None if variants is None else list(variants),
-                               random_vggish=random_vggish, autostart=False, **kw), settings)
-        qtbot.addWidget(w)
-        w.show()
-        w.window_box.setValue(n)
-        w.landmarks_box.setValue(2)
-        if start:
-            w.start()
-        windows.append(w)
-        return w
-    yield make
-    for w in windows:
-        w.close()
-
-
-@pytest.fixture
-def music_file(tmp_path):
-    sweep = np.concatenate([tone(1.0, 22050, f) for f in (220, 330, 440, 660, 880, 1320, 1760, 2640)] * 2)
-    return write(tmp_path / "music.wav", sweep, 22050)
-
-
-def wait_steps(qtbot, w, count, timeout=20000):
-    qtbot.waitUntil(lambda: len(w.history) >= count, timeout=timeout)
 
 
 def test_window_runs_a_file_and_every_plot_gets_data(make_window, qtbot, music_file):
@@ -65,20 +34,21 @@ def test_window_runs_a_file_and_every_plot_gets_data(make_window, qtbot, music_f
     last = w.history[-1]
     assert last.source == "file:music.wav" and set(last.models) == {"regular", "continual", "continual_nystrom"}
     focus = w.focus_box.currentText()
-    heights = w.plots.bars.opts["height"]
+    heights = w.genre.bars.opts["width"]
     np.testing.assert_allclose(heights, w.history[-1].models[focus].probabilities, atol=0.05)
     assert abs(sum(heights) - 1) < 1e-3
-    x, y = w.plots.history[0].getData()
+    x, y = w.genre.history[0].getData()
     assert len(x) >= 10
     for name in last.models:
-        xs, ys = w.plots.flops_curves[name].getData()
+        xs, ys = w.cost.curves[name].flops.getData()
         assert len(xs) >= 10 and (ys > 0).all()
-        assert len(w.plots.latency_curves[name].getData()[0]) >= 10
-    assert (w.plots.spec_data > -10).sum() > 25 * 64 * 8           # real log-mel frames arrived
-    assert w.table.rowCount() == 4 and w.table.item(0, 8).text() == "UNTRAINED (random)"
-    assert w.table.item(3, 0).text().startswith("front end: RANDOM VGGish")        # its own row
-    assert int(w.table.item(3, 5).text().split()[0].replace(",", "")) == last.frontend_flops > 0
-    assert "RANDOM" in w.status["weights"].text() and "Dropped hops: 0" == w.status["dropped"].text()
+        assert len(w.cost.curves[name].median.getData()[0]) >= 10
+    assert (w.spectrogram.data > -10).sum() > 25 * 64 * 8          # real log-mel frames arrived
+    assert w.table.grid.rowCount() == 4 and w.table.grid.item(0, 8).text() == "UNTRAINED (random)"
+    assert w.table.grid.item(3, 0).text() == "front end"                               # its own row
+    assert w.table.grid.item(3, 8).text().startswith("RANDOM VGGish")
+    assert int(w.table.grid.item(3, 5).text().split()[0].replace(",", "")) == last.frontend_flops > 0
+    assert "RANDOM" in w.status["tokens"].text() and "dropped hops: 0" in w.status["run"].text()
     assert "untrained" in w.top_label.text()
     # real-time pace: about 4 hops per second of wall time
     steps = [r.done_time for r in list(w.history)[-9:]]
@@ -107,9 +77,9 @@ def test_landmark_switch_changes_the_flops_curve_live(make_window, qtbot):
     qtbot.wait(100)
     after = [r.models["continual_nystrom"].flops["sda"] for r in list(w.history)[switched_at:switched_at + 10]]
     assert max(after) < max(before)                                  # no landmark-update spikes
-    xs, ys = w.plots.flops_curves["continual_nystrom"].getData()
+    xs, ys = w.cost.curves["continual_nystrom"].flops.getData()
     assert 10 ** ys[-1] == pytest.approx(w.history[-1].models["continual_nystrom"].flops["sda"])   # log axis
-    assert w.table.item(0, 1).text() == "fixed"
+    assert w.table.grid.item(0, 1).text() == "fixed"
     w.mode_continual.setChecked(True)
     qtbot.waitUntil(lambda: w.history[-1].models["continual_nystrom"].landmark_mode == "continual", timeout=10000)
 
@@ -130,7 +100,7 @@ def test_table_flops_are_means_since_the_last_landmark_switch_with_min_max(make_
                 break
             run.append(r.models[name])
         full = [m for m in run if m.warm]
-        return w.table.item(0, 4).text(), [m.flops["sda"] for m in (full if warm_only else run)]
+        return w.table.grid.item(0, 4).text(), [m.flops["sda"] for m in (full if warm_only else run)]
 
     wait_steps(qtbot, w, 12)                   # the live k-means fit needs a window of tokens
     cell, run = table_now()                    # warm-up steps (n = 8) are not in the mean
@@ -212,8 +182,8 @@ def test_models_are_added_and_removed_mid_stream(make_window, qtbot):
     steps = [r.step for r in w.history]
     assert steps == list(range(steps[0], steps[0] + len(steps)))     # the stream never restarted
     qtbot.wait(200)
-    assert w.table.rowCount() == 2 and w.table.item(0, 0).text() == "nystrom"
-    assert "continual" not in w.plots.flops_curves
+    assert w.table.grid.rowCount() == 2 and w.table.grid.item(0, 0).text() == "nystrom"
+    assert "continual" not in w.cost.curves
     wait_steps(qtbot, w, len(w.history) + 9)               # the window (n = 8) is full
     full = w.history[-1].models["nystrom"].flops["sda"]
     w.reset_btn.click()
@@ -244,7 +214,8 @@ def test_export_csv_rows_match_the_engine_records(make_window, qtbot, tmp_path):
     assert (summary["models"]["continual"]["top_genre"], summary["models"]["continual"]["steps"]) == (v.genre, v.steps)
     assert w.export_png(str(tmp_path / "plots")) and (tmp_path / "plots.png").stat().st_size > 10000
     image = QImage(str(tmp_path / "plots.png"))
-    assert image.height() > w.plots.height() and image.width() >= w.plots.width()   # the caption strip
+    panels = w.genre.height() + w.cost.height() + w.ranking.height()          # the panels, stacked
+    assert image.height() > panels and image.width() >= w.cost.width()        # and the caption strip
     assert (tmp_path / "plots.session.json").exists()
     # a folder that does not exist: a message in the window, nothing raised, nothing written
     assert w.export_csv(str(tmp_path / "missing" / "x.csv")) == 0
@@ -286,9 +257,9 @@ def test_trained_checkpoint_runs_beside_untrained_models(make_window, qtbot, tmp
     last = w.history[-1]
     assert {n: not m.trained for n, m in last.models.items()} == {"continual": True, "continual_nystrom [cn]": False}
     # trained, but fed RANDOM VGGish tokens: neither the table nor the big label calls it good
-    qtbot.waitUntil(lambda: w.table.rowCount() == 3 and w.focus_box.currentText() == "continual_nystrom [cn]",
+    qtbot.waitUntil(lambda: w.table.grid.rowCount() == 3 and w.focus_box.currentText() == "continual_nystrom [cn]",
                     timeout=5000)
-    rows = {w.table.item(r, 0).text(): w.table.item(r, 8).text() for r in range(2)}
+    rows = {w.table.grid.item(r, 0).text(): w.table.grid.item(r, 8).text() for r in range(2)}
     assert rows == {"continual": "UNTRAINED (random)",
                     "continual_nystrom [cn]": "trained, on RANDOM tokens: not meaningful"}
     assert "RANDOM front end: not meaningful" in w.top_label.text()
@@ -305,10 +276,10 @@ def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, q
     assert set(last.models) == {"regular", "continual", "nystrom", "continual_nystrom",
                                        "continual_nystrom/fixed"}
     assert all(m.trained for m in last.models.values()) and {m.spacing for m in last.models.values()} == {4}
-    assert "untrained" not in w.top_label.text() and w.plots.spec_data.shape[0] == 96
-    assert all(w.table.item(r, 8).text() == "trained" for r in range(5))
+    assert "untrained" not in w.top_label.text() and w.spectrogram.data.shape[0] == 96
+    assert all(w.table.grid.item(r, 8).text() == "trained" for r in range(5))
     # agreement: every trained model is compared with the trained `regular` checkpoint
-    column = {w.table.item(r, 0).text(): w.table.item(r, 3).text() for r in range(5)}
+    column = {w.table.grid.item(r, 0).text(): w.table.grid.item(r, 3).text() for r in range(5)}
     assert column["regular"] == "—"
     assert all(column[n].endswith("% (regular)") for n in column if n != "regular"), column
     # unticking a variant removes its trained model(s); re-ticking brings them back, trained
@@ -364,7 +335,7 @@ def test_settings_persist_between_runs(make_window, qtbot, music_file):
 @pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb not installed (scripts/system-deps.sh --test)")
 def test_real_window_under_xvfb_saves_a_screenshot(tmp_path):
     display = ":%d" % (90 + os.getpid() % 50)
-    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1600x1000x24", "-nolisten", "tcp"],
+    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1366x768x24", "-nolisten", "tcp"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1.0)
@@ -377,8 +348,8 @@ def test_real_window_under_xvfb_saves_a_screenshot(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
         from PySide6.QtGui import QImage
         img = QImage(str(shot))
-        assert (img.width(), img.height()) == (1500, 950)
-        colours = {img.pixel(x, y) for x in range(0, 1500, 25) for y in range(0, 950, 25)}
+        assert (img.width(), img.height()) == (1366, 768)               # the whole small screen
+        colours = {img.pixel(x, y) for x in range(0, 1366, 25) for y in range(0, 768, 25)}
         assert len(colours) > 20                      # a drawn window, not a blank frame
     finally:
         xvfb.terminate()
@@ -396,7 +367,7 @@ def test_agreement_column_with_two_blocks_and_an_untrained_regular_beside_a_trai
     w.start()
     wait_steps(qtbot, w, 6)
     qtbot.wait(100)
-    rows = {w.table.item(r, 0).text(): w.table.item(r, 3).text() for r in range(w.table.rowCount() - 1)}
+    rows = {w.table.grid.item(r, 0).text(): w.table.grid.item(r, 3).text() for r in range(w.table.grid.rowCount() - 1)}
     assert set(rows) == {"regular 2-block", "continual 2-block"}
     assert rows["continual 2-block"] == "100% (regular 2-block)"
     from app.gui.table import agreement

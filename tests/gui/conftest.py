@@ -1,0 +1,40 @@
+"""Fixtures of the window tests: a window on a temporary settings file, a short music file."""
+import gc
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings
+
+from app.gui.window import MainWindow, Options
+from audio_helpers import tone, write
+
+
+@pytest.fixture
+def make_window(qtbot, tmp_path):
+    windows = []
+
+    def make(source=None, variants=("regular", "continual", "continual_nystrom"), n=8, start=True,
+             random_vggish=0, **kw):
+        settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+        w = MainWindow(Options(source=source, variants=None if variants is None else list(variants),
+                               random_vggish=random_vggish, autostart=False, **kw), settings)
+        qtbot.addWidget(w)
+        w.show()
+        w.window_box.setValue(n)
+        w.landmarks_box.setValue(2)
+        if start:
+            w.start()
+        windows.append(w)
+        return w
+    yield make
+    for w in windows:
+        w.close()
+    # the closed windows' Qt and torch objects are freed here, while no engine thread runs, not
+    # by a later test's garbage collection beside its engine thread (one such run hung in gc)
+    gc.collect()
+
+
+@pytest.fixture
+def music_file(tmp_path):
+    sweep = np.concatenate([tone(1.0, 22050, f) for f in (220, 330, 440, 660, 880, 1320, 1760, 2640)] * 2)
+    return write(tmp_path / "music.wav", sweep, 22050)
