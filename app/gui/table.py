@@ -145,7 +145,6 @@ class ComparisonTable(QWidget):
         models = list(last.models)
         self._offer(models)
         self.grid.setRowCount(len(models) + 1)
-        self.grid.setRowCount(len(models) + 1)
         front = [r.stages["frontend"] for r in recent]
         self._set_row(len(models), ["front end", "—", "—", "—", "—",
                                     f"{last.frontend_flops:,} (per hop)",
