@@ -23,8 +23,11 @@ TIMELINE_STEPS = 2 * HOPS_PER_MINUTE      # two minutes of steps
 NAMED_RUN = 16                            # a smoothed stretch of 16 steps (4 s) gets its name
 
 
+GENRE_RGBA = np.array([c.getRgb() for c in GENRE_COLOURS], dtype=np.uint8)   # (10, 4)
+
+
 def colour_of(index: int) -> tuple[int, int, int, int]:
-    return GENRE_COLOURS[index % 10].getRgb() if index >= 0 else (0, 0, 0, 0)
+    return tuple(int(v) for v in GENRE_RGBA[index % 10])
 
 
 def runs(values: np.ndarray) -> list[tuple[int, int, int]]:
@@ -113,12 +116,12 @@ class GenrePanel(QWidget):
             return
         first = rows[0][0]
         width = last_step - first + 1
-        image = np.zeros((2, width, 4), dtype=np.uint8)
+        steps, tops, smoothed = (np.array(c, dtype=int) for c in zip(*((r[0], r[2], r[3]) for r in rows)))
+        image = np.zeros((2, width, 4), dtype=np.uint8)         # steps without a row: transparent
+        image[1, steps - first] = GENRE_RGBA[tops % 10]
+        image[0, steps - first] = GENRE_RGBA[smoothed % 10]
         smooth = np.full(width, -1)
-        for step, _, top, sm in rows:
-            image[1, step - first] = colour_of(top)
-            image[0, step - first] = colour_of(sm)
-            smooth[step - first] = sm
+        smooth[steps - first] = smoothed
         t0 = rows[0][1] - HOP_SECONDS
         self.timeline.setImage(image, autoLevels=False)
         self.timeline.setRect(QRectF(t0, 0, width * HOP_SECONDS, 2))
