@@ -26,10 +26,6 @@ NAMED_RUN = 16                            # a smoothed stretch of 16 steps (4 s)
 GENRE_RGBA = np.array([c.getRgb() for c in GENRE_COLOURS], dtype=np.uint8)   # (10, 4)
 
 
-def colour_of(index: int) -> tuple[int, int, int, int]:
-    return tuple(int(v) for v in GENRE_RGBA[index % 10])
-
-
 def runs(values: np.ndarray) -> list[tuple[int, int, int]]:
     """(start, stop, value) of each run of equal values in ``values`` (1-D)."""
     if not len(values):

@@ -6,7 +6,8 @@ import pytest
 from PySide6.QtCore import QRect, QSettings, Qt
 
 from app.gui import docks
-from app.gui.genre_panel import NAMED_RUN, colour_of, runs
+from app.gui.genre_panel import NAMED_RUN, runs
+from app.gui.plot_kit import GENRE_COLOURS, log_ticks, model_pen
 from app.gui.plot_kit import LogAxis, gapped, rolling_quantiles, short_number
 from app.gui.ranking import bar_values
 from app.gui.table import same_mode_run
@@ -46,6 +47,12 @@ def test_log_axis_labels_never_crowd(qapp, lo, hi):
         labels = axis.tickStrings(values, 1, 1)
         assert len(set(labels)) == len(labels)
     assert short_number(2e6) == "2M" and short_number(10_000) == "10k" and short_number(0.5) == "0.5"
+    assert log_ticks(2.3, 6.0) == [(2, "100"), (3, "1k"), (4, "10k"), (5, "100k"), (6, "1M")]
+
+
+def test_neighbouring_models_differ_in_dash_pattern_so_equal_costs_stay_visible(qapp):
+    styles = [model_pen(i).style() for i in range(4)]
+    assert len(set(styles)) == 4                       # two equal curves interleave their dashes
 
 
 def test_runs_and_fitting_a_window_to_a_screen():
@@ -133,8 +140,8 @@ def test_genre_timeline_strips_are_each_steps_top_and_the_smoothed_top(make_wind
     for k, r in enumerate(history):
         m = r.models["continual_nystrom"]
         smooth = smoother.update("continual_nystrom", m.probabilities)
-        assert tuple(image[1, k]) == colour_of(int(np.argmax(m.probabilities)))
-        assert tuple(image[0, k]) == colour_of(int(np.argmax(smooth)))
+        assert tuple(image[1, k]) == GENRE_COLOURS[int(np.argmax(m.probabilities))].getRgb()
+        assert tuple(image[0, k]) == GENRE_COLOURS[int(np.argmax(smooth))].getRgb()
     named = [(a, b, g) for a, b, g in runs(np.array([int(np.argmax(s)) for s in
                                                      _smoothed(history, w.smooth_box.value())]))
              if b - a >= NAMED_RUN]
