@@ -13,6 +13,8 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="bench_results/bench.md", help="Markdown output (JSON beside)")
     p.add_argument("--gui", type=float, metavar="SECONDS",
                    help="instead: the live window with 6 models on the demo signal for SECONDS")
+    p.add_argument("--soak", type=float, metavar="SECONDS",
+                   help="instead: the --gui run for SECONDS (e.g. 3600), with resident memory every 10 s")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -34,6 +36,28 @@ def print_gui(r: dict) -> None:
     print(f"  real-time factor {r['rtf']:.2f}; dropped hops {r['dropped_hops']}")
 
 
+def print_soak(r: dict) -> None:
+    print_gui(r)
+    (_, start), (_, end) = r["rss_mb"][0], r["rss_mb"][-1]
+    peak = max(mb for _, mb in r["rss_mb"])
+    growth = r["rss_growth_after_5min_mb"]
+    print(f"  worst delay p95 over 10 s (after the first 30 s): {r['delay_ms_worst_p95']:.0f} ms")
+    print(f"  resident memory: {start:.0f} MB at the start, {end:.0f} MB at the end, peak {peak:.0f} MB; "
+          + (f"growth after the first 5 minutes {growth:+.1f} MB (goal < 20 MB)" if growth is not None
+             else "growth after the first 5 minutes: run 10 minutes or more to see it"))
+    print("  minute  RSS (MB)")
+    shown = -1
+    for i, (t, mb) in enumerate(r["rss_mb"]):
+        if t // 300 > shown or i == len(r["rss_mb"]) - 1:      # one sample per 5 minutes, and the last
+            shown = t // 300
+            print(f"  {t / 60:6.1f}  {mb:8.1f}")
+
+
+def soak_progress(seconds: float, rss: float, dropped: int) -> None:
+    if seconds % 300 < 10:                                   # a line every 5 minutes
+        print(f"  {seconds / 60:5.1f} min: {rss:.0f} MB resident, {dropped} hops dropped", flush=True)
+
+
 @command("bench", "per-step latency of every variant vs torch recompute", add_arguments)
 def run(args) -> int:
     if args.evaluate:
@@ -42,10 +66,14 @@ def run(args) -> int:
         print(f"evaluate: {r['sequences']} sequences x {r['steps']} steps x {r['models']} models "
               f"streamed, with batch-forward agreement and cost streams, in {r['seconds']:.1f} s "
               f"({r['threads']} threads; goal < 120 s)")
+    fe = "vggish" if args.frontend == "vggish" else "musicnn"
     if args.gui:
         from app.gui.bench import gui
-        print_gui(gui(args.gui, args.vggish_weights, "vggish" if args.frontend == "vggish" else "musicnn"))
-    if args.evaluate or args.gui:
+        print_gui(gui(args.gui, args.vggish_weights, fe))
+    if args.soak:
+        from app.gui.bench import gui
+        print_soak(gui(args.soak, args.vggish_weights, fe, progress=soak_progress))
+    if args.evaluate or args.gui or args.soak:
         return 0
     from app.offline import bench
     bench.run(tuple(int(w) for w in args.windows.split(",")), steps=args.steps, budget_s=args.budget,

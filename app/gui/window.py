@@ -18,6 +18,7 @@ from app.runtime.engine import Engine
 from app.runtime.frontend_args import frontend_or_random
 from app.runtime.lineup import Entry, ShippedLineup, load_trained
 from app.runtime.sources import SourceKind, SourceSpec
+from app.runtime.steplog import StepLog
 from audio.errors import AudioError, with_hint
 from audio.frontends import DEFAULT_FRONTEND
 from audio.melspec import HOPS_PER_MINUTE
@@ -35,7 +36,6 @@ from .spectrogram import SpectrogramPanel
 from .table import ComparisonTable, preferred_focus, status_texts
 from .worker import EngineWorker, WorkerThread
 
-HISTORY = 14400               # StepResults kept for export (one hour of hops)
 RECENT = 2 * HOPS_PER_MINUTE  # StepResults drawn: two minutes of hops
 FRAME_MS = 33                 # GUI redraw period (about 30 fps at most)
 
@@ -46,7 +46,7 @@ class MainWindow(QMainWindow):
         self.options = options or Options()
         self.settings = settings or QSettings("Nystream", "Nystream")
         self.setWindowTitle("Nystream — continual Nyström transformers, live")
-        self.history: deque = deque(maxlen=HISTORY)   # for export
+        self.history = StepLog()                      # for export: packed, bounded in bytes
         self.recent: deque = deque(maxlen=RECENT)     # what the plots and the table show
         self.frame_ms: deque = deque(maxlen=2000)     # GUI-thread time per redraw
         self.delay_ms: deque = deque(maxlen=2000)     # hop's last sample -> result drawn
@@ -313,7 +313,7 @@ class MainWindow(QMainWindow):
         self.pause_btn.setEnabled(False)
         how = ("stopped" if self.runner is None else "ended by an error: see the message above"
                if self.failed else "finished: the source ended")
-        self.statusBar().showMessage(self.header.end_run(how, list(self.history), self.focus_box.currentText()))
+        self.statusBar().showMessage(self.header.end_run(how, self.history, self.focus_box.currentText()))
 
     def on_worker_error(self, error: BaseException) -> None:
         """The run ended with ``error``: its message and the hint its type carries."""
@@ -348,8 +348,13 @@ class MainWindow(QMainWindow):
             self.genre.push(r, self.header.smoother.state)
             if r.mel is not None:
                 self.spectrogram.push_mel(r.mel)
-            for e in r.events:          # control feedback (landmark switches, k-means fits)
-                self.show_error(e) if e.startswith("error") else self.statusBar().showMessage(e, 15000)
+                r.mel = None                # the spectrogram keeps its own last 10 s
+        events = [e for r in new for e in r.events]    # control feedback: the last of each kind
+        errors = [e for e in events if e.startswith("error")]
+        if errors:
+            self.show_error(errors[-1] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
+        if len(errors) < len(events):
+            self.statusBar().showMessage([e for e in events if not e.startswith("error")][-1], 15000)
         last = new[-1]
         models = list(last.models)
         self._update_focus(last, models)

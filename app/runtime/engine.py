@@ -5,10 +5,14 @@ one ``StepResult`` (app/runtime/records.py) with every model's probabilities, FL
 state memory.
 
 Models can be added, removed, reset and switched between continual and fixed landmarks while the
-stream runs: the control methods are safe to call from any thread and take effect before the next
-hop (the processing thread applies them, so the hot path needs no locks). The engine never blocks
-the capture thread: sources drop whole hops when processing falls behind (counted in
-``source.stats.dropped``, reported in every StepResult).
+stream runs: the control methods are safe to call from any thread and are applied in call order by
+the processing thread between hops (so the hot path needs no locks). Control has a budget, so that
+it never makes a live stream drop a hop: the heavy part of a request (building a model's slot, the
+k-means fit of live landmarks, about 1 s) runs on a control thread while hops go on, and the
+requests applied before one hop take at most ``CONTROL_BUDGET_MS`` (the rest wait for the next
+hop). A stream that is not live (a file read as fast as possible) applies every request before
+the next hop. The engine never blocks the capture thread: sources drop whole hops when processing
+falls behind (counted in ``source.stats.dropped``, reported in every StepResult).
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import queue
 import threading
 import time
 from collections import deque
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +34,11 @@ from models.fused import default_fused
 from models.interleaved import InterleavedStreams
 from models.landmarks import fit_fixed_landmarks
 from models.sda import LANDMARK_MODES
+from models.transformer import build_model
 
 from .records import ModelStep, StepResult
+
+CONTROL_BUDGET_MS = 20.0      # control requests applied before one live hop (of 250 ms) take at most this
 
 
 @dataclass
@@ -65,10 +74,11 @@ class Engine:
             self.slots[name] = self._slot(name, model, (trained or {}).get(name, False),
                                           (spacing or {}).get(name, 1), (frontends or {}).get(name),
                                           (classes or {}).get(name))
-        self._ops: queue.SimpleQueue = queue.SimpleQueue()
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()   # control requests, in call order
+        self._job: Future | None = None     # a request's heavy part, on the control thread
+        self._control = ThreadPoolExecutor(1, thread_name_prefix="engine-control")
         self._recent: deque = deque(maxlen=recent_tokens)   # recent tokens, for live-fitted landmarks
         self._stop = threading.Event()
-        self._running = False
 
     @property
     def models(self) -> dict:
@@ -125,30 +135,54 @@ class Engine:
         """End ``run`` after the hop in progress (close the source too, to stop waiting on it)."""
         self._stop.set()
 
-    def apply_pending(self) -> list[str]:
-        """Apply queued control requests now; returns what happened (also errors), one line each."""
-        events = []
+    def apply_pending(self, wait: bool = True) -> list[str]:
+        """Apply queued control requests; returns what happened (also errors), one line each.
+
+        ``wait=False`` (between live hops): no new request starts once ``CONTROL_BUDGET_MS`` are
+        spent, and a request whose heavy part is still running on the control thread when they
+        are holds back the requests after it; the rest are applied before later hops."""
+        events, t0 = [], time.perf_counter()
         while True:
+            left_s = CONTROL_BUDGET_MS / 1e3 - (time.perf_counter() - t0)
+            if self._job is not None:        # a quick job (a model build) is waited for within budget
+                futures.wait([self._job], timeout=None if wait else max(0.0, left_s))
+                if not self._job.done():
+                    return events
+                job, self._job = self._job, None
+                events += self._guarded(lambda: job.result()())      # the job's finish, here
+                continue
+            if not wait and left_s < 0:
+                return events
             try:
                 op, name, arg = self._ops.get_nowait()
             except queue.Empty:
                 return events
-            try:
-                events += self._apply(op, name, arg)
-            except (EngineError, ValueError) as e:
-                events.append(f"error: {e}")
+            out = self._guarded(lambda: self._apply(op, name, arg))
+            if isinstance(out, Future):
+                self._job = out
+            else:
+                events += out
 
-    def _apply(self, op: str, name: str | None, arg) -> list[str]:
+    @staticmethod
+    def _guarded(action) -> list[str] | Future:
+        try:
+            return action()
+        except (EngineError, ValueError) as e:     # FrontEndMismatchError is a ValueError
+            return [f"error: {e}"]
+
+    def _off_thread(self, work, finish) -> Future:
+        """Run ``work()`` on the control thread; its result goes to ``finish`` (-> events),
+        called on the processing thread by ``apply_pending``."""
+        def prepared():
+            value = work()
+            return lambda: finish(value)
+        return self._control.submit(prepared)
+
+    def _apply(self, op: str, name: str | None, arg) -> list[str] | Future:
         if op == "add":
             if name in self.slots:
                 raise EngineError(f"a model named {name!r} is already running")
-            try:
-                self.slots[name] = slot = self._slot(name, *arg)
-            except FrontEndMismatchError as e:
-                raise EngineError(str(e)) from e
-            if self._running:
-                slot.model.reset(1)
-            return [f"added {name}"]
+            return self._off_thread(lambda: self._ready_slot(name, arg), lambda slot: self._install(name, slot))
         if name is not None and name not in self.slots:
             raise EngineError(f"no model named {name!r}")
         if op == "remove":
@@ -159,62 +193,110 @@ class Engine:
                 self.slots[n].model.reset(1)
             return [f"reset {name or 'all models'}"]
         if op == "fixed_all":
-            lines = []
-            for n, slot in self.slots.items():
-                if slot.model.cfg.nystrom:
-                    mode = "fixed" if arg else slot.model.cfg.home_landmark_mode
-                    try:
-                        lines.append(self._set_mode(n, slot.model, mode))
-                    except EngineError as e:
-                        lines.append(f"error: {e}")
-            return lines or ["no Nyström model to switch"]
-        return [self._set_mode(name, self.slots[name].model, arg)]
+            targets = {n: "fixed" if arg else slot.model.cfg.home_landmark_mode
+                       for n, slot in self.slots.items() if slot.model.cfg.nystrom}
+            if not targets:
+                return ["no Nyström model to switch"]
+        else:
+            self._check_mode(name, self.slots[name].model, arg)
+            targets = {name: arg}
+        to_fit = {n: self.slots[n].model for n, mode in targets.items()
+                  if mode == "fixed" and not self.slots[n].model.has_fixed_landmarks}
+        if not to_fit:
+            return [self._switch(n, mode) for n, mode in targets.items()]
+        recent = list(self._recent)
+        if op != "fixed_all" and len(recent) < to_fit[name].cfg.num_landmarks:
+            raise EngineError(self._too_few(to_fit[name]))
 
-    def _set_mode(self, name: str, model, mode: str) -> str:
+        def fits():
+            return {n: self._fit_live(model, recent) for n, model in to_fit.items()
+                    if len(recent) >= model.cfg.num_landmarks}
+        return self._off_thread(fits, lambda fitted: self._install_landmarks(targets, to_fit, fitted, len(recent)))
+
+    def _ready_slot(self, name: str, arg) -> Slot:
+        """(control thread) The slot of a model to add, reset for a new stream."""
+        try:
+            slot = self._slot(name, *arg)
+        except FrontEndMismatchError as e:
+            raise EngineError(str(e)) from e
+        slot.model.reset(1)
+        return slot
+
+    def _install(self, name: str, slot: Slot) -> list[str]:
+        if name in self.slots:
+            raise EngineError(f"a model named {name!r} is already running")
+        self.slots[name] = slot
+        return [f"added {name}"]
+
+    def _check_mode(self, name: str, model, mode: str) -> None:
         cfg = model.cfg
         if not cfg.nystrom:
             raise EngineError(f"{name} ({cfg.variant}) has no landmarks")
         if mode not in LANDMARK_MODES[cfg.variant]:
             raise EngineError(f"landmark mode {mode!r} is not one of {LANDMARK_MODES[cfg.variant]}")
-        note = ""
-        if mode == "fixed" and not model.has_fixed_landmarks:
-            self._fit_live(model)
-            note = f" (landmarks fitted by k-means on the last {len(self._recent)} stream tokens)"
-        model.set_landmark_mode(mode)
+
+    def _switch(self, name: str, mode: str, note: str = "") -> str:
+        self.slots[name].model.set_landmark_mode(mode)
         return f"{name}: {mode} landmarks{note}"
 
-    def _fit_live(self, model) -> None:
-        n, m = model.cfg.window, model.cfg.num_landmarks
-        if len(self._recent) < m:
-            raise EngineError(f"fixed landmarks for an untrained model are fitted on the stream; "
-                              f"wait for at least {m} tokens")
-        tokens = torch.stack(list(self._recent)).to(model.embed.weight.device)   # (R, in_dim)
+    def _install_landmarks(self, targets: dict, to_fit: dict, fitted: dict, tokens: int) -> list[str]:
+        """(processing thread) Install fitted landmarks, then switch every target's mode."""
+        lines = []
+        for n, mode in targets.items():
+            slot = self.slots.get(n)
+            if slot is None or (n in to_fit and slot.model is not to_fit[n]):
+                lines.append(f"error: {n} was removed before its landmarks were fitted")
+                continue
+            note = ""
+            if n in to_fit:
+                if n not in fitted:
+                    lines.append(f"error: {self._too_few(slot.model)}")
+                    continue
+                for block, (q, k) in zip(getattr(slot.model, "primary", slot.model).blocks, fitted[n]):
+                    block.attn.set_fixed_landmarks(q, k)
+                note = f" (landmarks fitted by k-means on the last {tokens} stream tokens)"
+            lines.append(self._switch(n, mode, note))
+        return lines
+
+    @staticmethod
+    def _too_few(model) -> str:
+        return (f"fixed landmarks for an untrained model are fitted on the stream; "
+                f"wait for at least {model.cfg.num_landmarks} tokens")
+
+    @staticmethod
+    def _fit_live(model, recent: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(control thread) k-means landmarks of ``model`` on the ``recent`` tokens, per block
+        (q, k) each (heads, m, d_head), fitted on a copy: the live model keeps streaming."""
+        primary = getattr(model, "primary", model)
+        device = primary.embed.weight.device
+        twin = build_model(primary.cfg).to(device)
+        twin.load_state_dict(primary.state_dict())
+        n = primary.cfg.window
+        tokens = torch.stack(recent).to(device)                              # (R, in_dim)
         chunks = [tokens[i:i + n] for i in range(0, len(tokens), n)]
         groups = [torch.stack(chunks[:-1])] if len(chunks) > 1 else []
         groups.append(chunks[-1][None])
-        fit_fixed_landmarks(getattr(model, "primary", model), groups, seed=0)   # installs them
+        fit_fixed_landmarks(twin, groups, seed=0)
+        return [(b.attn.fixed_q_land.clone(), b.attn.fixed_k_land.clone()) for b in twin.blocks]
 
     # ------------------------------------------------------------------ streaming
     def run(self, source):
         """Yield one StepResult per hop of ``source`` until it ends or ``stop()``."""
         self._stop.clear()
+        live = getattr(source, "realtime", True)      # a live source drops hops if we fall behind
         events = self.apply_pending()
         for slot in self.slots.values():
             slot.model.eval()
             slot.model.reset(1)
-        self._running = True
-        try:
-            for item in TokenStream(source, self.frontend):
-                events += self.apply_pending()
-                if self._stop.is_set():
-                    return
-                token = item.token.detach().cpu()
-                self._recent.append(token[0])
-                result = self._step(item, token, source, events)
-                events = []
-                yield result
-        finally:
-            self._running = False
+        for item in TokenStream(source, self.frontend):
+            events += self.apply_pending(wait=not live)
+            if self._stop.is_set():
+                return
+            token = item.token.detach().cpu()
+            self._recent.append(token[0])
+            result = self._step(item, token, source, events)
+            events = []
+            yield result
 
     def _step(self, item, token, source, events) -> StepResult:
         models = {}

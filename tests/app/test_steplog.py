@@ -1,0 +1,54 @@
+"""The packed step log: what it gives back equals what the engine produced, and it stays within
+its byte budget (the window's export history for an hour-long run)."""
+import copy
+
+from tiny import tiny_model
+
+from app.runtime.engine import Engine
+from app.runtime.steplog import StepLog
+from audio.sources import DemoSource
+from audio.vggish import build_embedder
+
+
+def engine_results(seconds=4):
+    engine = Engine(build_embedder(random_seed=0),
+                    {"continual": tiny_model("continual", n=8), "continual_nystrom": tiny_model("continual_nystrom", n=8),
+                     "nystrom": tiny_model("nystrom", n=8)})
+    results = list(engine.run(DemoSource(seconds=seconds)))
+    engine.set_landmark_mode("continual_nystrom", "fixed")     # a landmark change and its event
+    results += list(engine.run(DemoSource(seconds=2)))
+    return results
+
+
+def without_mel(r):
+    r = copy.copy(r)
+    r.mel = None
+    return r
+
+
+def test_unpacked_records_equal_the_engine_records():
+    results = engine_results()
+    assert any(r.events for r in results) and any(r.models["continual_nystrom"].landmark_mode == "fixed" for r in results)
+    log = StepLog()
+    for r in results:
+        log.append(r)
+    assert len(log) == len(results)
+    assert list(log) == [without_mel(r) for r in results]          # dataclass equality, field by field
+    assert log[-1] == without_mel(results[-1]) and log[0] == without_mel(results[0])
+    assert log[-1].models["nystrom"].top == results[-1].models["nystrom"].top
+    per_model_hop = log.nbytes / (len(results) * 3)
+    assert per_model_hop < 120, per_model_hop                        # vs ~3 KB of Python objects
+
+
+def test_the_oldest_hops_go_first_beyond_the_budget():
+    results = engine_results(seconds=3)
+    one = StepLog()
+    one.append(results[0])
+    log = StepLog(budget_bytes=5 * one.nbytes)
+    for r in results:
+        log.append(r)
+    assert log.nbytes <= 5 * one.nbytes and 4 <= len(log) <= 5
+    assert [r.step for r in log] == [r.step for r in results[-len(log):]]
+    log.clear()
+    assert len(log) == 0 and log.nbytes == 0 and list(log) == []
+
