@@ -4,14 +4,19 @@ refused with a CheckpointError that says what differs."""
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
-from .transformer import GenreTransformer, ModelConfig, build_model
+from .config import MAX_PARAMETERS, ModelConfig
+from .transformer import GenreTransformer, build_model
 
 FORMAT = "nystream-checkpoint"
 VERSION = 1
+MAX_SPACING_HOPS = 64                             # 16 s between a model's tokens
+MAX_FILE_BYTES = 4 * MAX_PARAMETERS + 2**26     # float32 weights of the largest model, and room
 
 
 class CheckpointError(ValueError):
@@ -22,20 +27,38 @@ class CheckpointError(ValueError):
 def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[str],
                     metadata: dict | None = None, frontend: dict | None = None) -> None:
     """Write model (config, weights, fixed landmarks), class names, the front end its tokens
-    came from ({'name', 'token_dim', 'spacing_hops', 'weights', ...}) and metadata atomically.
-    A model running on fitted fixed landmarks is saved as a fixed-landmark model (it loads in
-    that mode); otherwise the config is saved as it is."""
+    came from ({'name', 'token_dim', 'spacing_hops', 'weights', ...}) and metadata atomically
+    (fsynced, then renamed). A model running on fitted fixed landmarks is saved as a
+    fixed-landmark model (it loads in that mode); otherwise the config is saved as it is.
+    Non-finite weights are refused (CheckpointError): such a model answers NaN."""
     path = Path(path)
     cfg = model.cfg
     if model.landmark_mode == "fixed" and model.has_fixed_landmarks:
         cfg = cfg.replace(landmark_mode="fixed")
+    state = model.state_dict()
+    for key, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"not saving {path}: weight {key!r} holds "
+                                  f"{int((~torch.isfinite(t)).sum())} non-finite values")
     payload = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(),
-               "state_dict": model.state_dict(), "classes": [str(c) for c in classes],
+               "state_dict": state, "classes": [str(c) for c in classes],
                "frontend": plain(frontend or infer_frontend(model.cfg.in_dim)),
                "metadata": plain(metadata or {})}
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)       # the rename itself, durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def plain(metadata: dict) -> dict:
@@ -47,7 +70,7 @@ def plain(metadata: dict) -> dict:
         if hasattr(x, "tolist"):
             return x.tolist()
         raise TypeError(f"checkpoint metadata holds a {type(x).__name__}, which is not JSON data")
-    return json.loads(json.dumps(metadata, default=convert))
+    return json.loads(json.dumps(metadata, default=convert, allow_nan=False))
 
 
 def infer_frontend(in_dim: int) -> dict:
@@ -60,39 +83,109 @@ def infer_frontend(in_dim: int) -> dict:
 def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int | None = None,
                     classes: list[str] | None = None, frontend: str | None = None,
                     device: str | torch.device = "cpu"):
-    """(model in eval mode, payload) from ``path``; checks variant, token dimension, front end
-    and classes. ``payload['frontend']`` is always set (inferred for older checkpoints)."""
+    """(model in eval mode, payload) from ``path``; every field is type- and range-checked
+    (``validated``), then variant, token dimension, front end and classes are checked against
+    what the caller expects. ``payload['frontend']`` is always set (inferred for older files)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise CheckpointError(f"{path} is {path.stat().st_size / 2**20:,.0f} MB, over the "
+                              f"{MAX_FILE_BYTES / 2**20:,.0f} MB a model of at most "
+                              f"{MAX_PARAMETERS:,} parameters needs: not loaded")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{path} is not a readable checkpoint ({e})") from e
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a Nystream checkpoint (no '{FORMAT}' header)")
-    try:
-        cfg = ModelConfig(**payload["config"])
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{path} has an invalid model config: {e}") from e
+    except PermissionError as e:
+        raise CheckpointError(f"{path} cannot be read: permission denied") from e
+    except Exception as e:  # noqa: BLE001 - pickle, zip and tensor errors: not a checkpoint
+        raise CheckpointError(f"{path} is not a readable checkpoint ({one_line(e)})") from e
+    model, payload = validated(path, payload)
+    cfg, fe = model.cfg, payload["frontend"]
     if variant is not None and cfg.variant != variant:
         raise CheckpointError(f"{path} holds a {cfg.variant!r} model, not {variant!r}")
-    fe = payload.get("frontend")
-    if not isinstance(fe, dict) or "name" not in fe:
-        fe = payload["frontend"] = infer_frontend(cfg.in_dim)
     if frontend is not None and fe["name"] != frontend:
         raise CheckpointError(f"{path} was trained on {fe['name']} tokens; run it with "
                               f"--frontend {fe['name']} (this run uses {frontend})")
     if in_dim is not None and cfg.in_dim != in_dim:
         raise CheckpointError(f"{path} expects {cfg.in_dim}-d tokens, these are {in_dim}-d")
-    if classes is not None and list(payload.get("classes", [])) != list(classes):
-        raise CheckpointError(f"{path} was trained for classes {payload.get('classes')}, "
+    if classes is not None and payload["classes"] != list(classes):
+        raise CheckpointError(f"{path} was trained for classes {payload['classes']}, "
                               f"expected {list(classes)}")
-    model = build_model(cfg)
-    try:
-        model.load_state_dict(payload["state_dict"])
-    except (RuntimeError, KeyError) as e:
-        raise CheckpointError(f"{path}: weights do not fit its own config ({e})") from e
-    if cfg.landmark_mode == "fixed" and not model.has_fixed_landmarks:
-        raise CheckpointError(f"{path} is a fixed-landmark model without fitted landmarks")
     return model.to(device).eval(), payload
+
+
+def one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def validated(path: Path, payload) -> tuple[GenreTransformer, dict]:
+    """The model a loaded ``payload`` describes, every field checked; a CheckpointError naming
+    ``path`` and the field otherwise."""
+    def bad(field: str, what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: field '{field}' {what}")
+
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a Nystream checkpoint (its field 'format' is not '{FORMAT}')")
+    version = payload.get("version")
+    if type(version) is not int or not 1 <= version <= VERSION:
+        raise bad("version", f"must be an integer 1..{VERSION} (this Nystream's format), got {version!r}")
+    config = payload.get("config")
+    if not isinstance(config, dict):
+        raise bad("config", f"must be a mapping of model settings, got {type(config).__name__}")
+    settings = {f.name for f in fields(ModelConfig)}
+    unknown, absent = sorted(set(map(str, config)) - settings), sorted(settings - set(config))
+    if unknown:
+        raise bad(f"config.{unknown[0]}", "is not a model setting")
+    if absent:
+        raise bad(f"config.{absent[0]}", "is missing (a checkpoint records every model setting)")
+    try:
+        cfg = ModelConfig(**config)
+    except (TypeError, ValueError) as e:
+        raise bad("config", f"is invalid: {one_line(e)}") from e
+    names = payload.get("classes")
+    if (not isinstance(names, list) or len(names) != cfg.num_classes
+            or not all(isinstance(c, str) and c.strip() for c in names)):
+        raise bad("classes", f"must be a list of {cfg.num_classes} class names (config.num_classes), "
+                             f"got {short(names)}")
+    fe = payload.get("frontend")
+    if fe is None:
+        fe = payload["frontend"] = infer_frontend(cfg.in_dim)
+    if not isinstance(fe, dict) or not isinstance(fe.get("name"), str):
+        raise bad("frontend", f"must be a mapping with the front end's 'name', got {short(fe)}")
+    for key, allowed in (("token_dim", range(cfg.in_dim, cfg.in_dim + 1)),
+                         ("spacing_hops", range(1, MAX_SPACING_HOPS + 1))):
+        v = fe.get(key)                    # hops between tokens: a model runs that many streams
+        if v is not None and (type(v) is not int or v not in allowed):
+            raise bad(f"frontend.{key}", f"must be an integer in {allowed.start}..{allowed.stop - 1}, got {v!r}")
+    if not isinstance(payload.get("metadata", {}), dict):
+        raise bad("metadata", f"must be a mapping, got {type(payload['metadata']).__name__}")
+    state = payload.get("state_dict")
+    if not isinstance(state, dict):
+        raise bad("state_dict", f"must be a mapping of weight names to tensors, got {type(state).__name__}")
+    model = build_model(cfg)
+    expected = model.state_dict()
+    missing, extra = sorted(expected.keys() - state.keys()), sorted(map(str, state.keys() - expected.keys()))
+    if missing:
+        raise bad(f"state_dict.{missing[0]}", "is missing")
+    if extra:
+        raise bad(f"state_dict.{extra[0]}", "is not a weight of this config")
+    for key, want in expected.items():
+        t = state[key]
+        if not isinstance(t, torch.Tensor) or t.shape != want.shape or t.is_floating_point() != want.is_floating_point():
+            raise bad(f"state_dict.{key}", f"must be a {'float' if want.is_floating_point() else want.dtype} "
+                                           f"tensor of shape {tuple(want.shape)}, got {short(t)}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise bad(f"state_dict.{key}", f"holds {int((~torch.isfinite(t)).sum())} non-finite values")
+    model.load_state_dict(state)
+    if cfg.landmark_mode == "fixed" and not model.has_fixed_landmarks:
+        raise bad("state_dict", "has no fitted landmarks, but config.landmark_mode is 'fixed'")
+    return model, payload
+
+
+def short(x) -> str:
+    """A value, described in a few words for an error message."""
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

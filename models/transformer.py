@@ -11,97 +11,16 @@ Call modes (as in the continual-inference library, without positional state tupl
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from . import flops as F
+from .config import ModelConfig
 from .mha import MultiheadAttention
-from .sda import LANDMARK_MODES, VARIANTS, inference
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """A model's identity: its shape, its attention variant and the landmark mode it starts in.
-    Frozen: derive another with ``cfg.replace(...)``. The mode a running model uses is model
-    state (``GenreTransformer.landmark_mode``), switchable live."""
-    variant: str = "continual_nystrom"
-    in_dim: int = 128
-    d_model: int = 192
-    heads: int = 16
-    ff_dim: int = 384
-    dropout: float = 0.1
-    window: int = 120          # n
-    num_landmarks: int = 4     # m (Nyström variants)
-    landmark_mode: str | None = None   # None: the variant's default ('segment' / 'continual');
-                                       #   'fixed': k-means landmarks, fitted in a second phase
-    layers: int = 1
-    num_classes: int = 10
-    pos_encoding: str = "learned"      # 'learned' or 'sinusoidal'
-    pos_period: int | None = None      # T; None -> n. The papers use n or 2n - 1.
-    pinv_iters: int = 6
-
-    def __post_init__(self):
-        if self.variant not in VARIANTS:
-            raise ValueError(f"unknown variant {self.variant!r}; valid: {', '.join(VARIANTS)}")
-        modes = LANDMARK_MODES[self.variant]
-        if self.landmark_mode is not None and self.landmark_mode not in modes:
-            raise ValueError(f"unknown landmark mode {self.landmark_mode!r} for {self.variant!r}; "
-                             f"valid: {modes}")
-        if self.layers not in (1, 2):
-            raise ValueError(f"layers must be 1 or 2, got {self.layers}")
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
-        if self.pos_encoding not in ("learned", "sinusoidal"):
-            raise ValueError(f"pos_encoding must be 'learned' or 'sinusoidal', got {self.pos_encoding!r}")
-        if self.period < self.window:
-            raise ValueError(f"pos_period must be >= window ({self.window}), got {self.pos_period}")
-        if self.nystrom and not 1 <= self.num_landmarks <= self.window:
-            raise ValueError(f"num_landmarks must satisfy 1 <= m <= window ({self.window}), "
-                             f"got {self.num_landmarks}")
-
-    @property
-    def nystrom(self) -> bool:
-        return self.variant in ("nystrom", "continual_nystrom")
-
-    @property
-    def home_landmark_mode(self) -> str | None:
-        """The landmark mode the model starts in: 'segment' / 'continual' / 'fixed', None
-        without landmarks."""
-        return (self.landmark_mode or LANDMARK_MODES[self.variant][0]) if self.nystrom else None
-
-    @property
-    def table_row(self) -> str:
-        """The paper's Table II row: the variant, with continual Nyström's landmark mode."""
-        if self.variant == "continual_nystrom" or self.landmark_mode == "fixed":
-            return f"{self.variant}/{self.home_landmark_mode}"
-        return self.variant
-
-    @property
-    def key(self) -> str:
-        """Short display name: 'continual_nystrom/fixed 2-block' (the window, classify, bench)."""
-        fixed = "/fixed" if self.landmark_mode == "fixed" else ""
-        return f"{self.variant}{fixed}{' 2-block' if self.layers == 2 else ''}"
-
-    @property
-    def description(self) -> str:
-        """Long name: Table II row, blocks, window and landmarks (reports, evaluate)."""
-        m = f", m={self.num_landmarks}" if self.nystrom else ""
-        return f"{self.table_row} ({self.layers} block{'s' if self.layers > 1 else ''}, n={self.window}{m})"
-
-    def replace(self, **changes) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
-
-    @property
-    def period(self) -> int:
-        return self.pos_period or self.window
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from .sda import inference
 
 
 class RecyclingPositionalEncoding(nn.Module):

@@ -1,0 +1,50 @@
+"""Crash-safe writes: a file is written beside its final name, fsynced, renamed over it, and its
+directory fsynced, so that a crash or a full disk leaves the old file or the new one, never a
+part of one. Used for token files and parts, manifests and reports (checkpoints: models/checkpoint.py)."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
+    """``write(f)`` into a temporary file, then make it ``path`` atomically and durably."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def atomic_write_json(path: str | Path, data, indent: int | None = 1) -> Path:
+    """Standard JSON only: NaN and infinity are refused (ValueError), never written."""
+    return atomic_write_text(path, json.dumps(data, indent=indent, allow_nan=False))
+
+
+def fsync_dir(folder: str | Path) -> None:
+    """Make a rename in ``folder`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
