@@ -4,6 +4,7 @@ part of one. Used for token files and parts, manifests and reports (checkpoints:
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +33,19 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 
 
 def atomic_write_json(path: str | Path, data, indent: int | None = 1) -> Path:
-    """Standard JSON only: NaN and infinity are refused (ValueError), never written."""
-    return atomic_write_text(path, json.dumps(data, indent=indent, allow_nan=False))
+    """Standard JSON only: a NaN or infinite number (a metric with no data) is written as null."""
+    return atomic_write_text(path, json.dumps(finite_or_null(data), indent=indent, allow_nan=False))
+
+
+def finite_or_null(x):
+    """``x`` (JSON data) with every non-finite float replaced by None."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite_or_null(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_or_null(v) for v in x]
+    return x
 
 
 def fsync_dir(folder: str | Path) -> None:

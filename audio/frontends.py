@@ -169,7 +169,7 @@ def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:
     try:
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except Exception:  # noqa: BLE001 - formats soundfile lacks: the general decoder
-        from .sources import decode_file
+        from .decoding import decode_file
         signal, info = decode_file(path)
         return signal, melspec.SAMPLE_RATE, info
     if len(data) == 0:

@@ -29,8 +29,10 @@ class Track:
     track_id: str      # '<genre>/<file name>'
 
 
-def discover(root: str | Path) -> list[Track]:
-    """Every GTZAN track under ``root`` (sorted by genre, then number) for the layouts above."""
+def discover(root: str | Path, ignored: list[Path] | None = None) -> list[Track]:
+    """Every GTZAN track under ``root`` (sorted by genre, then number) for the layouts above.
+    Entries named like a track that are not files (folders, broken links) are appended to
+    ``ignored``, so that the caller can list them."""
     root = Path(root)
     if not root.is_dir():
         raise GTZANError(f"GTZAN folder not found: {root}")
@@ -41,8 +43,11 @@ def discover(root: str | Path) -> list[Track]:
         tracks = []
         for f in files:
             m = _TRACK.match(f.name)
-            if m and m["genre"] in GENRES and f.is_file():
-                tracks.append(Track(f, m["genre"], GENRES.index(m["genre"]), f"{m['genre']}/{f.name}"))
+            if m and m["genre"] in GENRES:
+                if f.is_file():
+                    tracks.append(Track(f, m["genre"], GENRES.index(m["genre"]), f"{m['genre']}/{f.name}"))
+                elif ignored is not None:
+                    ignored.append(f)
         if tracks:
             return sorted(tracks, key=lambda t: (t.label, t.path.name))
     if not any(root.iterdir()):

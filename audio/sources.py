@@ -14,83 +14,14 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import soxr
 
-from .errors import AudioDeviceError, AudioFileError, DeviceLostError
+from .decoding import SourceStats, condition, probe, stream
+from .errors import AudioDeviceError, DeviceLostError
 from .melspec import HOP, HOP_SECONDS, SAMPLE_RATE, num_tokens
-
-
-@dataclass
-class SourceStats:
-    hops: int = 0          # hops delivered
-    dropped: int = 0       # hops dropped because the consumer fell behind
-    overflows: int = 0     # input overflows reported by the device
-    nonfinite: int = 0     # NaN/Inf samples replaced by 0
-    clipped: int = 0       # samples clipped to [-1, 1]
-
-
-def condition(x: np.ndarray, stats: SourceStats) -> np.ndarray:
-    """(frames,) or (frames, channels) -> mono float32, finite, within [-1, 1] (counted)."""
-    x = np.asarray(x, dtype=np.float32)
-    if x.ndim == 2:
-        x = x.mean(axis=1, dtype=np.float32) if x.shape[1] > 1 else x[:, 0]
-    bad = ~np.isfinite(x)
-    if bad.any():
-        stats.nonfinite += int(bad.sum())
-        x = np.where(bad, np.float32(0), x)
-    over = np.abs(x) > 1.0
-    if over.any():
-        stats.clipped += int(over.sum())
-        x = np.clip(x, -1.0, 1.0)
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
-# ----------------------------------------------------------------------------- files
-
-def decode_file(path: str | Path, stats: SourceStats | None = None) -> tuple[np.ndarray, dict]:
-    """Decode any file soundfile (or librosa's fallback) reads -> (16 kHz mono float32, info)."""
-    import soundfile as sf
-
-    stats = stats if stats is not None else SourceStats()
-    path = Path(path)
-    if not path.exists():
-        raise AudioFileError(f"audio file not found: {path}")
-    if not path.is_file():
-        raise AudioFileError(f"not a file: {path}")
-    if path.stat().st_size == 0:
-        raise AudioFileError(f"{path} is empty (0 bytes)")
-    try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    except Exception as sf_error:  # noqa: BLE001 - soundfile raises several types
-        data, rate = _decode_with_librosa(path, sf_error)
-    if data.shape[0] == 0:
-        raise AudioFileError(f"{path} contains no audio samples")
-    info = {"path": str(path), "input_rate": int(rate), "channels": int(data.shape[1]),
-            "duration_s": data.shape[0] / rate}
-    mono = condition(data, stats)
-    if rate != SAMPLE_RATE:
-        mono = soxr.resample(mono, rate, SAMPLE_RATE).astype(np.float32)
-    return mono, info
-
-
-def _decode_with_librosa(path: Path, first_error: Exception):
-    import warnings
-
-    import librosa
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            data, rate = librosa.load(str(path), sr=None, mono=False)
-    except Exception as e:  # noqa: BLE001
-        raise AudioFileError(f"cannot decode {path}: not audio, corrupt or truncated, or a "
-                             f"format without a decoder here ({first_error}; {e})") from e
-    data = np.atleast_2d(data).T if data.ndim == 1 else data.T
-    return data.astype(np.float32), rate
 
 
 class RealtimeClock:
@@ -126,7 +57,8 @@ class RealtimeClock:
 
 
 class FileSource:
-    """Hops of a decoded file: as fast as possible, or paced in real time; optionally looped.
+    """Hops of a file, decoded block by block as they are taken (audio/decoding.py): as fast as
+    possible, or paced in real time; optionally looped. Memory does not grow with the file.
 
     Token count follows ``melspec.num_tokens``: the trailing partial hop is not classified, and a
     file shorter than one hop gives one zero-padded hop.
@@ -134,7 +66,8 @@ class FileSource:
 
     def __init__(self, path: str | Path, *, realtime: bool = False, loop: bool = False):
         self.stats = SourceStats()
-        self.signal, self.info = decode_file(path, self.stats)
+        self.audio = probe(path)              # a bad file fails here, before any model loads
+        self.info = self.audio.info()
         self.name = f"file:{Path(path).name}"
         self.input_rate = self.info["input_rate"]
         self.realtime, self.loop = realtime, loop
@@ -142,13 +75,25 @@ class FileSource:
         self.paused = threading.Event()   # set: hold the playback position (real-time only)
 
     def hops(self) -> int:
-        return num_tokens(len(self.signal))
+        return num_tokens(self.audio.samples)
+
+    def signal_hops(self, stats: SourceStats):
+        """(HOP,) hops of one pass over the file."""
+        pending, sent = np.zeros(0, np.float32), 0
+        for chunk in stream(self.audio, stats):
+            pending = np.concatenate([pending, chunk])
+            while len(pending) >= HOP:
+                yield pending[:HOP]
+                pending, sent = pending[HOP:], sent + 1
+        if sent == 0 and len(pending):
+            yield np.pad(pending, (0, HOP - len(pending)))
 
     def __iter__(self):
         clock = RealtimeClock(self.stats, self._stop, paused=self.paused) if self.realtime else None
         self.last_ready = None
+        stats = self.stats                   # repaired samples are counted on the first pass
         while not self._stop.is_set():
-            for t in range(self.hops()):
+            for hop in self.signal_hops(stats):
                 if self._stop.is_set():
                     return
                 if clock is not None:    # a hop is available once its last sample has "played"
@@ -158,13 +103,11 @@ class FileSource:
                     if ready is False:   # the consumer fell behind: this hop is dropped
                         continue
                     self.last_ready = ready
-                hop = self.signal[t * HOP:(t + 1) * HOP]
-                if len(hop) < HOP:
-                    hop = np.pad(hop, (0, HOP - len(hop)))
                 self.stats.hops += 1
                 yield hop
             if not self.loop:
                 return
+            stats = SourceStats()
 
     def close(self) -> None:
         self._stop.set()

@@ -8,13 +8,13 @@ skipped files, source). The musicnn GTZAN taggrams convert to the same format.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .errors import AudioError
+from .files import atomic_write
 
 KEYS = ("X", "lengths", "labels", "ids", "genres", "split", "metadata")
 
@@ -35,8 +35,17 @@ class TokenSet:
 
     def __post_init__(self):
         N = len(self.labels)
-        if self.X.ndim != 3:
-            raise TokenFileError(f"X must be (N, T, D) token sequences, got shape {self.X.shape}")
+        if self.X.ndim != 3 or 0 in self.X.shape[1:]:
+            raise TokenFileError(f"X must be (N, T, D) token sequences with T, D >= 1, got shape {self.X.shape}")
+        if self.labels.dtype.kind not in "iu":
+            raise TokenFileError(f"labels must be integers (class indices), got {self.labels.dtype}")
+        bad = ~np.isfinite(self.X)
+        if bad.any():
+            rows = np.flatnonzero(bad.any(axis=(1, 2)))
+            t = int(np.flatnonzero(bad[rows[0]].any(axis=1))[0])
+            raise TokenFileError(f"X holds {int(bad.sum())} non-finite values in {len(rows)} sequence(s), "
+                                 f"the first in row {rows[0]} (track {self.ids[rows[0]]!r}) at token {t}; "
+                                 f"make the token file again (python main.py extract)")
         for name, arr in (("X", self.X), ("lengths", self.lengths), ("ids", self.ids),
                           ("split", self.split)):
             if len(arr) != N:
@@ -49,15 +58,13 @@ class TokenSet:
 
 
 def save_tokens(path: str | Path, tokens: TokenSet) -> None:
-    """Write ``tokens`` to ``path`` atomically (a crash never leaves a half-written file)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, X=tokens.X.astype(np.float32), lengths=tokens.lengths.astype(np.int64),
-                 labels=tokens.labels.astype(np.int64), ids=tokens.ids.astype(str),
-                 genres=np.array(tokens.genres, dtype=str), split=tokens.split.astype(str),
-                 metadata=np.array(json.dumps(tokens.metadata)))
-    os.replace(tmp, path)
+    """Write ``tokens`` to ``path`` atomically and durably (a crash never leaves a part of it)."""
+    metadata = json.dumps(tokens.metadata, allow_nan=False)
+    atomic_write(path, lambda f: np.savez(
+        f, X=tokens.X.astype(np.float32), lengths=tokens.lengths.astype(np.int64),
+        labels=tokens.labels.astype(np.int64), ids=tokens.ids.astype(str),
+        genres=np.array(tokens.genres, dtype=str), split=tokens.split.astype(str),
+        metadata=np.array(metadata)))
 
 
 def load_tokens(path: str | Path) -> TokenSet:
@@ -74,15 +81,21 @@ def load_tokens(path: str | Path) -> TokenSet:
             N = len(d["labels"])
             T = X.shape[1] if X.ndim == 3 else 0
             get = lambda k, default: d[k] if k in d.files else default  # noqa: E731
+            labels = d["labels"]
+            if labels.dtype.kind not in "iu":
+                raise TokenFileError(f"{path}: labels must be integers (class indices), got {labels.dtype}"
+                                     + (f" (row 0: {labels[0]!r})" if labels.size else ""))
             return TokenSet(
-                X=X.astype(np.float32), labels=d["labels"].astype(np.int64),
+                X=X.astype(np.float32), labels=labels.astype(np.int64),
                 lengths=get("lengths", np.full(N, T)).astype(np.int64),
                 ids=get("ids", np.array([str(i) for i in range(N)])).astype(str),
                 genres=tuple(str(g) for g in get("genres", np.arange(int(d["labels"].max()) + 1))),
                 split=get("split", np.array([""] * N)).astype(str),
                 metadata=json.loads(str(get("metadata", np.array("{}")))))
-    except TokenFileError:
-        raise
+    except TokenFileError as e:
+        raise e if str(path) in str(e) else TokenFileError(f"{path}: {e}") from e
+    except PermissionError as e:
+        raise TokenFileError(f"{path} cannot be read: permission denied") from e
     except Exception as e:  # noqa: BLE001 - zip, pickle and value errors
         raise TokenFileError(f"{path} is not a readable token file ({e})") from e
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .melspec import offline_patches
-from .sources import SourceStats, decode_file
+from .decoding import SourceStats, decode_file
 from .vggish import Embedder
 
 

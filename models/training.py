@@ -74,6 +74,16 @@ def score(model, X, labels: torch.Tensor, lengths, idx) -> tuple[float, float]:
 
 # ----------------------------------------------------------------------------- training
 
+class NonFiniteTrainingError(ValueError):
+    """The loss or a gradient stopped being finite: the weights would be poisoned, so training
+    stops there and no checkpoint is written."""
+
+
+def short_rows(rows) -> str:
+    rows = [int(r) for r in rows]
+    return ", ".join(map(str, rows[:8])) + (f" (+{len(rows) - 8} more)" if len(rows) > 8 else "")
+
+
 def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: str, log,
                 epoch_log=None) -> list[dict]:
     """AdamW with early stopping on validation accuracy (then loss); restores the best weights."""
@@ -95,7 +105,15 @@ def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: 
             start = torch.randint(period, (len(b),), generator=gen).to(x.device)
             loss = nnf.cross_entropy(model(x, start=start), labels[b].to(x.device))
             opt.zero_grad(set_to_none=True)
+            if not torch.isfinite(loss):
+                raise NonFiniteTrainingError(f"[{phase}] epoch {epoch}: the training loss is {loss.item()} on "
+                                             f"sequences {short_rows(b)}; training stopped")
             loss.backward()
+            if not torch.isfinite(torch.stack([p.grad.abs().amax() for p in params if p.grad is not None])).all():
+                bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+                raise NonFiniteTrainingError(f"[{phase}] epoch {epoch}: the gradient of {bad[0]} (and "
+                                             f"{len(bad) - 1} more) is not finite on sequences "
+                                             f"{short_rows(b)}; training stopped (try a lower --lr)")
             opt.step()
             total, count = total + loss.item() * len(b), count + len(b)
         val_acc, val_loss = score(model, X, labels, lengths, splits["val"])

@@ -2,13 +2,14 @@
 (app/offline/accuracy.py)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from app.offline.accuracy import find_files, markdown, plot_confusion, run_files, split_of, summarise
+from audio.files import atomic_write_json, atomic_write_text
 
 from . import command
+from .argtypes import POSITIVE, writable_dir
 
 
 def add_arguments(p) -> None:
@@ -17,9 +18,9 @@ def add_arguments(p) -> None:
                    help="front end that turns the audio into tokens (its shipped models are scored)")
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
                    help="models to score (default: the shipped ones for the front end)")
-    p.add_argument("--out", default="docs/audio_accuracy", help="folder for accuracy.md/.json/confusion.png")
-    p.add_argument("--limit", type=int, default=None, help="only the first N files (for a quick check)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--out", default="docs/audio_accuracy", type=writable_dir, help="folder for accuracy.md/.json/confusion.png")
+    p.add_argument("--limit", type=POSITIVE, default=None, help="only the first N files (for a quick check)")
+    p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
     p.add_argument("--command-line", default=None, help="command to print in the report")
 
 
@@ -54,9 +55,9 @@ def run(args) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         command = args.command_line or "python main.py accuracy --audio " + str(args.audio)
-        (out / "accuracy.md").write_text(markdown(rows, command, frontend.description))
-        (out / "accuracy.json").write_text(json.dumps({"command": command, "frontend": frontend.description,
-                                                       "files": [t for _, t in files], "rows": rows}, indent=1))
+        atomic_write_text(out / "accuracy.md", markdown(rows, command, frontend.description))
+        atomic_write_json(out / "accuracy.json", {"command": command, "frontend": frontend.description,
+                                                  "files": [t for _, t in files], "rows": rows})
         focus = next((n for n in rows if n.startswith("continual_nystrom | native")), next(iter(rows)))
         plot_confusion(rows, focus, out / "confusion.png")
         print(markdown(rows, command, frontend.description))

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from . import command
+from .argtypes import POSITIVE, SECONDS, window_list, writable_path
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--windows", default="30,120,480,1920", help="comma-separated n values")
-    p.add_argument("--steps", type=int, default=2000, help="timed steps per row (max)")
-    p.add_argument("--budget", type=float, default=6.0, help="seconds per row (max)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--out", default="bench_results/bench.md", help="Markdown output (JSON beside)")
-    p.add_argument("--gui", type=float, metavar="SECONDS",
+    p.add_argument("--windows", default="30,120,480,1920", type=window_list, help="comma-separated n values")
+    p.add_argument("--steps", type=POSITIVE, default=2000, help="timed steps per row (max)")
+    p.add_argument("--budget", type=SECONDS, default=6.0, help="seconds per row (max)")
+    p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
+    p.add_argument("--out", default="bench_results/bench.md", type=writable_path, help="Markdown output (JSON beside)")
+    p.add_argument("--gui", type=SECONDS, metavar="SECONDS",
                    help="instead: the live window with 6 models on the demo signal for SECONDS")
-    p.add_argument("--soak", type=float, metavar="SECONDS",
+    p.add_argument("--soak", type=SECONDS, metavar="SECONDS",
                    help="instead: the --gui run for SECONDS (e.g. 3600), with resident memory every 10 s")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
@@ -76,7 +77,7 @@ def run(args) -> int:
     if args.evaluate or args.gui or args.soak:
         return 0
     from app.offline import bench
-    bench.run(tuple(int(w) for w in args.windows.split(",")), steps=args.steps, budget_s=args.budget,
+    bench.run(args.windows, steps=args.steps, budget_s=args.budget,
               out=args.out, threads=args.threads,
               frontends=("musicnn", "vggish") if args.frontend == "all" else (args.frontend,),
               frontend_only=args.frontend_only, only=args.only)

@@ -6,6 +6,7 @@ import sys
 
 import torch
 
+from app.runtime.engine import NonFiniteOutputError
 from app.runtime.frontend_args import add_frontend_arguments
 from audio.errors import AudioError
 from audio.melspec import HOP_SECONDS
@@ -13,6 +14,7 @@ from models.checkpoint import CheckpointError
 from models.sda import VARIANTS
 
 from . import command
+from .argtypes import POSITIVE, SECONDS, WINDOW, writable_file
 
 
 def add_arguments(p) -> None:
@@ -22,7 +24,7 @@ def add_arguments(p) -> None:
     src.add_argument("--demo", action="store_true", help="the built-in synthetic music signal")
     p.add_argument("--device", help="input device index or (partial) name, with --mic")
     p.add_argument("--list-devices", action="store_true", help="list input devices and exit")
-    p.add_argument("--seconds", type=float, help="stop after this much audio")
+    p.add_argument("--seconds", type=SECONDS, help="stop after this much audio (> 0)")
     p.add_argument("--realtime", action="store_true", help="pace a file/demo in real time")
     p.add_argument("--loop", action="store_true", help="loop a file")
     add_frontend_arguments(p, fallback=True, recompute=True)
@@ -33,14 +35,14 @@ def add_arguments(p) -> None:
                    help="trained models (default: the shipped ones in assets/models/ for the "
                         "front end)")
     p.add_argument("--layers", type=int, choices=(1, 2), default=1, help="blocks of untrained models")
-    p.add_argument("--window", type=int, default=None,
+    p.add_argument("--window", type=WINDOW, default=None,
                    help="window n of untrained models in tokens (default 29 musicnn, 120 vggish)")
-    p.add_argument("--landmarks", type=int, default=4, help="Nyström landmarks m of untrained models")
+    p.add_argument("--landmarks", type=POSITIVE, default=4, help="Nyström landmarks m of untrained models")
     p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
     p.add_argument("--cuda", action="store_true", help="run the front end and models on CUDA if available")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
-    out.add_argument("--csv", metavar="FILE", help="write records to a CSV file")
+    out.add_argument("--csv", metavar="FILE", type=writable_file, help="write records to a CSV file")
 
 
 def source_spec(args):
@@ -139,6 +141,6 @@ def run(args) -> int:
             print(f"# verdict over {source.name}, per model (the genre most often on top):\n"
                   + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)
         return 0
-    except (AudioError, CheckpointError) as e:
+    except (AudioError, CheckpointError, NonFiniteOutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -9,13 +9,14 @@ from audio.token_cache import TokenFileError
 from models.checkpoint import CheckpointError
 
 from . import command
+from .argtypes import writable_dir
 
 
 def add_arguments(p) -> None:
     p.add_argument("--tokens", required=True, help="token file (python main.py extract)")
     p.add_argument("--checkpoint", action="append", required=True, metavar="CKPT",
                    help="a trained checkpoint; repeat (several seeds of one model form one row)")
-    p.add_argument("--report", required=True, metavar="DIR", help="folder for report.md/.json/PNGs")
+    p.add_argument("--report", required=True, metavar="DIR", type=writable_dir, help="folder for report.md/.json/PNGs")
     p.add_argument("--variant", default=None, help="refuse checkpoints of other variants")
     p.add_argument("--data-seed", type=int, default=0, help="split for checkpoints without one")
     p.add_argument("--allow-other-data", action="store_true",

@@ -11,17 +11,18 @@ from audio.errors import AudioError
 from audio.token_cache import convert_musicnn, save_tokens
 
 from . import command
+from .argtypes import POSITIVE, writable_file
 
 
 def add_arguments(p) -> None:
     p.add_argument("--gtzan", metavar="DIR", help="GTZAN folder (see audio/gtzan.py for layouts)")
     p.add_argument("--musicnn", metavar="DIR", help="convert the musicnn GTZAN taggram .npz files")
-    p.add_argument("--out", required=True,
+    p.add_argument("--out", required=True, type=writable_file,
                    help="token file to write (.npz); an existing one is kept unless --force")
     p.add_argument("--force", action="store_true",
                    help="overwrite an existing --out (an interrupted extraction resumes without it)")
     add_frontend_arguments(p)
-    p.add_argument("--batch-size", type=int, default=64, help="VGGish batch size")
+    p.add_argument("--batch-size", type=POSITIVE, default=64, help="VGGish batch size")
     p.add_argument("--cuda", action="store_true", help="run the front end on CUDA if available")
 
 

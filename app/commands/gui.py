@@ -5,6 +5,7 @@ from app.runtime.frontend_args import add_frontend_arguments
 from models.sda import VARIANTS
 
 from . import command
+from .argtypes import SECONDS, writable_file
 
 
 def add_arguments(p) -> None:
@@ -15,8 +16,8 @@ def add_arguments(p) -> None:
                    help="variants to run (default: all): the shipped trained model where one exists "
                         "for the front end, else an untrained one")
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE", help="more trained models to run")
-    p.add_argument("--screenshot", metavar="PNG", help="save a screenshot of the window before quitting")
-    p.add_argument("--quit-after", type=float, metavar="SECONDS", help="quit after this long")
+    p.add_argument("--screenshot", metavar="PNG", type=writable_file, help="save a screenshot of the window before quitting")
+    p.add_argument("--quit-after", type=SECONDS, metavar="SECONDS", help="quit after this long")
     p.add_argument("--settings", metavar="INI", help="settings file (default: the user's Qt settings)")
 
 

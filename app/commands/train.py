@@ -17,35 +17,36 @@ from models.training import TrainConfig
 from models.transformer import ModelConfig
 
 from . import command
+from .argtypes import POSITIVE, WINDOW, integer, number, writable_file
 
 
 def add_arguments(p) -> None:
     p.add_argument("--tokens", required=True, help="token file (python main.py extract)")
-    p.add_argument("--out", required=True, help="checkpoint to write (.pt)")
+    p.add_argument("--out", required=True, type=writable_file, help="checkpoint to write (.pt)")
     p.add_argument("--variant", default="continual_nystrom", choices=VARIANTS,
                    help="attention variant to train")
     p.add_argument("--landmark-mode", default=None,
                    help="continual|fixed (continual_nystrom), segment|fixed (nystrom)")
-    p.add_argument("--landmarks", type=int, default=4, help="m")
+    p.add_argument("--landmarks", type=POSITIVE, default=4, help="m")
     p.add_argument("--layers", type=int, default=1, choices=(1, 2), help="encoder blocks")
-    p.add_argument("--window", type=int, default=None, help="n (default: the sequence length)")
-    p.add_argument("--d-model", type=int, default=192, help="model width d")
-    p.add_argument("--heads", type=int, default=16, help="attention heads (d must divide by it)")
-    p.add_argument("--ff-dim", type=int, default=384, help="feed-forward width")
-    p.add_argument("--dropout", type=float, default=0.1, help="dropout rate in training")
+    p.add_argument("--window", type=WINDOW, default=None, help="n (default: the sequence length)")
+    p.add_argument("--d-model", type=POSITIVE, default=192, help="model width d")
+    p.add_argument("--heads", type=POSITIVE, default=16, help="attention heads (d must divide by it)")
+    p.add_argument("--ff-dim", type=POSITIVE, default=384, help="feed-forward width")
+    p.add_argument("--dropout", type=number(0, 0.99), default=0.1, help="dropout rate in training")
     p.add_argument("--init", metavar="CKPT", help="start from this checkpoint (e.g. phase 2 only)")
     d = TrainConfig()
-    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per batch")
-    p.add_argument("--epochs", type=int, default=d.epochs, help="the most, per phase")
-    p.add_argument("--patience", type=int, default=d.patience, help="early-stopping patience")
+    p.add_argument("--lr", type=number(above=0), default=d.lr, help="AdamW learning rate")
+    p.add_argument("--weight-decay", type=number(0), default=d.weight_decay, help="AdamW weight decay")
+    p.add_argument("--batch-size", type=POSITIVE, default=d.batch_size, help="sequences per batch")
+    p.add_argument("--epochs", type=POSITIVE, default=d.epochs, help="the most, per phase")
+    p.add_argument("--patience", type=POSITIVE, default=d.patience, help="early-stopping patience")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the weights and batches")
     p.add_argument("--data-seed", type=int, default=d.data_seed,
                    help="seed of the random 72/18/10 split (token files without a predefined one)")
-    p.add_argument("--kmeans-tokens", type=int, default=d.kmeans_tokens,
+    p.add_argument("--kmeans-tokens", type=POSITIVE, default=d.kmeans_tokens,
                    help="training tokens sampled for the fixed landmarks' k-means, per head")
-    p.add_argument("--crop-min", type=int, default=d.crop_min,
+    p.add_argument("--crop-min", type=integer(0), default=d.crop_min,
                    help="train on random contiguous crops of at least this many tokens "
                         "(0: whole sequences, the paper's setting)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train")
@@ -86,7 +87,8 @@ def run(args) -> int:
                         frontend=frontend_of_tokens(tokens.metadata, cfg.in_dim))
         metrics = meta["metrics"]
         print(json.dumps({"checkpoint": str(args.out), "val_acc": round(metrics["val_acc"], 4),
-                          "test_acc": round(metrics["test_acc"], 4), "epochs": metrics["epochs"]}))
+                          "test_acc": round(metrics["test_acc"], 4), "epochs": metrics["epochs"]},
+                         allow_nan=False))
         return 0
     except (TrainError, TokenFileError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -3,7 +3,6 @@ a session summary (JSON) saying where the numbers came from. Qt only for the ima
 from __future__ import annotations
 
 import csv
-import json
 import statistics
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from PySide6.QtGui import QColor, QFont, QImage, QPainter
 
 from app.runtime.records import csv_row
 from app.runtime.verdict import Tally
+from audio.files import atomic_write_json
 
 from .table import weights_text
 
@@ -73,7 +73,7 @@ def session_summary(history: list, exported: Path) -> dict:
 
 def write_summary(history: list, exported: Path) -> Path:
     path = summary_path(exported)
-    path.write_text(json.dumps(session_summary(history, exported), indent=1))
+    atomic_write_json(path, session_summary(history, exported))
     return path
 
 

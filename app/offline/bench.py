@@ -6,7 +6,6 @@ and a JSON file. Numbers are measurements of this machine, never constants.
 """
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 from app.runtime.records import percentile
+from audio.files import atomic_write_json, atomic_write_text
 from models import flops as F
 from models.paper import PAPER_TABLE_II
 
@@ -205,7 +205,7 @@ def run(windows=(30, 120, 480, 1920), steps: int = 2000, budget_s: float = 6.0,
     print(text)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    out.with_suffix(".json").write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    atomic_write_text(out, text)
+    atomic_write_json(out.with_suffix(".json"), [r.__dict__ for r in rows])
     print(f"[bench] wrote {out} and {out.with_suffix('.json')}")
     return rows

@@ -8,7 +8,6 @@ metadata and in the final report.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import time
@@ -19,6 +18,7 @@ import numpy as np
 from audio import melspec
 from audio.errors import AudioFileError
 from audio.gtzan import GENRES, discover
+from audio.files import atomic_write, atomic_write_json, atomic_write_text
 from audio.token_cache import TokenFileError, pack, save_tokens
 
 from .progress import Progress
@@ -41,36 +41,32 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
     from audio.frontends import as_frontend, frontend_metadata
     frontend = as_frontend(frontend)
     grid = FRONTEND if frontend.name == "vggish" else MUSICNN_GRID
-    tracks = discover(gtzan_dir)
+    ignored: list[Path] = []
+    tracks = discover(gtzan_dir, ignored)
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
-    parts.mkdir(parents=True, exist_ok=True)
     manifest = {"tracks": [t.track_id for t in tracks], "vggish": frontend.checksum,
                 "frontend": grid, "frontend_name": frontend.name}
-    mpath = parts / "manifest.json"
-    if mpath.exists() and json.loads(mpath.read_text()) != manifest:
-        raise TokenFileError(f"{parts} holds a partial extraction with other tracks or VGGish "
-                             f"weights; delete it or choose another --out")
-    mpath.write_text(json.dumps(manifest))
-    todo = [i for i in range(len(tracks)) if not (parts / f"{i:05d}.npy").exists()
-            and not (parts / f"{i:05d}.skip").exists()]
+    resume_parts(parts, manifest, log)
+    todo = [i for i in range(len(tracks)) if not (parts / f"{i:05d}.skip").exists()
+            and not sound_part(parts / f"{i:05d}.npy", frontend.token_dim, log)]
     if len(todo) < len(tracks):
         log(f"resuming: {len(tracks) - len(todo)} of {len(tracks)} tracks already done")
     with Progress(len(todo), "extract", "track", log) as progress:
         for i in todo:
             track, t0 = tracks[i], time.monotonic()
             try:
-                tokens, _ = frontend.file_tokens(track.path)
+                tokens, info = frontend.file_tokens(track.path)
             except AudioFileError as e:
-                (parts / f"{i:05d}.skip").write_text(str(e))
+                atomic_write_text(parts / f"{i:05d}.skip", str(e))
                 progress.step(f"[{i + 1}/{len(tracks)}] {track.track_id}: SKIPPED ({e})")
                 continue
-            tmp = parts / f"{i:05d}.tmp.npy"
-            np.save(tmp, tokens.numpy())
-            os.replace(tmp, parts / f"{i:05d}.npy")
+            atomic_write(parts / f"{i:05d}.npy", lambda f: np.save(f, tokens.numpy()))
+            atomic_write_json(parts / f"{i:05d}.json", {k: info.get(k, 0) for k in ("nonfinite", "clipped")})
             progress.step(f"[{i + 1}/{len(tracks)}] {track.track_id}: {len(tokens)} tokens in "
                           f"{time.monotonic() - t0:.1f} s")
-    seqs, labels, ids, skipped = [], [], [], []
+    seqs, labels, ids, repairs = [], [], [], {}
+    skipped = [{"id": str(p.relative_to(gtzan_dir)), "reason": "named like a track but not a file"} for p in ignored]
     for i, track in enumerate(tracks):
         if (parts / f"{i:05d}.skip").exists():
             skipped.append({"id": track.track_id, "reason": (parts / f"{i:05d}.skip").read_text()})
@@ -78,9 +74,13 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
         seqs.append(np.load(parts / f"{i:05d}.npy"))
         labels.append(track.label)
         ids.append(track.track_id)
+        counts = part_counts(parts / f"{i:05d}.json")
+        if any(counts.values()):
+            repairs[track.track_id] = counts
     tokens = pack(seqs, labels, ids, GENRES, metadata={
         "source": str(Path(gtzan_dir).resolve()), "frontend": grid, "vggish": frontend.checksum,
         "vggish_description": frontend.description, "skipped": skipped,
+        "repaired_samples": repairs,      # per track: non-finite samples zeroed, samples clipped
         "frontend_info": {**frontend_metadata(frontend),
                           "spacing_s": (melspec.HOP / melspec.SAMPLE_RATE if frontend.name == "vggish"
                                         else 61 * 256 / 16000)}})
@@ -89,5 +89,51 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
     random = (f"; made with {frontend.description}: NOT meaningful for training"
               if frontend.random else "")
     log(f"wrote {out}: {len(seqs)} tracks, X {tokens.X.shape}, {len(skipped)} skipped{random}"
-        + "".join(f"\n  skipped {s['id']}: {s['reason']}" for s in skipped))
+        + "".join(f"\n  skipped {s['id']}: {s['reason']}" for s in skipped)
+        + "".join(f"\n  repaired {t}: {c['nonfinite']} non-finite samples zeroed, {c['clipped']} clipped"
+                  for t, c in repairs.items()))
     return tokens
+
+
+def resume_parts(parts: Path, manifest: dict, log) -> None:
+    """Make ``parts`` ready for this extraction: kept when its manifest is this one; set aside
+    (renamed, named in the log) when its manifest is damaged, so that everything is recomputed."""
+    mpath = parts / "manifest.json"
+    if mpath.exists():
+        try:
+            old = json.loads(mpath.read_text())
+        except (OSError, ValueError) as e:              # half-written (before writes were atomic)
+            aside = parts.with_name(f"{parts.name}.damaged-{int(time.time())}")
+            parts.rename(aside)
+            log(f"{mpath} is damaged ({type(e).__name__}: {e}); set aside as {aside}, recomputing every track")
+        else:
+            if old != manifest:
+                raise TokenFileError(f"{parts} holds a partial extraction with other tracks or VGGish "
+                                     f"weights; delete it or choose another --out")
+    parts.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(mpath, manifest)
+
+
+def sound_part(path: Path, dim: int, log) -> bool:
+    """Whether ``path`` holds a finished track's tokens (T, dim), finite. A damaged one (empty,
+    cut short, wrong shape) is renamed ``*.damaged``, named in the log, and recomputed."""
+    if not path.exists():
+        return False
+    try:
+        x = np.load(path, allow_pickle=False)
+        if x.ndim != 2 or x.shape[1] != dim or not np.isfinite(x).all():
+            raise ValueError(f"shape {x.shape}, {'finite' if np.isfinite(x).all() else 'non-finite'}")
+    except (OSError, ValueError, EOFError) as e:
+        aside = path.with_name(path.name + ".damaged")
+        path.replace(aside)
+        log(f"{path} is damaged ({type(e).__name__}: {e}); set aside as {aside.name}, recomputing that track")
+        return False
+    return True
+
+
+def part_counts(path: Path) -> dict:
+    """The repairs of a track's samples recorded beside its part ({} for older parts)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"nonfinite": 0, "clipped": 0}

@@ -5,12 +5,12 @@ landmark-update steps visible as spikes), confusion matrices, per-class accuracy
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from audio.files import atomic_write_json, atomic_write_text
 from audio.frontends import frontend_of_tokens
 from models.flops import paper_table_ii
 from models.paper import PAPER_ACCURACY, PAPER_TABLE_II, TABLE_ROWS
@@ -175,6 +175,6 @@ def write_report(report: dict, folder: str | Path, *, title: str = "Nystream eva
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     images = plot(report, out)
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    (out / "report.md").write_text(markdown(report, title, commands, images))
+    atomic_write_json(out / "report.json", report)
+    atomic_write_text(out / "report.md", markdown(report, title, commands, images))
     return [out / "report.md", out / "report.json", *images]

@@ -16,6 +16,7 @@ falls behind (counted in ``source.stats.dropped``, reported in every StepResult)
 """
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -47,6 +48,10 @@ class Slot:
     trained: bool                # weights from a trained checkpoint
     spacing: int = 1             # hops between the tokens the model is fed
     classes: tuple[str, ...] = GENRES   # class names (a checkpoint's own)
+
+
+class NonFiniteOutputError(ArithmeticError):
+    """A model answered NaN or infinity: an error, never a record (its weights or input are broken)."""
 
 
 class EngineError(ValueError):
@@ -306,9 +311,13 @@ class Engine:
             logits = model.step(token.to(model.embed.weight.device))
             p = torch.softmax(logits[0].float(), dim=-1).cpu()      # .cpu() waits for CUDA
             latency = (time.perf_counter() - t0) * 1e3
+            probabilities = [round(x, 6) for x in p.tolist()]
+            if not all(map(math.isfinite, probabilities)):
+                raise NonFiniteOutputError(f"{name} answered non-finite probabilities at hop {item.index} "
+                                           f"({item.audio_time:.2f} s); processing stopped")
             cfg = model.cfg
             models[name] = ModelStep(
-                probabilities=[round(x, 6) for x in p.tolist()], classes=list(slot.classes),
+                probabilities=probabilities, classes=list(slot.classes),
                 flops=model.step_flops(), latency_ms=latency, state_bytes=model.state_nbytes(),
                 trained=slot.trained, landmark_mode=model.landmark_mode,
                 landmark_update=model.landmark_updated(), warm=model.window_full(), spacing=slot.spacing,

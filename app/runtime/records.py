@@ -53,7 +53,7 @@ class StepResult:
         return d
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict())
+        return json.dumps(self.to_dict(), allow_nan=False)
 
 
 def reference_for(name: str, models: dict[str, ModelStep]) -> str | None:

@@ -1,0 +1,89 @@
+"""argparse types that validate at parse time: a bad value is a usage error naming the option
+(exit 2) before any model loads or any audio is read."""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+from models.config import MAX_WINDOW
+
+
+def integer(lo: int = 1, hi: int | None = None):
+    """An int in lo..hi (hi None: no upper bound)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{value} is out of range: give " + (f"{lo}..{hi}" if hi is not None
+                                                                                  else f"{lo} or more"))
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(lo: float | None = None, hi: float | None = None, *, above: float | None = None):
+    """A finite float, >= lo (or > above) and <= hi."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if above is not None and value <= above:
+            raise argparse.ArgumentTypeError(f"{value:g} must be more than {above:g}")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(f"{value:g} is out of range: give {'' if lo is None else f'{lo:g}'}.."
+                                             f"{'' if hi is None else f'{hi:g}'}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def writable_file(text: str) -> str:
+    """A file path whose folder exists and can be written (the file itself is made later)."""
+    path = Path(text)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"folder {folder} does not exist (create it first)")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{text} cannot be written: permission denied")
+    return text
+
+
+def writable_dir(text: str) -> str:
+    """A folder that exists and can be written, or can be made inside one that can."""
+    path = Path(text)
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise argparse.ArgumentTypeError(f"{probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text} cannot be written: permission denied on {probe}")
+    return text
+
+
+def writable_path(text: str) -> str:
+    """A file path whose folder can be made (bench results: the folder is created)."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
+    writable_dir(str(Path(text).parent))
+    return text
+
+
+def window_list(text: str) -> tuple[int, ...]:
+    """Comma-separated windows, e.g. '30,120,480'."""
+    parse = integer(1, MAX_WINDOW)
+    return tuple(parse(part.strip()) for part in text.split(",") if part.strip()) or parse("")
+
+
+WINDOW = integer(1, MAX_WINDOW)       # tokens
+POSITIVE = integer(1)
+SECONDS = number(above=0)

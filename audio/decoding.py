@@ -1,0 +1,169 @@
+"""Audio files -> 16 kHz mono float32, streamed: a file is read block by block (soundfile reads
+WAV, FLAC, OGG/Vorbis/Opus, MP3, AIFF, AU, ...) and resampled by one stateful soxr stream, so
+memory does not grow with the file's length and a consumer that stops early stops the reading.
+The stream is bit-identical to resampling the whole file at once (tests/audio/test_decoding.py).
+Formats soundfile cannot read go to librosa's decoder, whole (the only path that holds a file).
+
+Input is made safe the same way as every source's (``condition``): channels averaged to mono,
+NaN/Inf replaced by 0 (counted), samples beyond +-1 clipped (counted).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+from .errors import AudioFileError
+from .melspec import SAMPLE_RATE
+
+BLOCK_SECONDS = 2.0         # read this much of the file at a time
+
+
+@dataclass
+class SourceStats:
+    hops: int = 0          # hops delivered
+    dropped: int = 0       # hops dropped because the consumer fell behind
+    overflows: int = 0     # input overflows reported by the device
+    nonfinite: int = 0     # NaN/Inf samples replaced by 0
+    clipped: int = 0       # samples clipped to [-1, 1]
+
+
+def condition(x: np.ndarray, stats: SourceStats) -> np.ndarray:
+    """(frames,) or (frames, channels) -> mono float32, finite, within [-1, 1] (counted)."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim == 2:
+        x = x.mean(axis=1, dtype=np.float32) if x.shape[1] > 1 else x[:, 0]
+    bad = ~np.isfinite(x)
+    if bad.any():
+        stats.nonfinite += int(bad.sum())
+        x = np.where(bad, np.float32(0), x)
+    over = np.abs(x) > 1.0
+    if over.any():
+        stats.clipped += int(over.sum())
+        x = np.clip(x, -1.0, 1.0)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+@dataclass
+class AudioFile:
+    """A checked audio file: what ``probe`` found out without decoding it (soundfile formats)."""
+    path: Path
+    input_rate: int
+    channels: int
+    frames: int                          # at input_rate
+    whole: np.ndarray | None = None      # librosa's decode, (frames, channels), formats soundfile lacks
+
+    @property
+    def samples(self) -> int:
+        """Samples at 16 kHz (the resampler's output length)."""
+        return round(self.frames * SAMPLE_RATE / self.input_rate)
+
+    def info(self) -> dict:
+        return {"path": str(self.path), "input_rate": self.input_rate, "channels": self.channels,
+                "duration_s": self.frames / self.input_rate}
+
+
+def reason(e: BaseException) -> str:
+    """An exception in a few words: its message on one line, or its type when it has none."""
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
+def probe(path: str | Path) -> AudioFile:
+    """Check that ``path`` is a readable, non-empty audio file; AudioFileError says why not."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.exists():
+        raise AudioFileError(f"audio file not found: {path}")
+    if not path.is_file():
+        raise AudioFileError(f"not a file: {path}")
+    try:
+        with open(path, "rb"):
+            pass
+    except PermissionError as e:
+        raise AudioFileError(f"{path} cannot be read: permission denied") from e
+    except OSError as e:
+        raise AudioFileError(f"{path} cannot be read: {reason(e)}") from e
+    if path.stat().st_size == 0:
+        raise AudioFileError(f"{path} is empty (0 bytes)")
+    try:
+        with sf.SoundFile(str(path)) as f:
+            found = AudioFile(path, int(f.samplerate), int(f.channels), int(f.frames))
+    except Exception as sf_error:  # noqa: BLE001 - soundfile raises several types
+        data, rate = _decode_with_librosa(path, sf_error)
+        found = AudioFile(path, int(rate), int(data.shape[1]), int(data.shape[0]), whole=data)
+    if found.frames == 0:
+        raise AudioFileError(f"{path} contains no audio samples")
+    if found.input_rate < 1:
+        raise AudioFileError(f"{path} declares a sample rate of {found.input_rate} Hz")
+    return found
+
+
+def stream(audio: AudioFile, stats: SourceStats) -> Iterator[np.ndarray]:
+    """The file as consecutive 16 kHz mono float32 chunks (about BLOCK_SECONDS each)."""
+    import soundfile as sf
+
+    rs = (soxr.ResampleStream(audio.input_rate, SAMPLE_RATE, 1, dtype="float32")
+          if audio.input_rate != SAMPLE_RATE else None)
+    block = max(1, int(audio.input_rate * BLOCK_SECONDS))
+    if audio.whole is not None:
+        blocks = (audio.whole[i:i + block] for i in range(0, len(audio.whole), block))
+        yield from _resampled(blocks, rs, stats)
+        return
+    with sf.SoundFile(str(audio.path)) as f:
+        def blocks():
+            while True:
+                try:
+                    x = f.read(block, dtype="float32", always_2d=True)
+                except Exception as e:  # noqa: BLE001 - a file damaged after its header
+                    raise AudioFileError(f"{audio.path} is corrupt or truncated after "
+                                         f"{f.tell() / audio.input_rate:.1f} s ({reason(e)})") from e
+                if len(x) == 0:
+                    return
+                yield x
+        yield from _resampled(blocks(), rs, stats)
+
+
+def _resampled(blocks, rs, stats) -> Iterator[np.ndarray]:
+    for x in blocks:
+        mono = condition(x, stats)
+        out = rs.resample_chunk(mono) if rs is not None else mono
+        if len(out):
+            yield out
+    if rs is not None:
+        tail = rs.resample_chunk(np.zeros(0, np.float32), last=True)
+        if len(tail):
+            yield tail
+
+
+def decode_file(path: str | Path, stats: SourceStats | None = None) -> tuple[np.ndarray, dict]:
+    """A whole file -> (16 kHz mono float32, info), for the offline paths (token files): the
+    result is held, the file's native samples are not."""
+    audio = probe(path)
+    out = np.empty(audio.samples, dtype=np.float32)
+    n = 0
+    for chunk in stream(audio, stats if stats is not None else SourceStats()):
+        out[n:n + len(chunk)] = chunk[:len(out) - n]
+        n += len(chunk)
+    return out[:n], audio.info()
+
+
+def _decode_with_librosa(path: Path, first_error: Exception):
+    import warnings
+
+    import librosa
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data, rate = librosa.load(str(path), sr=None, mono=False)
+    except Exception as e:  # noqa: BLE001
+        raise AudioFileError(f"cannot decode {path}: not audio, corrupt or truncated, or a "
+                             f"format without a decoder here (soundfile: {reason(first_error)}; "
+                             f"librosa: {reason(e)})") from e
+    data = np.atleast_2d(data).T if data.ndim == 1 else data.T
+    return data.astype(np.float32), rate
