@@ -77,18 +77,18 @@ def probe(path: str | Path) -> AudioFile:
     import soundfile as sf
 
     path = Path(path)
-    if not path.exists():
-        raise AudioFileError(f"audio file not found: {path}")
-    if not path.is_file():
-        raise AudioFileError(f"not a file: {path}")
     try:
+        if not path.exists():
+            raise AudioFileError(f"audio file not found: {path}")
+        if not path.is_file():
+            raise AudioFileError(f"not a file: {path}")
         with open(path, "rb"):
-            pass
-    except PermissionError as e:
+            size = path.stat().st_size
+    except PermissionError as e:           # the file, or a folder on its path
         raise AudioFileError(f"{path} cannot be read: permission denied") from e
     except OSError as e:
         raise AudioFileError(f"{path} cannot be read: {reason(e)}") from e
-    if path.stat().st_size == 0:
+    if size == 0:
         raise AudioFileError(f"{path} is empty (0 bytes)")
     try:
         with sf.SoundFile(str(path)) as f:

@@ -44,7 +44,7 @@ class TokenSet:
             rows = np.flatnonzero(bad.any(axis=(1, 2)))
             t = int(np.flatnonzero(bad[rows[0]].any(axis=1))[0])
             raise TokenFileError(f"X holds {int(bad.sum())} non-finite values in {len(rows)} sequence(s), "
-                                 f"the first in row {rows[0]} (track {self.ids[rows[0]]!r}) at token {t}; "
+                                 f"the first in row {rows[0]} (track {str(self.ids[rows[0]])!r}) at token {t}; "
                                  f"make the token file again (python main.py extract)")
         for name, arr in (("X", self.X), ("lengths", self.lengths), ("ids", self.ids),
                           ("split", self.split)):
@@ -69,9 +69,9 @@ def save_tokens(path: str | Path, tokens: TokenSet) -> None:
 
 def load_tokens(path: str | Path) -> TokenSet:
     path = Path(path)
-    if not path.is_file():
-        raise TokenFileError(f"token file not found: {path}")
     try:
+        if not path.is_file():
+            raise TokenFileError(f"token file not found: {path}")
         with np.load(path, allow_pickle=False) as d:
             missing = [k for k in ("X", "labels") if k not in d.files]
             if missing:
@@ -84,7 +84,7 @@ def load_tokens(path: str | Path) -> TokenSet:
             labels = d["labels"]
             if labels.dtype.kind not in "iu":
                 raise TokenFileError(f"{path}: labels must be integers (class indices), got {labels.dtype}"
-                                     + (f" (row 0: {labels[0]!r})" if labels.size else ""))
+                                     + (f" (row 0: {labels.flat[0].item()!r})" if labels.size else ""))
             return TokenSet(
                 X=X.astype(np.float32), labels=labels.astype(np.int64),
                 lengths=get("lengths", np.full(N, T)).astype(np.int64),

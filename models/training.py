@@ -103,11 +103,14 @@ def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: 
                 first = int(rng.integers(0, x.shape[1] - size + 1))
                 x = x[:, first:first + size]
             start = torch.randint(period, (len(b),), generator=gen).to(x.device)
-            loss = nnf.cross_entropy(model(x, start=start), labels[b].to(x.device))
+            logits = model(x, start=start)
+            loss = nnf.cross_entropy(logits, labels[b].to(x.device))
             opt.zero_grad(set_to_none=True)
             if not torch.isfinite(loss):
-                raise NonFiniteTrainingError(f"[{phase}] epoch {epoch}: the training loss is {loss.item()} on "
-                                             f"sequences {short_rows(b)}; training stopped")
+                rows = np.asarray(b)[~torch.isfinite(logits).all(dim=1).cpu().numpy()]
+                raise NonFiniteTrainingError(f"[{phase}] epoch {epoch}: the training loss is {loss.item()}; "
+                                             f"non-finite outputs on sequences {short_rows(rows if len(rows) else b)}; "
+                                             f"training stopped")
             loss.backward()
             if not torch.isfinite(torch.stack([p.grad.abs().amax() for p in params if p.grad is not None])).all():
                 bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]

@@ -1,0 +1,91 @@
+"""Arguments are validated at parse time (a usage error naming the option, exit 2, before any
+work), bad checkpoints are one-line errors in every command that loads them, and no output is
+ever non-finite: a model that answers NaN stops the run, JSON is standard JSON."""
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from tiny import tiny_model
+
+from app.cli import build_parser
+from app.runtime.engine import Engine, NonFiniteOutputError
+from audio.frontends import build_frontend
+from audio.sources import DemoSource
+from audio.token_cache import pack, save_tokens
+from models.checkpoint import save_checkpoint
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["classify", "--demo", "--window", "0"], "argument --window: 0 is out of range: give 1..8192"),
+    (["classify", "--demo", "--landmarks", "0"], "argument --landmarks: 0 is out of range: give 1 or more"),
+    (["classify", "--demo", "--seconds", "nan"], "argument --seconds: nan is not a finite number"),
+    (["classify", "--demo", "--seconds", "-5"], "argument --seconds: -5 must be more than 0"),
+    (["classify", "--demo", "--csv", "/nonexistent_dir/x.csv"],
+     "argument --csv: folder /nonexistent_dir does not exist"),
+    (["train", "--tokens", "t.npz", "--out", "m.pt", "--lr", "inf"], "argument --lr: inf is not a finite number"),
+    (["train", "--tokens", "t.npz", "--out", "m.pt", "--dropout", "1"], "argument --dropout: 1 is out of range"),
+    (["train", "--tokens", "t.npz", "--out", "/nonexistent_dir/m.pt"], "argument --out: folder /nonexistent_dir"),
+    (["bench", "--windows", "30,x"], "argument --windows: 'x' is not an integer"),
+    (["bench", "--soak", "-1"], "argument --soak: -1 must be more than 0"),
+    (["gui", "--quit-after", "inf"], "argument --quit-after: inf is not a finite number"),
+    (["extract", "--out", "/", "--gtzan", "g"], "argument --out: / is a folder, not a file name"),
+])
+def test_bad_arguments_are_usage_errors_at_parse_time(argv, words, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_good_arguments_parse_to_checked_values(tmp_path):
+    args = build_parser().parse_args(["classify", "--demo", "--seconds", "2.5", "--window", "29",
+                                      "--csv", str(tmp_path / "x.csv")])
+    assert (args.seconds, args.window, args.csv) == (2.5, 29, str(tmp_path / "x.csv"))
+    assert build_parser().parse_args(["bench", "--windows", "30, 120"]).windows == (30, 120)
+
+
+def test_a_broken_checkpoint_is_one_line_in_classify_evaluate_and_train(tmp_path):
+    model = tiny_model("continual", n=8, in_dim=50)
+    save_checkpoint(model, tmp_path / "ok.pt", classes=[f"g{i}" for i in range(10)])
+    payload = torch.load(tmp_path / "ok.pt", weights_only=True)
+    payload["config"]["heads"] = 0
+    torch.save(payload, tmp_path / "bad.pt")
+    tokens = tmp_path / "t.npz"
+    save_tokens(tokens, pack([np.ones((8, 50))] * 60, [i % 10 for i in range(60)], [str(i) for i in range(60)],
+                             [f"g{i}" for i in range(10)]))
+    runs = [["classify", "--demo", "--seconds", "1", "--checkpoint", str(tmp_path / "bad.pt")],
+            ["train", "--tokens", str(tokens), "--out", str(tmp_path / "m.pt"), "--init", str(tmp_path / "bad.pt")],
+            ["evaluate", "--tokens", str(tokens), "--checkpoint", str(tmp_path / "bad.pt"), "--report",
+             str(tmp_path / "report")]]
+    for argv in runs:
+        out = subprocess.run([sys.executable, "main.py", *argv], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-800:]
+        line = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+        assert len(line) == 1 and "bad.pt: field 'config' is invalid: heads must be >= 1" in line[0], \
+            out.stderr[-800:]
+
+
+def test_a_model_that_answers_nan_stops_the_run():
+    model = tiny_model("continual", n=8, in_dim=50)
+    with torch.no_grad():
+        model.head.bias[3] = math.nan
+    engine = Engine(build_frontend("musicnn"), {"broken": model})
+    with pytest.raises(NonFiniteOutputError, match="broken answered non-finite probabilities at hop 0"):
+        list(engine.run(DemoSource(seconds=2)))
+
+
+def test_json_lines_are_standard_json():
+    engine = Engine(build_frontend("musicnn"), {"continual": tiny_model("continual", n=8, in_dim=50)})
+    r = next(iter(engine.run(DemoSource(seconds=1))))
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+    assert json.loads(r.to_json(), parse_constant=refuse)["step"] == 0
+    r.models["continual"].latency_ms = math.nan
+    with pytest.raises(ValueError):
+        r.to_json()
