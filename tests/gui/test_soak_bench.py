@@ -1,0 +1,24 @@
+"""`bench --soak`: the real window with six models, its resident memory sampled, and the
+window's export history packed and bounded in bytes (app/runtime/steplog.py)."""
+from app.commands.bench import print_soak
+from app.gui import bench
+from app.gui.window import MainWindow
+
+
+def test_soak_reports_memory_drops_and_delay_and_keeps_the_history_small(qapp, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "RSS_EVERY_S", 2.0)
+    seen, windows = [], []
+    original = MainWindow.close
+    monkeypatch.setattr(MainWindow, "close", lambda w: (windows.append(w), original(w))[1])
+    r = bench.gui(12, progress=lambda t, mb, dropped: seen.append((t, mb, dropped)))
+    assert r["models"] == 6 and r["hops"] >= 40
+    assert len(r["rss_mb"]) >= 6 and [t for t, _ in r["rss_mb"]] == sorted(t for t, _ in r["rss_mb"])
+    assert all(300 < mb < 4000 for _, mb in r["rss_mb"])               # resident MB of this process
+    assert len(seen) >= 5 and seen[-1][2] == r["dropped_hops"]
+    assert r["rss_growth_after_5min_mb"] is None                       # too short to say
+    log = windows[0].history
+    assert len(log) == r["hops"] and log.nbytes < 1000 * len(log)     # < 1 KB per hop with six models
+    assert log[-1].mel is None and set(log[-1].models) == set(windows[0].recent[-1].models)
+    print_soak(r)
+    out = capsys.readouterr().out
+    assert "resident memory:" in out and "run 10 minutes or more to see it" in out
