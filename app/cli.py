@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from app.commands import load_all
+from app.runtime.memory import fixed_mmap_threshold
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -41,6 +42,7 @@ def default_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    fixed_mmap_threshold()             # flat memory over long streams (app/runtime/memory.py)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

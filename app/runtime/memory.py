@@ -1,0 +1,24 @@
+"""Process memory that stays flat over long streams.
+
+glibc raises its mmap threshold each time a large block (a decoded audio block, a tensor) is
+freed; later blocks of that size then come from the heap, whose fragments keep the process's
+resident memory high: a one-hour file classified with the default grew from 490 MB to 765 MB in
+its first 1,000 hops, and stayed there. A fixed threshold returns every large block to the
+system when it is freed: 488 MB flat (measured in one run each; README *Memory*)."""
+from __future__ import annotations
+
+import ctypes
+import sys
+
+M_MMAP_THRESHOLD = -3            # mallopt parameter (malloc.h)
+MMAP_THRESHOLD_BYTES = 128 * 1024
+
+
+def fixed_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Fix glibc's mmap threshold at ``size`` bytes; True if set (Linux glibc only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, size) == 1
+    except (OSError, AttributeError):        # musl, or no libc.so.6
+        return False
