@@ -30,6 +30,7 @@ def rss_mb() -> float:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
 
+
 def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musicnn",
         progress=None) -> dict:
     """The run's numbers; ``progress(seconds, rss_mb, dropped_hops)`` is called every 10 s."""
