@@ -17,7 +17,7 @@ from audio.gtzan import GENRES
 from audio.token_cache import TokenFileError, load_tokens, pack, save_tokens
 from audio.vggish import build_embedder
 from audio_helpers import tone
-from test_gtzan_data import make_gtzan
+from test_gtzan_data import interrupt_extraction, make_gtzan
 
 
 def token_file(tmp_path, name="t.npz", **change):
@@ -74,19 +74,7 @@ def test_damaged_parts_and_a_half_written_manifest_are_named_set_aside_and_recom
     root = make_gtzan(tmp_path / "g", "original", per_genre=2, ext="wav")
     embedder = build_embedder(random_seed=0)
     full = extract_gtzan(root, tmp_path / "full.npz", embedder, log=lambda s: None)
-    from audio.frontends import as_frontend
-    frontend = as_frontend(embedder)
-    real, calls = frontend.file_tokens, []
-
-    def interrupted(path, *a, **k):
-        calls.append(path)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real(path, *a, **k)
-    monkeypatch.setattr(frontend, "file_tokens", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        extract_gtzan(root, tmp_path / "part.npz", frontend, log=lambda s: None)
-    monkeypatch.setattr(frontend, "file_tokens", real)
+    frontend = interrupt_extraction(root, tmp_path / "part.npz", embedder, monkeypatch, at_call=5)
     parts = tmp_path / "part.npz.parts"
     (parts / "00001.npy").write_bytes(b"")                              # zero-length part
     (parts / "00002.npy").write_bytes((parts / "00002.npy").read_bytes()[:100])   # cut short

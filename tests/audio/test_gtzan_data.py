@@ -80,6 +80,25 @@ def test_token_files_round_trip_and_refuse_bad_ones(tmp_path):
         load_tokens(tmp_path / "none.npz")
 
 
+def interrupt_extraction(root, out, embedder, monkeypatch, at_call):
+    """Extract ``root`` into ``out`` with Ctrl-C at the ``at_call``-th track (the tracks before
+    it are kept as parts); returns the front end, whose tracks are read normally again."""
+    from audio.frontends import as_frontend
+    frontend = as_frontend(embedder)
+    real, calls = frontend.file_tokens, []
+
+    def interrupted(path, *a, **k):
+        calls.append(path)
+        if len(calls) == at_call:
+            raise KeyboardInterrupt
+        return real(path, *a, **k)
+    with monkeypatch.context() as patch:
+        patch.setattr(frontend, "file_tokens", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            extract_gtzan(root, out, frontend, log=lambda s: None)
+    return frontend
+
+
 def test_extract_is_resumable_and_skips_corrupt_files(tmp_path, monkeypatch):
     root = make_gtzan(tmp_path / "g", "original", per_genre=2, ext="wav")
     (root / "genres" / "blues" / "blues.00009.wav").write_text("corrupt")
@@ -89,22 +108,9 @@ def test_extract_is_resumable_and_skips_corrupt_files(tmp_path, monkeypatch):
     assert [s["id"] for s in full.metadata["skipped"]] == ["blues/blues.00009.wav"]
     assert full.metadata["vggish"] == "random-0" and full.metadata["frontend"]["hop"] == 4000
 
-    from audio.frontends import as_frontend
-    frontend = as_frontend(embedder)
-    calls = []
-    real = frontend.file_tokens
-
-    def interrupted(path, *a, **k):
-        calls.append(path)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(path, *a, **k)
-    monkeypatch.setattr(frontend, "file_tokens", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        extract_gtzan(root, tmp_path / "part.npz", frontend, log=lambda s: None)
+    frontend = interrupt_extraction(root, tmp_path / "part.npz", embedder, monkeypatch, at_call=4)
     assert not (tmp_path / "part.npz").exists()
     assert len(list((tmp_path / "part.npz.parts").glob("*.npy"))) == 2     # tracks 1-2 kept
-    monkeypatch.setattr(frontend, "file_tokens", real)
     resumed = extract_gtzan(root, tmp_path / "part.npz", frontend, log=lambda s: None)
     assert not (tmp_path / "part.npz.parts").exists()
     np.testing.assert_array_equal(resumed.X, full.X)
