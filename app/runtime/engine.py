@@ -8,7 +8,7 @@ Models can be added, removed, reset and switched between continual and fixed lan
 stream runs: the control methods are safe to call from any thread and are applied in call order by
 the processing thread between hops (so the hot path needs no locks). Control has a budget, so that
 it never makes a live stream drop a hop: the heavy part of a request (building a model's slot, the
-k-means fit of live landmarks, about 1 s) runs on a control thread while hops go on, and the
+k-means fit of live landmarks, 0.2-0.7 s for a paper-sized model) runs on a control thread while hops go on, and the
 requests applied before one hop take at most ``CONTROL_BUDGET_MS`` (the rest wait for the next
 hop). A stream that is not live (a file read as fast as possible) applies every request before
 the next hop. The engine never blocks the capture thread: sources drop whole hops when processing

@@ -69,9 +69,10 @@ def test_100_calls_a_second_for_a_minute_drop_no_hop():
         thread.join()
     events = every_event(results)
     assert calls[0] >= 5500                                  # 100 calls a second for a minute
-    # the heavy work did run (84 fits on a quiet machine; fewer when others share its cores: the
-    # control thread then lags behind the calls, which is allowed; dropping a hop is not)
-    assert sum("fitted by k-means" in e for e in events) >= 12, events[-5:]   # the heavy work did run
+    # the heavy work did run: at most 84 fits (14 cycles x 6), >= 60 in a run on a quiet machine
+    # here, 32 when other jobs shared its cores (the control thread then lags behind the calls,
+    # which is allowed; dropping a hop is not)
+    assert sum("fitted by k-means" in e for e in events) >= 12, events[-5:]
     assert not [e for e in events if e.startswith("error")], [e for e in events if e.startswith("error")][:3]
     assert len(results) == 248 and results[-1].dropped_hops == 0
 
