@@ -19,7 +19,11 @@ TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-fast bench assets accuracy clean sysdeps sysdeps-test
+.PHONY: setup run test test-fast tolerances bench assets accuracy clean sysdeps sysdeps-test
+
+# Tests run in pytest-xdist workers, one per core (one torch thread each, tests/conftest.py); the
+# JACK tests share one worker (one JACK server at a time). The 15 slowest tests are listed.
+PYTEST := $(PY) -m pytest -q -n auto --dist loadgroup
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -42,12 +46,20 @@ run: sysdeps $(STAMP)
 	$(PY) main.py $(ARGS)
 
 test: sysdeps-test $(STAMP)
-	$(PY) -m pytest -q $(ARGS)
+	$(PYTEST) --durations=15 $(ARGS)
 
 # The developer loop: no shared data, JACK, Xvfb, Qt window or long tests (`make test
-# ARGS=tests/gui` for the window). 368 tests, 1 min 45 s measured on a 2-core machine.
+# ARGS=tests/gui` for the window).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not shared and not jack and not display and not gui and not slow" $(ARGS)
+	$(PYTEST) -m "not shared and not jack and not display and not gui and not slow" $(ARGS)
+
+# Every float tolerance's worst observed error over 20 seeds, and its margin (goal >= 3).
+tolerances: $(STAMP)
+	rm -f bench_results/margins.jsonl
+	mkdir -p bench_results
+	$(PYTEST) --seeds 20 --margins bench_results/margins.jsonl -m "not slow" \
+		tests/models tests/app/test_engine.py tests/app/test_frontends_engine.py $(ARGS)
+	$(PY) scripts/tolerance_margins.py bench_results/margins.jsonl
 
 bench: $(STAMP)
 	$(PY) main.py bench $(ARGS)

@@ -7,7 +7,11 @@ Markers, applied here so that they cannot be forgotten:
   display  opens a real X11 window under Xvfb
   gui      a Qt window (offscreen)
   slow     long property tests
-`make test` runs everything; `make test-fast` deselects shared, jack, display, gui and slow.
+`make test` runs everything, in pytest-xdist workers (the JACK tests share one); `make test-fast`
+deselects shared, jack, display, gui and slow.
+
+No assertion depends on the host's speed: timing mechanisms are checked with injected clocks or
+the source's own clock, and real-time outcomes (drops, delays) are measured by `bench`.
 """
 import os
 import sys
@@ -21,7 +25,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(HERE))          # after ROOT: the packages app/, audio/, models/ win
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# one torch thread per pytest-xdist worker (the workers share the cores), up to 2 otherwise
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 SHARED = ROOT.parent / "shared" / "data"
 
@@ -44,3 +49,39 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.display)
         if path.parent.name == "gui":
             item.add_marker(pytest.mark.gui)
+
+
+# ------------------------------------------------------------------ tolerance margins
+# Every float tolerance of the suite is checked through the ``errors`` fixture: it asserts the
+# observed error is within its tolerance and, with ``--margins FILE``, appends (name, tolerance,
+# observed) to FILE. ``--seeds N`` runs every test that takes the ``seed`` fixture on seeds
+# 0..N-1. `make tolerances` runs both (20 seeds) and prints each tolerance's worst observed value
+# and its margin (scripts/tolerance_margins.py); the default run takes seed 0.
+
+def pytest_addoption(parser):
+    parser.addoption("--seeds", type=int, default=1, help="run seeded tolerance tests on seeds 0..N-1")
+    parser.addoption("--margins", default=None, help="append each tolerance check to this JSON-lines file")
+
+
+def pytest_generate_tests(metafunc):
+    if "seed" in metafunc.fixturenames:
+        metafunc.parametrize("seed", range(metafunc.config.getoption("--seeds")))
+
+
+class Errors:
+    """``errors(name, observed, tolerance)``: assert observed <= tolerance, and record it."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, name: str, observed: float, tolerance: float, where="") -> None:
+        if self.path:
+            import json
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"name": name, "tolerance": tolerance, "observed": observed}) + "\n")
+        assert observed <= tolerance, f"{name}: error {observed:.3g} > tolerance {tolerance:.3g} {where}"
+
+
+@pytest.fixture
+def errors(request):
+    return Errors(request.config.getoption("--margins"))

@@ -1,5 +1,6 @@
 """`python main.py bench`: per-step latency and FLOPs of every variant against torch's recompute
-(app/offline/bench.py); `--gui` the live window (app/gui/bench.py); `--evaluate` evaluation speed."""
+(app/offline/bench.py); `--gui` the live window (app/gui/bench.py); `--control` a control storm on a
+live stream (app/offline/bench_control.py); `--evaluate` evaluation speed."""
 from __future__ import annotations
 
 from . import command
@@ -16,6 +17,9 @@ def add_arguments(p) -> None:
                    help="instead: the live window with 6 models on the demo signal for SECONDS")
     p.add_argument("--soak", type=SECONDS, metavar="SECONDS",
                    help="instead: the --gui run for SECONDS (e.g. 3600), with resident memory every 10 s")
+    p.add_argument("--control", type=SECONDS, metavar="SECONDS",
+                   help="instead: a storm of 100 control calls a second (live k-means fits, model adds) "
+                        "on the real-time stream for SECONDS; dropped hops and control time per hop")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -74,7 +78,10 @@ def run(args) -> int:
     if args.soak:
         from app.gui.bench import gui
         print_soak(gui(args.soak, args.vggish_weights, fe, progress=soak_progress))
-    if args.evaluate or args.gui or args.soak:
+    if args.control:
+        from app.offline.bench_control import control_storm, print_control
+        print_control(control_storm(args.control, fe))
+    if args.evaluate or args.gui or args.soak or args.control:
         return 0
     from app.offline import bench
     bench.run(args.windows, steps=args.steps, budget_s=args.budget,

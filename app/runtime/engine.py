@@ -65,13 +65,18 @@ class Engine:
     ``trained``: name -> bool; ``spacing``: name -> hops between the tokens the model was trained
     on (default 1), fed as interleaved streams; ``fused``: step continual models in the compiled
     CPU kernel (default; False: the torch reference path); ``frontends``: name -> the front-end name a model
-    was trained on (a mismatch is refused); ``classes``: name -> its class names (default GTZAN).
+    was trained on (a mismatch is refused); ``classes``: name -> its class names (default GTZAN);
+    ``clock``: the seconds clock that the control budget is counted on.
+
+    Each StepResult's ``stages['control']`` is the engine's own record of the milliseconds spent
+    applying control requests before that hop (on ``clock``).
     """
 
     def __init__(self, frontend: FrontEnd, models: dict | None = None,
                  trained: dict[str, bool] | None = None, *, spacing: dict[str, int] | None = None,
                  frontends: dict[str, str] | None = None, classes: dict | None = None,
-                 recent_tokens: int = 480, fused: bool = True):
+                 recent_tokens: int = 480, fused: bool = True, clock=time.perf_counter):
+        self.clock = clock      # seconds; the control budget's clock (tests inject one)
         self.frontend = as_frontend(frontend)
         self.fused = fused      # the compiled CPU step where it applies (models/fused/)
         self.slots: dict[str, Slot] = {}
@@ -84,6 +89,7 @@ class Engine:
         self._control = ThreadPoolExecutor(1, thread_name_prefix="engine-control")
         self._recent: deque = deque(maxlen=recent_tokens)   # recent tokens, for live-fitted landmarks
         self._stop = threading.Event()
+        self.control_ms = 0.0       # time the last apply_pending took (ms, on ``clock``)
 
     @property
     def models(self) -> dict:
@@ -146,9 +152,16 @@ class Engine:
         ``wait=False`` (between live hops): no new request starts once ``CONTROL_BUDGET_MS`` are
         spent, and a request whose heavy part is still running on the control thread when they
         are holds back the requests after it; the rest are applied before later hops."""
-        events, t0 = [], time.perf_counter()
+        t0 = self.clock()
+        try:
+            return self._apply_within_budget(wait, t0)
+        finally:
+            self.control_ms = (self.clock() - t0) * 1e3
+
+    def _apply_within_budget(self, wait: bool, t0: float) -> list[str]:
+        events = []
         while True:
-            left_s = CONTROL_BUDGET_MS / 1e3 - (time.perf_counter() - t0)
+            left_s = CONTROL_BUDGET_MS / 1e3 - (self.clock() - t0)
             if self._job is not None:        # a quick job (a model build) is waited for within budget
                 futures.wait([self._job], timeout=None if wait else max(0.0, left_s))
                 if not self._job.done():
@@ -293,17 +306,19 @@ class Engine:
         for slot in self.slots.values():
             slot.model.eval()
             slot.model.reset(1)
+        control_ms = self.control_ms
         for item in TokenStream(source, self.frontend):
             events += self.apply_pending(wait=not live)
+            control_ms += self.control_ms
             if self._stop.is_set():
                 return
             token = item.token.detach().cpu()
             self._recent.append(token[0])
-            result = self._step(item, token, source, events)
-            events = []
+            result = self._step(item, token, source, events, control_ms)
+            events, control_ms = [], 0.0
             yield result
 
-    def _step(self, item, token, source, events) -> StepResult:
+    def _step(self, item, token, source, events, control_ms: float) -> StepResult:
         models = {}
         for name, slot in self.slots.items():
             model = slot.model
@@ -324,7 +339,7 @@ class Engine:
                 variant=cfg.variant, layers=cfg.layers, window=cfg.window)
         return StepResult(item.index, item.audio_time, source.name, self.frontend.description, models,
                           {"frontend": item.mel_ms + item.network_ms, "mel": item.mel_ms,
-                           "network": item.network_ms},
+                           "network": item.network_ms, "control": control_ms},
                           frontend_flops=item.flops, dropped_hops=source.stats.dropped,
                           input_rate=int(getattr(source, "input_rate", 0) or 0),
                           ready_time=item.ready_time, done_time=time.monotonic(), events=events,

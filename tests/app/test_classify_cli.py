@@ -29,7 +29,7 @@ def test_classify_file_jsonl(tmp_path):
     assert abs(sum(models["continual"]["probabilities"]) - 1) < 1e-4
     assert not any(m["trained"] for m in models.values()) and "RANDOM" in first["frontend"]
     assert models["continual_nystrom"]["flops"]["sda"] > 0
-    assert set(first["stages"]) == {"frontend", "mel", "network"} and models["regular"]["latency_ms"] > 0
+    assert set(first["stages"]) == {"frontend", "mel", "network", "control"} and models["regular"]["latency_ms"] > 0
     # exact variants agree at every step
     for x in records:
         assert x["models"]["regular"]["top"][0] == x["models"]["continual"]["top"][0]

@@ -15,13 +15,17 @@ from pathlib import Path
 import pytest
 
 PROBE = Path(__file__).with_name("mic_probe.py")
-pytestmark = pytest.mark.skipif(shutil.which("jackd") is None or shutil.which("jack_metro") is None,
-                                reason="JACK (jackd2) is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("jackd") is None or shutil.which("jack_metro") is None,
+                                 reason="JACK (jackd2) is not installed"),
+              pytest.mark.xdist_group("jack")]     # one JACK server (its default name) at a time
 
 
 def portaudio_available() -> bool:
-    r = subprocess.run([sys.executable, "-c", "import sounddevice"], capture_output=True)
-    return r.returncode == 0
+    """Whether the PortAudio library is installed. Looked up, not initialised: importing
+    sounddevice initialises PortAudio, which probes JACK, and can fail while a previous test's
+    server is shutting down (that is not a missing library)."""
+    import ctypes.util
+    return ctypes.util.find_library("portaudio") is not None
 
 
 class Jack:
@@ -30,7 +34,8 @@ class Jack:
     def __init__(self, rate: int):
         self.env = {**os.environ, "JACK_NO_AUDIO_RESERVATION": "1", "JACK_NO_START_SERVER": "1"}
         self.procs = []
-        self.jackd = self._spawn(["jackd", "--no-realtime", "-d", "dummy", "-r", str(rate),
+        # a 5 s client timeout: on a loaded host a slow client is late, not removed from the graph
+        self.jackd = self._spawn(["jackd", "--no-realtime", "-t", "5000", "-d", "dummy", "-r", str(rate),
                                   "-p", str(rate // 10)])
         if not self._wait_for_port("system:capture"):
             self.stop()
@@ -61,8 +66,10 @@ class Jack:
         inputs = self._wait_for_port("PortAudio:in")
         assert inputs, f"PortAudio's input ports never appeared: {self.ports()}"
         metro = self._wait_for_port("metro:")[0]
-        for port in inputs:
-            subprocess.run(["jack_connect", metro, port], env=self.env, timeout=10, check=True)
+        for port in inputs:   # a port listed twice (or connected already) is connected once
+            r = subprocess.run(["jack_connect", metro, port], env=self.env, timeout=10,
+                               capture_output=True, text=True)
+            assert r.returncode == 0 or "already connected" in r.stderr, (port, r.stderr)
 
     def stop(self):
         for p in reversed(self.procs):
@@ -123,7 +130,7 @@ def test_microphone_delivers_the_tone_at_4_hz_and_stops_promptly(jack):
     assert done["shapes_ok"] and done["hops"] == 16
     assert 3.0 < done["rate_hz"] < 5.5, done
     assert done["peak"] > 0.05 and abs(done["freq"] - 440.0) < 5.0, done
-    assert done["close_s"] < 0.5
+    assert done["close_s"] < 1.0        # close() gives up waiting on PortAudio after 0.5 s
     assert code == 0
 
 

@@ -11,7 +11,9 @@ def test_soak_reports_memory_drops_and_delay_and_keeps_the_history_small(qapp, m
     original = MainWindow.close
     monkeypatch.setattr(MainWindow, "close", lambda w: (windows.append(w), original(w))[1])
     r = bench.gui(12, progress=lambda t, mb, dropped: seen.append((t, mb, dropped)))
-    assert r["models"] == 6 and r["hops"] >= 40
+    # the real-time source gives 4 hops per second of the run, each shown or dropped (how many
+    # are dropped depends on this host's spare CPU: `bench --gui` measures it)
+    assert r["models"] == 6 and r["hops"] >= 8 and r["hops"] + r["dropped_hops"] <= 4 * r["seconds"] + 2
     assert len(r["rss_mb"]) >= 6 and [t for t, _ in r["rss_mb"]] == sorted(t for t, _ in r["rss_mb"])
     assert all(300 < mb < 4000 for _, mb in r["rss_mb"])               # resident MB of this process
     assert len(seen) >= 5 and seen[-1][2] == r["dropped_hops"]

@@ -4,10 +4,12 @@ import math
 import pytest
 import torch
 
+from error_model import EPS32, relative_tol
 from models.sda import streaming_sda, attention, nystrom_attention, pinv
 from models.landmarks import segment_means
 
 CONTINUAL = [("continual", None), ("continual_nystrom", "continual"), ("continual_nystrom", "fixed")]
+STAGES = {"continual": 3, "continual_nystrom": 6}     # as in test_sda_equality.py
 
 
 def rising_falling_stream(T, B, d, peak, seed=0):
@@ -46,26 +48,31 @@ def reference(s, variant, q, k, v, t, n, retro):
 
 @pytest.mark.parametrize("retro,fused", [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("variant,mode", CONTINUAL)
-def test_huge_rising_and_falling_scores_stay_accurate(variant, mode, retro, fused):
-    """Torch reference and fused (compiled) steps alike."""
+def test_huge_rising_and_falling_scores_stay_accurate(variant, mode, retro, fused, seed, errors):
+    """Torch reference and fused (compiled) steps alike, against the float64 window reference,
+    relative to the output scale (tests/error_model.py, with the window's largest score)."""
     T, B, d, n, m = 10_000, 2, 16, 32, 4
-    q, k, v = rising_falling_stream(T, B, d, peak=260.0)
+    q, k, v = rising_falling_stream(T, B, d, peak=260.0, seed=seed)
     s = make(variant, mode, n, m, d, retro, fused=fused)
     s.reset(B)
-    worst, top_score = 0.0, 0.0
+    worst, top_score = (0.0, 1.0, -1), 0.0
     for t in range(T):
         out = s.step(q[:, t].float(), k[:, t].float(), v[:, t].float())
         assert torch.isfinite(out).all(), f"non-finite output at step {t}"
         if t % 5 == 0 or t > T - 20:
-            lo = max(0, t + 1 - n)
-            scores = q[:, lo:t + 1] @ k[:, lo:t + 1].transpose(1, 2) / math.sqrt(d)
-            top_score = max(top_score, scores.abs().max().item())
+            # the scores behind the output: the window's, and for retroactive rows every key a
+            # row of the window has held (its running sum carries them): the last 2n - 1 tokens
+            lo = max(0, t + 2 - 2 * n if retro else t + 1 - n)
+            score = (q[:, lo:t + 1] @ k[:, lo:t + 1].transpose(1, 2)).abs().max().item() / math.sqrt(d)
+            top_score = max(top_score, score)
             ref = reference(s, variant, q, k, v, t, n, retro)
-            worst = max(worst, ((out.double() - ref).abs().max() / ref.abs().max()).item())
+            err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
+            tol = relative_tol(score, n, STAGES[variant])
+            if err / tol > worst[0] / worst[1]:
+                worst = (err, tol, t)
     assert top_score >= 200, f"test stream too tame: max |score| {top_score:.0f}"
-    print(f"{variant}/{mode}/{'retro' if retro else 'single'}: max|score| {top_score:.0f}, "
-          f"relative error {worst:.2e}")
-    assert worst <= 1e-4, f"relative error {worst:.2e}"
+    errors(f"huge scores {variant}/{mode} {'retroactive' if retro else 'single'}{' fused' if fused else ''}",
+           worst[0], worst[1], where=f"at step {worst[2]}")
 
 
 def test_without_stabilisation_the_same_stream_breaks():
@@ -84,18 +91,16 @@ def test_without_stabilisation_the_same_stream_breaks():
     assert bad
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("variant,mode,retro,fused", [("continual", None, True, False),
-                                                       ("continual_nystrom", "continual", False, False),
-                                                       ("continual_nystrom", "fixed", False, False),
-                                                       ("continual_nystrom", "fixed", True, False),
-                                                       ("continual_nystrom", "fixed", False, True),
-                                                       ("continual_nystrom", "continual", False, True)])
-def test_no_drift_after_100k_steps(variant, mode, retro, fused):
-    T, d, n, m = 100_000, 8, 8, 2
-    g = torch.Generator().manual_seed(11)
+DRIFT_STAGES = 4     # scores, softmax sums, the division, one refresh of the running sums
+
+
+def drift_error(variant, mode, retro, fused, seed, T, stabilize=True):
+    """(error, tolerance) at the last step of a T-step stream against its float64 window. The
+    tolerance does not grow with T: stabilised running sums carry no rounding from departed tokens."""
+    d, n, m = 8, 8, 2
+    g = torch.Generator().manual_seed(seed + 11)
     x = torch.randn(T, 3, 1, d, generator=g)
-    s = make(variant, mode, n, m, d, retro, fused=fused)
+    s = make(variant, mode, n, m, d, retro, stabilize=stabilize, fused=fused)
     s.reset(1)
     for t in range(T):
         out = s.step(x[t, 0], x[t, 1], x[t, 2])
@@ -106,7 +111,29 @@ def test_no_drift_after_100k_steps(variant, mode, retro, fused):
         ql, kl = s.landmarks()
         ref = nystrom_attention(q, k, v, ql.double(), kl.double())
     ref = ref if retro else ref[:, -1]
-    assert (out.double() - ref).abs().max() <= 1e-4
+    score = (q @ k.transpose(1, 2)).abs().max().item() / math.sqrt(d)
+    return (out.double() - ref).abs().max().item(), DRIFT_STAGES * EPS32 * (1 + score) * v.abs().max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,mode,retro,fused", [("continual", None, True, False),
+                                                       ("continual_nystrom", "continual", False, False),
+                                                       ("continual_nystrom", "fixed", False, False),
+                                                       ("continual_nystrom", "fixed", True, False),
+                                                       ("continual_nystrom", "fixed", False, True),
+                                                       ("continual_nystrom", "continual", False, True)])
+def test_no_drift_after_20k_steps(variant, mode, retro, fused, seed, errors):
+    """After 20,000 steps the output is as accurate as a fresh stream's: within a tolerance that
+    does not grow with the stream (unstabilised fixed-landmark sums already miss it after 2,000
+    steps: test_drift_is_caught_without_stabilisation)."""
+    err, tol = drift_error(variant, mode, retro, fused, seed, 20_000)
+    errors(f"no drift after 20k steps, {variant}/{mode}", err, tol)
+
+
+def test_drift_is_caught_without_stabilisation():
+    """The drift test can fail: the same check on unstabilised running sums does."""
+    err, tol = drift_error("continual_nystrom", "fixed", False, False, 0, 2_000, stabilize=False)
+    assert err > tol, (err, tol)
 
 
 # ----------------------------------------------------------------------------- pseudo-inverse
