@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,ray]"
 	$(PY) -m pip install --quiet --no-deps musicnn==0.1.0
 	$(PY) -m pip install --quiet --no-deps --target $(VENV)/vendor/resampy-0.2.2 resampy==0.2.2
 	touch $(STAMP)

@@ -2,6 +2,8 @@
 (app/offline/accuracy.py)."""
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from audio.files import atomic_write_json, atomic_write_text
 
 from . import command
 from .argtypes import POSITIVE, writable_dir
+from .extract import add_ray_arguments, ray_workers
 
 
 def add_arguments(p) -> None:
@@ -22,6 +25,7 @@ def add_arguments(p) -> None:
     p.add_argument("--limit", type=POSITIVE, default=None, help="only the first N files (for a quick check)")
     p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
     p.add_argument("--command-line", default=None, help="command to print in the report")
+    add_ray_arguments(p)
 
 
 @command("accuracy", "genre accuracy from audio files through the live path", add_arguments)
@@ -31,6 +35,8 @@ def run(args) -> int:
     from app.runtime.lineup import default_lineup
     from audio.errors import AudioError
     from audio.frontends import build_frontend
+    from app.offline.ray_cluster import RayClusterError
+    from audio.checksums import file_sha256
     from models.checkpoint import CheckpointError
     try:
         files = find_files(args.audio)
@@ -50,10 +56,22 @@ def run(args) -> int:
             from models.checkpoint import load_checkpoint
             e.payload = load_checkpoint(e.path)[1]
         log = (lambda s: print(s, file=sys.stderr, flush=True))
-        preds = run_files(files, frontend, entries, log)
-        rows = summarise(files, preds, split_of(entries))
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
+        parts = prepare_parts(out / "accuracy.parts", {
+            "files": [str(p) for p, _ in files], "frontend": frontend.description,
+            "checkpoints": [[str(e.path), file_sha256(e.path)] for e in entries]}, log)
+        if args.ray:
+            from app.offline.ray_accuracy import RayAccuracy
+            from app.offline.ray_cluster import ray_session
+            from app.offline.ray_extract import FrontEndSpec
+            with ray_session(args.ray) as ray:
+                job = RayAccuracy(FrontEndSpec(frontend.name), [str(e.path) for e in entries],
+                                  ray_workers(ray, args.workers))
+                preds = run_files(files, frontend, entries, log, parts, job)
+        else:
+            preds = run_files(files, frontend, entries, log, parts)
+        rows = summarise(files, preds, split_of(entries))
         command = args.command_line or "python main.py accuracy --audio " + str(args.audio)
         atomic_write_text(out / "accuracy.md", markdown(rows, command, frontend.description))
         atomic_write_json(out / "accuracy.json", {"command": command, "frontend": frontend.description,
@@ -61,9 +79,24 @@ def run(args) -> int:
         focus = next((n for n in rows if n.startswith("continual_nystrom | native")), next(iter(rows)))
         plot_confusion(rows, focus, out / "confusion.png")
         print(markdown(rows, command, frontend.description))
+        shutil.rmtree(parts)
         return 0
-    except (AudioError, CheckpointError) as e:
+    except (AudioError, CheckpointError, RayClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
 
+def prepare_parts(parts: Path, manifest: dict, log) -> Path:
+    """The folder of finished files' predictions: kept when it belongs to this very run (same
+    files, front end and checkpoints), so a rerun resumes; else emptied."""
+    mpath = parts / "manifest.json"
+    try:
+        same = json.loads(mpath.read_text()) == manifest
+    except (OSError, ValueError):
+        same = False
+    if not same and parts.exists():
+        log(f"{parts} holds another run's results; starting afresh")
+        shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(mpath, manifest)
+    return parts

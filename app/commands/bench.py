@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--control", type=SECONDS, metavar="SECONDS",
                    help="instead: a storm of 100 control calls a second (live k-means fits, model adds) "
                         "on the real-time stream for SECONDS; dropped hops and control time per hop")
+    p.add_argument("--scale", metavar="DIR",
+                   help="instead: extract the GTZAN-named files in DIR in one process and on a local "
+                        "Ray instance with 1 and 2 workers; tracks per minute, start-up, worker memory")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -81,7 +84,10 @@ def run(args) -> int:
     if args.control:
         from app.offline.bench_control import control_storm, print_control
         print_control(control_storm(args.control, fe))
-    if args.evaluate or args.gui or args.soak or args.control:
+    if args.scale:
+        from app.offline.bench_scale import print_scale, scale
+        print_scale(scale(args.scale, fe))
+    if args.evaluate or args.gui or args.soak or args.control or args.scale:
         return 0
     from app.offline import bench
     bench.run(args.windows, steps=args.steps, budget_s=args.budget,

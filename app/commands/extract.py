@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from app.offline.extract import extract_gtzan
+from app.offline.ray_cluster import RayClusterError
 from app.runtime.frontend_args import add_frontend_arguments
 from audio.errors import AudioError
 from audio.token_cache import convert_musicnn, save_tokens
@@ -24,11 +25,25 @@ def add_arguments(p) -> None:
     add_frontend_arguments(p)
     p.add_argument("--batch-size", type=POSITIVE, default=64, help="VGGish batch size")
     p.add_argument("--cuda", action="store_true", help="run the front end on CUDA if available")
+    add_ray_arguments(p)
+
+
+def add_ray_arguments(p) -> None:
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run the per-track work in Ray workers: alone, a local Ray instance on this "
+                        "machine's cores; 'auto' or ray://HOST:PORT, a running cluster")
+    p.add_argument("--workers", type=POSITIVE, default=None,
+                   help="Ray workers, one CPU each (default: the cluster's CPUs less one)")
+
+
+def ray_workers(ray, asked: int | None) -> int:
+    """Workers to start: as asked, else every CPU of the cluster but one (for Ray Data's reads)."""
+    return asked or max(1, int(ray.cluster_resources().get("CPU", 1)) - 1)
 
 
 @command("extract", "GTZAN audio (or musicnn taggrams) -> a token file", add_arguments)
 def run(args) -> int:
-    from app.runtime.frontend_args import frontend_from_args
+    from app.runtime.frontend_args import frontend_from_args, random_seed
     if Path(args.out).exists() and not args.force:
         print(f"extract: {args.out} exists; give --force to overwrite it, or another --out",
               file=sys.stderr)
@@ -46,8 +61,20 @@ def run(args) -> int:
         import torch
         device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
         frontend = frontend_from_args(args, device)
-        extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)
+        if not args.ray:
+            extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)
+            return 0
+        from app.offline.ray_cluster import ray_session
+        from app.offline.ray_extract import FrontEndSpec, RayJob
+        spec = FrontEndSpec(frontend.name, args.vggish_weights, random_seed(args),
+                            not getattr(args, "recompute_frontend", False))
+        with ray_session(args.ray) as ray:
+            extract_gtzan(args.gtzan, args.out, frontend, args.batch_size,
+                          ray=RayJob(spec, ray_workers(ray, args.workers)))
         return 0
+    except RayClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except AudioError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ validation tracks), 'evaluation' (test tracks) or 'neither'. Writes ``README.md`
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 from pathlib import Path
@@ -44,26 +45,57 @@ def split_of(entries) -> dict[str, str]:
     return where
 
 
-def run_files(files, frontend, entries, log) -> dict:
-    """Stream each file; per model and feeding ('native' / 'every hop'), the final prediction."""
+def file_predictions(path: Path, frontend, entries) -> dict[str, int]:
+    """Stream one file like `classify FILE`; per model and feeding ('native' / 'every hop'), the
+    class predicted at its end. On one torch thread, so that it is the same wherever it runs."""
+    import torch
+
     from app.runtime.engine import Engine
     from audio.sources import FileSource
-    preds: dict[str, list[int]] = {}
-    for i, (path, tid) in enumerate(files):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
         engine = Engine(frontend)
         for e in entries:
             for feed, spacing in (("native", e.spacing), ("every hop", 1)):
-                model = e.model if feed == "native" else copy.deepcopy(e.model)   # own state
-                engine.add_model(f"{e.name} | {feed}", model, trained=True, spacing=spacing,
-                                 frontend=e.frontend, classes=e.classes)
-        t0, last = time.monotonic(), None
+                engine.add_model(f"{e.name} | {feed}", copy.deepcopy(e.model), trained=True,
+                                 spacing=spacing, frontend=e.frontend, classes=e.classes)
+        last = None
         for r in engine.run(FileSource(path)):
             last = r
-        for name, m in last.models.items():
-            preds.setdefault(name, []).append(int(np.argmax(m.probabilities)))
-        log(f"[{i + 1}/{len(files)}] {path.name}: {last.step + 1} hops in "
-            f"{time.monotonic() - t0:.1f} s; " + ", ".join(
-                f"{n.split(' | ')[0]} {GENRES[p[-1]]}" for n, p in preds.items() if n.endswith("native")))
+        return {name: int(np.argmax(m.probabilities)) for name, m in last.models.items()}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_files(files, frontend, entries, log, parts: Path | None = None, ray=None) -> dict:
+    """Per model and feeding, the final prediction of each file (in file order). ``parts``: a
+    folder where each finished file's predictions are written atomically and found again by a
+    rerun; ``ray``: a RayAccuracy (app/offline/ray_accuracy.py) to stream the files in Ray workers."""
+    from audio.files import atomic_write_json
+    done: dict[int, dict] = {}
+    if parts is not None:
+        for i in range(len(files)):
+            try:
+                done[i] = json.loads((parts / f"{i:05d}.json").read_text())
+            except (OSError, ValueError):
+                pass
+    todo = [i for i in range(len(files)) if i not in done]
+    if len(todo) < len(files):
+        log(f"resuming: {len(files) - len(todo)} of {len(files)} files already done")
+    results = (ray.results(todo, [files[i][0] for i in todo]) if ray is not None
+               else ((i, file_predictions(files[i][0], frontend, entries)) for i in todo))
+    t0 = time.monotonic()
+    for k, (i, pred) in enumerate(results):
+        done[i] = pred
+        if parts is not None:
+            atomic_write_json(parts / f"{i:05d}.json", pred)
+        log(f"[{k + 1}/{len(todo)}] {files[i][0].name} ({time.monotonic() - t0:.0f} s): " + ", ".join(
+            f"{n.split(' | ')[0]} {GENRES[p]}" for n, p in pred.items() if n.endswith("native")))
+    preds: dict[str, list[int]] = {}
+    for i in range(len(files)):
+        for name, p in done[i].items():
+            preds.setdefault(name, []).append(p)
     return preds
 
 

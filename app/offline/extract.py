@@ -11,6 +11,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +34,49 @@ MUSICNN_GRID = {"sample_rate": 16000, "resampler": "resampy 0.2.2 kaiser_best", 
                 "frame_hop": 256, "bands": 96, "patch_frames": 187, "patch_hop_frames": 61}
 
 
+@dataclass
+class TrackResult:
+    """What one track gave: its tokens (T, D) and repairs, or why it was skipped."""
+    index: int
+    tokens: np.ndarray | None = None
+    nonfinite: int = 0
+    clipped: int = 0
+    skip: str | None = None
+    seconds: float = 0.0
+
+
+def track_tokens(frontend, index: int, path) -> TrackResult:
+    """One track's tokens on one torch thread, so that they are bit-identical wherever they are
+    computed (one process, or any number of Ray workers)."""
+    import torch
+    threads, t0 = torch.get_num_threads(), time.monotonic()
+    torch.set_num_threads(1)
+    try:
+        tokens, info = frontend.file_tokens(path)
+    except AudioFileError as e:
+        return TrackResult(index, skip=str(e))
+    finally:
+        torch.set_num_threads(threads)
+    return TrackResult(index, tokens.numpy(), int(info.get("nonfinite", 0)), int(info.get("clipped", 0)),
+                       seconds=time.monotonic() - t0)
+
+
+def write_part(parts: Path, r: TrackResult) -> None:
+    """A finished track's part, written atomically (a rerun skips it)."""
+    if r.skip is not None:
+        atomic_write_text(parts / f"{r.index:05d}.skip", r.skip)
+        return
+    atomic_write(parts / f"{r.index:05d}.npy", lambda f: np.save(f, r.tokens))
+    atomic_write_json(parts / f"{r.index:05d}.json", {"nonfinite": r.nonfinite, "clipped": r.clipped})
+
+
 def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: int = 64,
-                  log=lambda s: print(s, file=sys.stderr, flush=True)):
+                  log=lambda s: print(s, file=sys.stderr, flush=True), ray=None):
     """Tokens of every GTZAN track under ``gtzan_dir`` into the token file ``out``. ``frontend``:
     a FrontEnd or a VGGish Embedder. VGGish: one token per 0.25 s hop; musicnn: the original
-    implementation's grid (one taggram every 61 frames, as in the shared token files)."""
+    implementation's grid (one taggram every 61 frames, as in the shared token files).
+    ``ray``: a RayJob (app/offline/ray_extract.py) to compute the tracks in Ray Data workers
+    instead of here; the token file is the same, bit for bit."""
     from audio.frontends import as_frontend, frontend_metadata
     frontend = as_frontend(frontend)
     grid = FRONTEND if frontend.name == "vggish" else MUSICNN_GRID
@@ -52,19 +91,15 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
             and not sound_part(parts / f"{i:05d}.npy", frontend.token_dim, log)]
     if len(todo) < len(tracks):
         log(f"resuming: {len(tracks) - len(todo)} of {len(tracks)} tracks already done")
+    results = (ray.results(todo, [tracks[i].path for i in todo]) if ray is not None
+               else (track_tokens(frontend, i, tracks[i].path) for i in todo))
     with Progress(len(todo), "extract", "track", log) as progress:
-        for i in todo:
-            track, t0 = tracks[i], time.monotonic()
-            try:
-                tokens, info = frontend.file_tokens(track.path)
-            except AudioFileError as e:
-                atomic_write_text(parts / f"{i:05d}.skip", str(e))
-                progress.step(f"[{i + 1}/{len(tracks)}] {track.track_id}: SKIPPED ({e})")
-                continue
-            atomic_write(parts / f"{i:05d}.npy", lambda f: np.save(f, tokens.numpy()))
-            atomic_write_json(parts / f"{i:05d}.json", {k: info.get(k, 0) for k in ("nonfinite", "clipped")})
-            progress.step(f"[{i + 1}/{len(tracks)}] {track.track_id}: {len(tokens)} tokens in "
-                          f"{time.monotonic() - t0:.1f} s")
+        for r in results:                       # in the order they finish
+            write_part(parts, r)
+            track = tracks[r.index]
+            progress.step(f"[{r.index + 1}/{len(tracks)}] {track.track_id}: " +
+                          (f"SKIPPED ({r.skip})" if r.skip is not None
+                           else f"{len(r.tokens)} tokens in {r.seconds:.1f} s"))
     seqs, labels, ids, repairs = [], [], [], {}
     skipped = [{"id": str(p.relative_to(gtzan_dir)), "reason": "named like a track but not a file"} for p in ignored]
     for i, track in enumerate(tracks):

@@ -79,3 +79,19 @@ def test_no_source_file_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 420}
     assert not long, long
+
+
+def test_ray_is_imported_only_with_ray(tmp_path):
+    """`extract` without --ray (every command module loaded) never imports Ray."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import soundfile as sf
+    (tmp_path / "g").mkdir()
+    sf.write(tmp_path / "g" / "blues.00000.wav", 0.1 * np.sin(np.arange(16000) / 5.0), 16000)
+    code = ("import sys; from app.cli import main; "
+            f"code = main(['extract', '--gtzan', {str(tmp_path / 'g')!r}, '--out', {str(tmp_path / 't.npz')!r}, "
+            "'--random-vggish']); print(code, 'ray' in sys.modules, 'ray.data' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["0", "False", "False"], r.stdout + r.stderr[-2000:]

@@ -31,11 +31,18 @@ def portaudio_available() -> bool:
 class Jack:
     """A JACK dummy server at ``rate`` with a 440 Hz metronome tone (jack_metro)."""
 
+    count = 0
+
     def __init__(self, rate: int):
-        self.env = {**os.environ, "JACK_NO_AUDIO_RESERVATION": "1", "JACK_NO_START_SERVER": "1"}
+        # a server of its own name: nothing a previous test's server left behind (its registry,
+        # semaphores) is ever reused
+        Jack.count += 1
+        name = f"nystream-{os.getpid()}-{Jack.count}"
+        self.env = {**os.environ, "JACK_NO_AUDIO_RESERVATION": "1", "JACK_NO_START_SERVER": "1",
+                    "JACK_DEFAULT_SERVER": name}
         self.procs = []
         # a 5 s client timeout: on a loaded host a slow client is late, not removed from the graph
-        self.jackd = self._spawn(["jackd", "--no-realtime", "-t", "5000", "-d", "dummy", "-r", str(rate),
+        self.jackd = self._spawn(["jackd", "-n", name, "--no-realtime", "-t", "5000", "-d", "dummy", "-r", str(rate),
                                   "-p", str(rate // 10)])
         if not self._wait_for_port("system:capture"):
             self.stop()
@@ -72,10 +79,16 @@ class Jack:
             assert r.returncode == 0 or "already connected" in r.stderr, (port, r.stderr)
 
     def stop(self):
+        """End the clients, then the server: asked first (it removes its shared state), killed
+        if it does not go within 5 s."""
         for p in reversed(self.procs):
             if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
+                p.terminate()
+                try:
+                    p.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=10)
 
 
 @pytest.fixture(params=[16000, 48000], ids=["16kHz", "48kHz"])
@@ -88,6 +101,8 @@ def jack(request):
 
 
 def run_probe(jack, mode, hops, on_started=None, on_hop=None, timeout=30):
+    """The probe's events (JSON lines) until it is done; a probe that ends without one fails
+    the test with its stderr."""
     child = subprocess.Popen([sys.executable, str(PROBE), mode, "system", str(hops)], env=jack.env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     events = []
@@ -119,6 +134,9 @@ def run_probe(jack, mode, hops, on_started=None, on_hop=None, timeout=30):
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+    if not events or events[-1]["event"] not in ("done", "lost", "error"):
+        raise AssertionError(f"the capture process ended (code {child.returncode}) after "
+                             f"{events[-3:]}: {child.stderr.read()[-1500:]}")
     return events, child.returncode
 
 
@@ -158,6 +176,7 @@ def test_slow_consumer_drops_whole_hops_and_counts_them(jack):
 def test_unknown_device_is_refused_with_the_list(jack):
     child = subprocess.run([sys.executable, str(PROBE), "capture", "no such mic", "1"], env=jack.env,
                            capture_output=True, text=True, timeout=30)
+    assert child.stdout, f"the probe ended (code {child.returncode}) without a word: {child.stderr[-1500:]}"
     event = json.loads(child.stdout.splitlines()[0])
     assert event["event"] == "error" and event["type"] == "AudioDeviceError"
     assert "no input device named" in event["message"] and "system" in event["message"]
