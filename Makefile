@@ -21,9 +21,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-fast tolerances bench assets accuracy clean sysdeps sysdeps-test
 
-# Tests run in pytest-xdist workers, one per core (one torch thread each, tests/conftest.py); the
-# JACK tests share one worker (one JACK server at a time). The 15 slowest tests are listed.
-PYTEST := $(PY) -m pytest -q -n auto --dist loadgroup
+# Tests run in pytest-xdist workers, one per core (one torch thread each, tests/conftest.py); each
+# test is independent of the others (a JACK test runs its own JACK server, a Ray test class its own
+# Ray session in its worker).
+PYTEST := $(PY) -m pytest -q -n auto --dist load
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)

@@ -7,7 +7,7 @@ Markers, applied here so that they cannot be forgotten:
   display  opens a real X11 window under Xvfb
   gui      a Qt window (offscreen)
   slow     long property tests
-`make test` runs everything, in pytest-xdist workers (the JACK tests share one); `make test-fast`
+`make test` runs everything, in pytest-xdist workers; `make test-fast`
 deselects shared, jack, display, gui and slow.
 
 No assertion depends on the host's speed: timing mechanisms are checked with injected clocks or

@@ -10,7 +10,9 @@ into the report: accuracy mean +- std over seeds, SDA and model FLOPs, latency, 
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -128,15 +130,18 @@ def run_tune(cfg: SweepConfig, points: list[GridPoint], address: str, workers: i
     with ray_session(address) as ray:
         slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         trainable = tune.with_resources(tune_trial, {"cpu": 1})
-        path = storage / "sweep"
+        # one experiment per grid: a rerun of the same grid restores it, another grid starts anew
+        grid = json.dumps({"sweep": asdict(cfg), "points": [asdict(p) for p in points]}, sort_keys=True)
+        name = "sweep-" + hashlib.sha256(grid.encode()).hexdigest()[:12]
+        path = storage / name
         if tune.Tuner.can_restore(str(path)):
-            log(f"restoring the interrupted sweep at {path}")
+            log(f"restoring this grid's Ray Tune experiment at {path} (finished trials are kept)")
             tuner = tune.Tuner.restore(str(path), trainable, resume_errored=True)
         else:
             space = {"sweep": asdict(cfg), "point": tune.grid_search([asdict(p) for p in points])}
             tuner = tune.Tuner(trainable, param_space=space,
                                tune_config=tune.TuneConfig(max_concurrent_trials=slots),
-                               run_config=tune.RunConfig(name="sweep", storage_path=str(storage),
+                               run_config=tune.RunConfig(name=name, storage_path=str(storage),
                                                          verbose=0))
         results = tuner.fit()
         errors = [r.error for r in results if r.error]

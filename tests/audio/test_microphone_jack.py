@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 PROBE = Path(__file__).with_name("mic_probe.py")
-pytestmark = [pytest.mark.skipif(shutil.which("jackd") is None or shutil.which("jack_metro") is None,
-                                 reason="JACK (jackd2) is not installed"),
-              pytest.mark.xdist_group("jack")]     # one JACK server (its default name) at a time
+pytestmark = pytest.mark.skipif(shutil.which("jackd") is None or shutil.which("jack_metro") is None,
+                                reason="JACK (jackd2) is not installed")
 
 
 def portaudio_available() -> bool:
