@@ -72,10 +72,7 @@ def run(args) -> int:
             extract_gtzan(args.gtzan, args.out, frontend, args.batch_size,
                           ray=RayJob(spec, ray_workers(ray, args.workers)))
         return 0
-    except RayClusterError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except AudioError as e:
+    except (AudioError, RayClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -45,7 +45,7 @@ def scale(folder: str | Path, frontend: str = "musicnn") -> dict:
         tracks = len(one.labels)
         from .ray_cluster import ray_session
         t0 = time.monotonic()
-        with ray_session(num_cpus=os.cpu_count()) as ray:
+        with ray_session(num_cpus=os.cpu_count()):
             startup = time.monotonic() - t0
             for workers in (1, 2):
                 stop, peaks = threading.Event(), []

@@ -55,8 +55,8 @@ def ray_session(address: str = LOCAL, num_cpus: int | None = None, modules=PROJE
               configure_logging=False)
     try:
         reachable(address)
-        if address == LOCAL:
-            ray.init(num_cpus=num_cpus or os.cpu_count(),
+        if address == LOCAL:        # a new instance, even where `ray start` runs one
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(),
                      object_store_memory=256 * 2**20, **kw)
         else:
             ray.init(address=address, **kw)

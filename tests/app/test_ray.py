@@ -38,7 +38,8 @@ def runtime_env():
 
 @pytest.fixture(scope="class")
 def local_ray():
-    ray.init(num_cpus=2, object_store_memory=200 * 2**20, runtime_env=runtime_env(),
+    # address="local": a new instance of this worker's own, even if another runs on this machine
+    ray.init(address="local", num_cpus=2, object_store_memory=200 * 2**20, runtime_env=runtime_env(),
              include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()

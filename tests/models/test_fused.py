@@ -13,7 +13,7 @@ from models.fused import available
 from models.landmarks import fit_fixed_landmarks
 from models.sda import streaming_sda
 from models.transformer import ModelConfig, build_model
-from error_model import EPS32, attention_tol, model_scores, relative_tol
+from error_model import attention_tol, model_scores, relative_tol
 
 pytestmark = pytest.mark.skipif(not available(), reason="numba not installed")
 STAGES_PER_BLOCK = 6    # float32 stages chained in a block: embedding or input, q/k/v projection,
