@@ -1,18 +1,21 @@
 """`python main.py bench --gui SECONDS`: the real window (offscreen unless a display is set) on the
 real-time demo signal with six models, the front end on every hop: with musicnn (default) the five
 shipped trained models and an untrained 2-block continual Nyström; with VGGish the four variants,
-continual Nyström with fixed landmarks and a 2-block continual Nyström, all untrained. Measures the GUI thread's frame time, the
-end-to-end delay from a hop's last sample to its drawn result, the real-time factor and drops.
-`bench --soak SECONDS` is the same run, long: it samples the process's resident memory every 10 s
-and reports it at the start, after 5 minutes and at the end (an hour-long run must stay flat).
+continual Nyström with fixed landmarks and a 2-block continual Nyström, all untrained. Measures the
+window's frame time (each panel's too), the end-to-end delay from a hop's last sample to its drawn
+result, the real-time factor and drops; ``--hogs N`` runs N busy-looping processes beside it (a
+laptop whose cores are busy). `bench --soak SECONDS` is the same run, long: it samples the resident
+memory of the window's process and of the engine process every 10 s and reports it at the start,
+after 5 minutes and at the end (an hour-long run must stay flat in both).
 """
 from __future__ import annotations
 
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-
 
 from app.runtime.records import percentile
 from audio.melspec import HOP_MS
@@ -21,26 +24,59 @@ RSS_EVERY_S = 10.0
 SETTLE_S = 300.0            # memory growth is counted after the first 5 minutes
 
 
-def rss_mb() -> float:
-    """Resident memory of this process now (MB; Linux /proc, else the peak so far)."""
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident memory of a process now (MB; Linux /proc; nan if it is gone; elsewhere this
+    process's peak so far)."""
     try:
-        with open("/proc/self/statm") as f:
+        with open(f"/proc/{pid}/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except FileNotFoundError:
+        return float("nan")
     except OSError:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
 
 
+def start_hogs(n: int) -> list[subprocess.Popen]:
+    """``n`` processes that keep a core busy each (what a build or a video call does to a laptop)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def growth_after(samples: list, wall: float) -> float | None:
+    """MB grown from the sample nearest SETTLE_S to the last (None: run too short to say)."""
+    if wall <= 2 * SETTLE_S:
+        return None
+    return samples[-1][1] - min(samples, key=lambda x: abs(x[0] - SETTLE_S))[1]
+
+
+def quantiles(xs) -> dict:
+    xs = list(xs)
+    return {"median": statistics.median(xs) if xs else float("nan"), "p95": percentile(xs, 0.95),
+            "max": max(xs, default=float("nan")), "frames": len(xs)}
+
+
 def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musicnn",
-        progress=None) -> dict:
-    """The run's numbers; ``progress(seconds, rss_mb, dropped_hops)`` is called every 10 s."""
+        progress=None, hogs: int = 0) -> dict:
+    """The run's numbers; ``progress(seconds, rss_mb, dropped_hops)`` is called every 10 s with
+    the window's and the engine's resident MB summed."""
+    hog_procs = start_hogs(hogs)
+    try:
+        return _gui(seconds, vggish_weights, frontend, progress, hogs)
+    finally:
+        for p in hog_procs:
+            p.kill()
+            p.wait()
+
+
+def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.gui.window import MainWindow, Options
-    from models.transformer import ModelConfig, build_model
+    from app.gui.window import PANELS, MainWindow, Options
+    from app.runtime.lineup import ModelSpec
+    from models.transformer import ModelConfig
 
     app = QApplication.instance() or QApplication([])
     settings = QSettings(os.path.join(tempfile.mkdtemp(), "bench.ini"), QSettings.IniFormat)
@@ -51,26 +87,28 @@ def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musi
                            autostart=False), settings)
     w.show()
     w.start()
+    engine_pid = w.engine.process.pid
     if vggish:
         w.engine.add_model("continual_nystrom 2-block",
-                           build_model(ModelConfig(variant="continual_nystrom", layers=2), seed=0))
-        fixed = build_model(ModelConfig(variant="continual_nystrom"), seed=0)
-        w.engine.add_model("continual_nystrom fixed", fixed)
+                           ModelSpec(config=ModelConfig(variant="continual_nystrom", layers=2)))
+        w.engine.add_model("continual_nystrom fixed", ModelSpec(config=ModelConfig(variant="continual_nystrom")))
         QTimer.singleShot(5000, lambda: w.engine.set_landmark_mode("continual_nystrom fixed", "fixed"))
     else:
         cfg = ModelConfig(variant="continual_nystrom", in_dim=50, window=29, layers=2)
-        w.engine.add_model("continual_nystrom 2-block", build_model(cfg, seed=0), spacing=4)
+        w.engine.add_model("continual_nystrom 2-block", ModelSpec(config=cfg), spacing=4)
     QTimer.singleShot(int(seconds * 1000), app.quit)
     t0 = time.monotonic()
-    rss, worst_p95 = [(0.0, rss_mb())], [0.0]           # (seconds, MB); delay p95 of each sample
+    rss, engine_rss, worst_p95 = [(0.0, rss_mb())], [(0.0, rss_mb(engine_pid))], [0.0]   # (s, MB)
 
     def sample():
         rss.append((time.monotonic() - t0, rss_mb()))
+        engine_rss.append((rss[-1][0], rss_mb(engine_pid)))
         if rss[-1][0] > 30:                               # after start-up: the last 10 s of hops
             last = list(w.delay_ms)[-int(RSS_EVERY_S * 1000 / HOP_MS):]
             worst_p95[0] = max(worst_p95[0], percentile(last, 0.95))
         if progress is not None:
-            progress(*rss[-1], w.history[-1].dropped_hops if len(w.history) else 0)
+            progress(rss[-1][0], rss[-1][1] + engine_rss[-1][1],
+                     w.history[-1].dropped_hops if len(w.history) else 0)
     sampler = QTimer()
     sampler.timeout.connect(sample)
     sampler.start(int(RSS_EVERY_S * 1000))
@@ -83,16 +121,17 @@ def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musi
     proc = [r.stages["frontend"] + sum(m.latency_ms for m in r.models.values()) for r in steady]
     result = {
         "seconds": wall, "hops": len(history), "models": len(history[-1].models) if history else 0,
+        "hogs": hogs, "cores": os.cpu_count(), "panel_ms": {k: quantiles(w.panel_ms[k]) for k in PANELS},
         "frame_ms_median": statistics.median(w.frame_ms), "frame_ms_p95": percentile(w.frame_ms, 0.95),
-        "frame_ms_max": max(w.frame_ms),
+        "frame_ms_max": max(w.frame_ms), "frame_cpu_ms": quantiles(w.frame_cpu_ms),
         "delay_ms_median": statistics.median(list(w.delay_ms)[20:] or w.delay_ms),
         "delay_ms_p95": percentile(list(w.delay_ms)[20:] or w.delay_ms, 0.95),
         "rtf": statistics.fmean(proc) / HOP_MS,
         "dropped_hops": history[-1].dropped_hops if history else 0,
         "frontend": history[-1].frontend if history else "",
-        "rss_mb": rss, "delay_ms_worst_p95": worst_p95[0],
-        "rss_growth_after_5min_mb": (rss[-1][1] - min(rss, key=lambda x: abs(x[0] - SETTLE_S))[1]
-                                     if wall > 2 * SETTLE_S else None),
+        "rss_mb": rss, "engine_rss_mb": engine_rss, "delay_ms_worst_p95": worst_p95[0],
+        "rss_growth_after_5min_mb": growth_after(rss, wall),
+        "engine_rss_growth_after_5min_mb": growth_after(engine_rss, wall),
     }
     w.close()
     w.deleteLater()

@@ -58,7 +58,8 @@ class LogAxis(pg.AxisItem):
 
 def axis_plot(layout, row: int, col: int, title: str, left: str, log_y: bool = False,
               left_px: int = LEFT_AXIS_PX, **kw):
-    """A plot in ``layout`` with a fixed-width left axis, grid, and pyqtgraph's mouse zoom / pan
+    """A plot in ``layout`` with a fixed-width left axis, grid, curves clipped to the view and
+    downsampled to its width, and pyqtgraph's mouse zoom / pan
     (wheel, drag; the 'A' button or a double right click returns to following the data).
     Keep ``title`` short: a plot is never narrower than its title."""
     if log_y:
@@ -72,6 +73,8 @@ def axis_plot(layout, row: int, col: int, title: str, left: str, log_y: bool = F
     p.getAxis("left").enableAutoSIPrefix(False)
     p.getAxis("bottom").enableAutoSIPrefix(False)
     p.setMouseEnabled(x=True, y=True)
+    p.setClipToView(True)                          # curves: only the points in view are drawn,
+    p.setDownsampling(auto=True, mode="peak")      # at most about one per pixel column
     return p
 
 

@@ -1,7 +1,6 @@
 """What the window starts with and remembers: command-line Options over saved QSettings."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,17 +9,6 @@ import torch
 from app.runtime.sources import SourceKind, SourceSpec
 from audio.frontends import DEFAULT_FRONTEND
 from models.sda import VARIANTS
-
-GIL_SWITCH_S = 1e-4           # see share_the_gil()
-
-
-def share_the_gil() -> None:
-    """Let the engine's worker thread get the GIL back sooner while the GUI thread draws. Each
-    of the worker's ~150 small torch calls per hop (continual front end) releases the GIL and
-    must wait to take it back; at Python's default 5 ms switch interval a hop of the musicnn
-    front end took ~220 ms in the window instead of ~14 ms alone, at 0.1 ms ~150 ms
-    (measured on a 2-core machine, README "Benchmark")."""
-    sys.setswitchinterval(GIL_SWITCH_S)
 
 
 @dataclass

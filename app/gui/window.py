@@ -1,11 +1,10 @@
 """The main window: the genre (header and genre panel) in the middle, the controls, costs,
 comparison table and spectrogram in dock panels around it (docks.py), a status bar. Everything
-heavy runs in the engine worker (worker.py); this thread reads finished StepResults on a 33 ms
-timer."""
+heavy runs in the engine process (app/runtime/engine_process.py): this process only draws. A
+timer reads what arrived every FRAME_MS; a frame with new hops redraws the plots, the ranking,
+table and status bar follow once a second."""
 from __future__ import annotations
 
-import copy
-import time
 from collections import deque
 from pathlib import Path
 
@@ -14,45 +13,54 @@ from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QVBoxLayout, QWidget
 
-from app.runtime.engine import Engine
-from app.runtime.frontend_args import frontend_or_random
-from app.runtime.lineup import Entry, ShippedLineup, load_trained
+from app.runtime.engine_process import EngineProcess, FrontEndFacts
+from app.runtime.frontend_args import FrontEndSpec
+from app.runtime.lineup import Entry, ModelSpec, ShippedLineup, load_trained
 from app.runtime.sources import SourceKind, SourceSpec
 from app.runtime.steplog import StepLog
-from audio.errors import AudioError, with_hint
+from audio.errors import with_hint
 from audio.frontends import DEFAULT_FRONTEND
 from audio.melspec import HOPS_PER_MINUTE
 from models.checkpoint import CheckpointError
-from models.transformer import ModelConfig, build_model
+from models.transformer import ModelConfig
 
-from . import docks, export, settings as store
+from . import docks, export, frames, settings as store
+from .frames import PANELS
 from .controls import SidePanel
 from .cost_panel import CostPanel
 from .genre_panel import GenrePanel
 from .ranking import RankingPanel
 from .header import Header
-from .settings import Options, share_the_gil
+from .settings import Options
 from .spectrogram import SpectrogramPanel
-from .table import ComparisonTable, preferred_focus, status_texts
-from .worker import EngineWorker, WorkerThread
+from .table import ComparisonTable
 
 RECENT = 2 * HOPS_PER_MINUTE  # StepResults drawn: two minutes of hops
-FRAME_MS = 33                 # GUI redraw period (about 30 fps at most)
+FRAME_MS = 50                 # GUI redraw period (20 frames a second at most)
+SLOW_PANELS_S = 1.0           # the ranking, the table and the status bar: once a second
+
 
 class MainWindow(QMainWindow):
     def __init__(self, options: Options | None = None, settings: QSettings | None = None):
         super().__init__()
-        share_the_gil()
+        torch.set_num_threads(1)                      # this process draws; the engine's has the cores
         self.options = options or Options()
         self.settings = settings or QSettings("Nystream", "Nystream")
         self.setWindowTitle("Nystream — continual Nyström transformers, live")
         self.history = StepLog()                      # for export: packed, bounded in bytes
         self.recent: deque = deque(maxlen=RECENT)     # what the plots and the table show
-        self.frame_ms: deque = deque(maxlen=2000)     # GUI-thread time per redraw
+        self.frame_ms: deque = deque(maxlen=2000)     # GUI-thread time per redraw with new hops
+        self.panel_ms = {k: deque(maxlen=2000) for k in PANELS}   # the same, per panel drawn
+        self.frame_cpu_ms: deque = deque(maxlen=2000)  # GUI-thread CPU from such a frame to the next tick
+        self._drew, self._cpu_at = False, 0.0
+        self.slow_panels_s = SLOW_PANELS_S            # the ranking, table and status bar's period
+        self._slow_at = 0.0                           # when they were last drawn
         self.delay_ms: deque = deque(maxlen=2000)     # hop's last sample -> result drawn
-        self.runner: WorkerThread | None = None
-        self.engine: Engine | None = None
-        self.frontend = None                          # the built FrontEnd (rebuilt on change)
+        self.engine: EngineProcess | None = None      # kept between runs; a new one if it died
+        self.running = False                          # a run is in progress (or starting)
+        self.stopped = False                          # the user ended the run in progress
+        self.failed = False                           # an error ended the run in progress
+        self.facts: FrontEndFacts | None = None       # the engine's front end, once it said
         self.file_path: str | None = None
         self.checkpoint_models: dict[str, Entry] = {}   # name -> user-loaded trained model
         self.lineup = ShippedLineup(on_error=self.show_error)
@@ -86,7 +94,7 @@ class MainWindow(QMainWindow):
             box.toggled.connect(lambda _checked: self.sync_models())
         side.apply_btn.clicked.connect(lambda: self.sync_models(rebuild=True))
         self.mode_group.idToggled.connect(lambda i, on: on and self.switch_landmarks())
-        self.reset_btn.clicked.connect(lambda: self.engine is not None and self.engine.reset_model(None))
+        self.reset_btn.clicked.connect(lambda: self.running and self.engine.reset_model(None))
         side.checkpoint_btn.clicked.connect(self.open_checkpoint_dialog)
         self.smooth_box.valueChanged.connect(lambda v: setattr(self.header.smoother, "seconds", v))
         side.csv_btn.clicked.connect(lambda: self._ask_path("Export step records", "CSV (*.csv)", self.export_csv))
@@ -181,7 +189,7 @@ class MainWindow(QMainWindow):
             return False
         entry.name = f"{entry.model.cfg.key} [{Path(path).stem}]"
         self.checkpoint_models[entry.name] = entry
-        if self.engine is not None:
+        if self.running:
             self._add(entry.name, entry)
         return True
 
@@ -200,20 +208,18 @@ class MainWindow(QMainWindow):
         return self.lineup.wanted(self.frontend_name, self.device, ticked, layers=self.layers_box.value(),
                                   window=self.window_box.value(), landmarks=self.landmarks_box.value())
 
-    def build_untrained(self, cfg: ModelConfig):
-        return build_model(cfg, seed=0).to(self.device)    # the same untrained weights every run
-
     def _add(self, name: str, what) -> None:
-        spacing = self.frontend.native_spacing if self.frontend is not None else 1
-        if isinstance(what, Entry):        # a copy: live landmark fits never touch the shipped model
-            self.engine.add_model(name, copy.deepcopy(what.model).to(self.device), trained=True,
-                                  spacing=what.spacing, frontend=what.frontend, classes=what.classes)
+        """Run ``what`` (a trained Entry, or an untrained config at the front end's native
+        spacing, seed 0: the same weights every run); the engine process builds it."""
+        if isinstance(what, Entry):
+            self.engine.add_model(name, what.spec(self.device), trained=True, spacing=what.spacing,
+                                  frontend=what.frontend, classes=what.classes)
         else:
-            self.engine.add_model(name, self.build_untrained(what), spacing=spacing)
+            self.engine.add_model(name, ModelSpec(config=what, seed=0, device=self.device), spacing=None)
 
     def sync_models(self, rebuild: bool = False) -> None:
         """Make the running models match the checkboxes (and untrained shapes, if ``rebuild``)."""
-        if self.engine is None:
+        if not self.running:
             return
         wanted = self.wanted_models()
         for name in list(self.auto_names):
@@ -229,21 +235,19 @@ class MainWindow(QMainWindow):
 
     def switch_landmarks(self) -> None:
         """Apply the landmark switch to every Nyström model, live (also to models just added)."""
-        if self.engine is not None:
+        if self.running:
             self.engine.use_fixed_landmarks(self.mode_fixed.isChecked())
 
     # ------------------------------------------------------------------ run control
-    def _frontend(self):
-        """The chosen front end; missing VGGish weights: said in the window, random ones used."""
-        def warn(e):
-            self.show_error(f"{e}\nRunning with RANDOM VGGish weights: predictions are not "
-                            f"meaningful. {e.hint}")
+    def frontend_spec(self) -> FrontEndSpec:
+        """The chosen front end, built by the engine process (missing VGGish weights: it says
+        so, and runs random ones)."""
         o = self.options
-        return frontend_or_random(self.frontend_name, device=self.device, vggish_weights=o.vggish_weights,
-                                  random_vggish=o.random_vggish, on_missing=warn)
+        return FrontEndSpec(self.frontend_name, vggish_weights=o.vggish_weights,
+                            random_vggish=o.random_vggish, device=self.device, allow_download=True)
 
     def source_spec(self) -> SourceSpec:
-        """The chosen source, read from the widgets (GUI thread); the worker opens it."""
+        """The chosen source, read from the widgets; the engine process opens it."""
         kind = SourceKind(self.source_kind.currentData())
         if kind is SourceKind.FILE:
             return SourceSpec(kind, self.file_path or "", loop=self.loop_box.isChecked())
@@ -255,38 +259,30 @@ class MainWindow(QMainWindow):
         return SourceSpec(SourceKind.DEMO)
 
     def start(self) -> None:
+        """A new run on the chosen source, front end and models (a fresh engine process if
+        there is none or the last one died)."""
         self.stop()
-        try:
-            fe = self.frontend
-            if fe is None or fe.name != self.frontend_name or fe.device != torch.device(self.device):
-                self.frontend = self._frontend()
-        except AudioError as e:
-            self.show_error(with_hint(e))
-            return
-        fe = self.frontend
-        self.spectrogram.set_spectrogram(fe.bands, fe.mel_levels, fe.frame_ms)
+        if self.engine is None or not self.engine.alive():
+            self.engine = EngineProcess()
         self.genre.reset()
-        self.engine = Engine(fe)
+        self.history.clear()
+        self.recent.clear()
+        self.engine.start_run(self.frontend_spec(), self.source_spec(), [])
+        self.running, self.stopped, self.failed = True, False, False
         wanted = self.wanted_models()
         for name, what in wanted.items():
             self._add(name, what)
         self.auto_names = set(wanted)
+        fe = self.frontend_name
         for name, e in self.checkpoint_models.items():
-            if e.frontend != fe.name:
+            if e.frontend != fe:
                 self.show_error(f"{name} was trained on {e.frontend} tokens and does not run on the "
-                                f"{fe.name} front end; choose {e.frontend} under Front end to run it.")
+                                f"{fe} front end; choose {e.frontend} under Front end to run it.")
                 continue
             self._add(name, e)
         if self.mode_fixed.isChecked():
             self.switch_landmarks()
-        self.history.clear()
-        self.recent.clear()
-        worker = EngineWorker(self.engine, self.source_spec().open)
-        worker.error.connect(self.on_worker_error)
-        worker.finished.connect(self.on_finished)         # queued: runs in this (GUI) thread
-        self.runner = WorkerThread(worker)
-        self.runner.start()
-        self.paused = self.failed = False                 # failed: an error ended this run
+        self.paused = False
         self.pause_btn.setText("Pause")
         self.pause_btn.setEnabled(True)
         self.statusBar().clearMessage()
@@ -294,102 +290,82 @@ class MainWindow(QMainWindow):
         self.save_settings()
 
     def toggle_pause(self) -> None:
-        if self.runner is None or not self.pause_btn.isEnabled():     # none running, or it ended
+        if not self.running or not self.pause_btn.isEnabled():     # none running, or it ended
             return
         self.paused = not self.paused
-        self.runner.worker.set_paused(self.paused)
+        self.engine.set_paused(self.paused)
         self.pause_btn.setText("Resume" if self.paused else "Pause")
 
     def stop(self) -> None:
-        if self.runner is not None:
-            self.runner.stop(1.0)
-            self.runner = None
+        """End the run in progress (the engine process stays, for the next)."""
+        if self.running:
+            self.stopped = True
+            self.engine.stop()
 
     def on_finished(self) -> None:
-        """A run ended: its source ran out (a file without loop) or Stop / a new start ended it."""
-        if self.runner is not None and self.sender() is not self.runner.worker:
-            return                                        # an earlier run, already replaced
-        self.redraw()                                     # its last results first
+        """A run ended: its source ran out (a file without loop), Stop ended it, or an error."""
+        self.running = False
         self.pause_btn.setEnabled(False)
-        how = ("stopped" if self.runner is None else "ended by an error: see the message above"
-               if self.failed else "finished: the source ended")
+        how = ("ended by an error: see the message above" if self.failed else "stopped"
+               if self.stopped else "finished: the source ended")
         self.statusBar().showMessage(self.header.end_run(how, self.history, self.focus_box.currentText()))
 
-    def on_worker_error(self, error: BaseException) -> None:
-        """The run ended with ``error``: its message and the hint its type carries."""
+    def on_engine_error(self, message: str) -> None:
+        """The run ended with an error: its message (with the hint its type carries)."""
         self.failed = True
-        self.show_error(with_hint(error) if isinstance(error, AudioError)
-                        else f"processing stopped: {type(error).__name__}: {error}")
+        self.show_error(message)
+
+    def on_engine_died(self, cause: str) -> None:
+        """The engine process is gone: said in one line; what was drawn and recorded stays, and
+        Start begins a fresh engine."""
+        if self.running:
+            self.failed = True
+            self.show_error(f"{cause}; the run ended. What was drawn is kept (export it from "
+                            f"Controls); Start runs a fresh engine.")
+            self.on_finished()
+        self.engine = None
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API
         self.timer.stop()
-        self.stop()
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        self.running = False
         self.save_settings()
         super().closeEvent(event)
 
     # ------------------------------------------------------------------ drawing (GUI thread)
     def drain(self) -> list:
-        if self.runner is None:
+        """The hops that arrived since the last frame; the engine's other news is acted on."""
+        if self.engine is None:
             return []
-        new, results = [], self.runner.worker.results
-        while results:
-            new.append(results.popleft())
+        new, ended, died = [], False, None
+        for kind, *rest in self.engine.poll():
+            if kind == "step":
+                new.append(rest[0])
+            elif kind == "ready":
+                self.facts = f = rest[0]
+                self.spectrogram.set_spectrogram(f.bands, f.mel_levels, f.frame_ms)
+            elif kind == "warn":
+                self.show_error(rest[0])
+            elif kind == "error":
+                self.on_engine_error(rest[0])
+            elif kind == "finished":
+                ended = True
+            elif kind == "died":
+                died = rest[0]
+        if ended or died:                 # its last hops first, every panel, then the end
+            self._slow_at = 0.0
+            self._draw(new)
+            new = []
+            if died:
+                self.on_engine_died(died)
+            elif self.running:
+                self.on_finished()
         return new
 
-    def redraw(self) -> None:
-        t0 = time.perf_counter()
-        new = self.drain()
-        if not new:
-            return
-        for r in new:
-            self.history.append(r)
-            self.recent.append(r)
-            self.header.push(r)
-            self.genre.push(r, self.header.smoother.state)
-            if r.mel is not None:
-                self.spectrogram.push_mel(r.mel)
-                r.mel = None                # the spectrogram keeps its own last 10 s
-        events = [e for r in new for e in r.events]    # control feedback: the last of each kind
-        errors = [e for e in events if e.startswith("error")]
-        if errors:
-            self.show_error(errors[-1] + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""))
-        if len(errors) < len(events):
-            self.statusBar().showMessage([e for e in events if not e.startswith("error")][-1], 15000)
-        last = new[-1]
-        models = list(last.models)
-        self._update_focus(last, models)
-        focus = self.focus_box.currentText()
-        recent = list(self.recent)
-        self.genre.redraw(recent, focus)
-        self.cost.redraw(recent, models)
-        self.ranking.redraw(recent, models, self.cost.flops_kind)
-        self.spectrogram.redraw()
-        if focus in last.models:
-            self.header.show_focus(last, focus)
-        elif not models:
-            self.header.show_no_model()
-        minute = recent[-HOPS_PER_MINUTE:]
-        self.table.show_steps(minute)
-        for key, text in status_texts(minute, self.paused, self.device, self.delay_ms).items():
-            self.status[key].setText(text)
-        now = time.monotonic()
-        for r in new:
-            if r.ready_time:
-                self.delay_ms.append((now - r.ready_time) * 1e3)
-        self.frame_ms.append((time.perf_counter() - t0) * 1e3)
-
-    def _update_focus(self, last, models: list[str]) -> None:
-        """Keep the focus list equal to the running models; prefer a trained continual Nyström."""
-        focus = self.focus_box.currentText()
-        if [self.focus_box.itemText(i) for i in range(self.focus_box.count())] == models:
-            return
-        self.focus_box.blockSignals(True)
-        self.focus_box.clear()
-        self.focus_box.addItems(models)
-        chosen = preferred_focus(last.models, focus)
-        if chosen is not None:
-            self.focus_box.setCurrentText(chosen)
-        self.focus_box.blockSignals(False)
+    redraw = frames.redraw           # the timer's tick (frames.py)
+    _draw = frames.draw
 
     # ------------------------------------------------------------------ export
     export_csv = export.export_csv      # (self, path) -> rows written; said in the status bar

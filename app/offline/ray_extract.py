@@ -13,20 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-@dataclass
-class FrontEndSpec:
-    """What a worker needs to build the driver's front end (audio.frontends.build_frontend)."""
-    name: str
-    vggish_weights: str | None = None
-    random_vggish: int | None = None
-    continual: bool = True
-
-    def build(self):
-        from audio.frontends import build_frontend
-        return build_frontend(self.name, vggish_weights=self.vggish_weights,
-                              random_vggish=self.random_vggish, continual=self.continual,
-                              allow_download=False)
+from app.runtime.frontend_args import FrontEndSpec  # noqa: F401 - the spec its callers build
 
 
 class TrackTokens:

@@ -37,6 +37,7 @@ from models.landmarks import fit_fixed_landmarks
 from models.sda import LANDMARK_MODES
 from models.transformer import build_model
 
+from .lineup import ModelSpec
 from .records import ModelStep, StepResult
 
 CONTROL_BUDGET_MS = 20.0      # control requests applied before one live hop (of 250 ms) take at most this
@@ -119,9 +120,11 @@ class Engine:
         return Slot(model.eval(), trained, spacing, classes)
 
     # ------------------------------------------------------------------ control (any thread)
-    def add_model(self, name: str, model, trained: bool = False, *, spacing: int = 1,
+    def add_model(self, name: str, model, trained: bool = False, *, spacing: int | None = 1,
                   frontend: str | None = None, classes=None) -> None:
-        """Start running ``model`` from the next hop (its window fills from there)."""
+        """Start running ``model`` from the next hop (its window fills from there). ``model``: a
+        GenreTransformer, or a ModelSpec built on the control thread; ``spacing`` None: the front
+        end's native spacing."""
         self._ops.put(("add", name, (model, trained, spacing, frontend, classes)))
 
     def remove_model(self, name: str) -> None:
@@ -233,8 +236,13 @@ class Engine:
 
     def _ready_slot(self, name: str, arg) -> Slot:
         """(control thread) The slot of a model to add, reset for a new stream."""
+        model, trained, spacing, frontend, classes = arg
+        if isinstance(model, ModelSpec):
+            model = model.build(self.frontend.name)      # CheckpointError is a ValueError: said
+        if spacing is None:
+            spacing = self.frontend.native_spacing
         try:
-            slot = self._slot(name, *arg)
+            slot = self._slot(name, model, trained, spacing, frontend, classes)
         except FrontEndMismatchError as e:
             raise EngineError(str(e)) from e
         slot.model.reset(1)

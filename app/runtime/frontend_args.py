@@ -3,6 +3,7 @@ front end it selects."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 from audio.errors import VGGishWeightsError
 from audio.frontends import FRONTENDS, build_frontend, resolve_name
@@ -43,12 +44,13 @@ def frontend_name(args) -> str:
 
 
 def frontend_or_random(name: str, *, device="cpu", vggish_weights=None, random_vggish=None,
-                       continual: bool = True, on_missing=None):
+                       continual: bool = True, on_missing=None, allow_download: bool = True):
     """``build_frontend``; if VGGish weights are missing and ``on_missing`` is given, it hears
     the VGGishWeightsError and a RANDOM VGGish (seed ``random_vggish`` or 0) is used instead."""
     try:
         return build_frontend(name, device=device, vggish_weights=vggish_weights,
-                              random_vggish=random_vggish, continual=continual)
+                              random_vggish=random_vggish, continual=continual,
+                              allow_download=allow_download)
     except VGGishWeightsError as e:
         if on_missing is None:
             raise
@@ -65,3 +67,20 @@ def frontend_from_args(args, device="cpu"):
                               random_vggish=random_seed(args),
                               continual=not getattr(args, "recompute_frontend", False),
                               on_missing=say if getattr(args, "fallback_random_vggish", False) else None)
+
+
+@dataclass(frozen=True)
+class FrontEndSpec:
+    """What another process (a Ray worker, the engine process) needs to build a front end."""
+    name: str
+    vggish_weights: str | None = None
+    random_vggish: int | None = None
+    continual: bool = True
+    device: str = "cpu"
+    allow_download: bool = False
+
+    def build(self, on_missing=None):
+        """The front end (``on_missing``: see frontend_or_random)."""
+        return frontend_or_random(self.name, device=self.device, vggish_weights=self.vggish_weights,
+                                  random_vggish=self.random_vggish, continual=self.continual,
+                                  on_missing=on_missing, allow_download=self.allow_download)

@@ -17,6 +17,22 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
 UNTRAINED_WINDOW = {"musicnn": 29, "vggish": 120}     # default n of untrained models
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model described so that another process can build it: a checkpoint file (validated by
+    the checkpoint loader where it is built) or the config of an untrained, seeded model."""
+    checkpoint: str = ""
+    config: ModelConfig | None = None
+    seed: int = 0
+    device: str = "cpu"
+
+    def build(self, frontend: str) -> torch.nn.Module:
+        """The model; a checkpoint must have been trained on ``frontend`` (CheckpointError)."""
+        if self.checkpoint:
+            return load_checkpoint(self.checkpoint, frontend=frontend, device=self.device)[0]
+        return build_model(self.config, seed=self.seed).to(self.device)
+
+
 @dataclass
 class Entry:
     name: str
@@ -26,6 +42,10 @@ class Entry:
     frontend: str | None         # front end the model was trained on (None: untrained)
     path: str = ""
     classes: tuple[str, ...] = field(default=GENRES)   # class names (a checkpoint's own)
+
+    def spec(self, device) -> ModelSpec:
+        """How another process builds this trained model (from its checkpoint file)."""
+        return ModelSpec(checkpoint=self.path, device=str(device))
 
 
 def shipped_checkpoints(frontend: str) -> list[Path]:

@@ -19,6 +19,7 @@ def make_window(qtbot, tmp_path):
         w = MainWindow(Options(source=source, variants=None if variants is None else list(variants),
                                random_vggish=random_vggish, autostart=False, **kw), settings)
         qtbot.addWidget(w)
+        w.slow_panels_s = 0             # every panel on every frame with new hops: tests read them all
         w.show()
         w.window_box.setValue(n)
         w.landmarks_box.setValue(2)

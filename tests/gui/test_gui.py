@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -303,16 +304,74 @@ def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, q
     assert not any(m.trained for m in w.history[-1].models.values())
 
 
-def test_closing_stops_every_thread_within_a_second(make_window, qtbot):
+def test_closing_ends_the_engine_process_and_every_thread(make_window, qtbot):
     import threading
     w = make_window(source="demo")
     wait_steps(qtbot, w, 2)
-    thread = w.runner.thread
+    process = w.engine.process
     t0 = time.monotonic()
     w.close()
-    assert time.monotonic() - t0 < 1.0
-    assert thread.isFinished()
-    assert not [t for t in threading.enumerate() if t.name.startswith("nystream")]
+    assert time.monotonic() - t0 < 3.0          # asked to exit, else terminated after 2 s
+    assert not process.is_alive() and process.exitcode == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith(("nystream", "engine"))]
+
+
+def test_a_killed_engine_is_said_in_one_line_what_was_drawn_stays_and_start_runs_a_fresh_one(make_window, qtbot,
+                                                                                              tmp_path):
+    w = make_window(source="demo")
+    wait_steps(qtbot, w, 3)
+    pid = w.engine.process.pid
+    os.kill(pid, signal.SIGKILL)
+    qtbot.waitUntil(lambda: not w.running, timeout=10000)
+    kept = len(w.history)
+    assert kept >= 3 and w.engine is None
+    assert w.header.banner.text().startswith("the engine process was killed by SIGKILL")
+    assert "\n" not in w.header.banner.text() and "Start runs a fresh engine" in w.header.banner.text()
+    assert "Ended by an error" in w.statusBar().currentMessage() and not w.pause_btn.isEnabled()
+    assert w.export_csv(str(tmp_path / "kept.csv")) == kept          # and it can still be exported
+    w.start()
+    wait_steps(qtbot, w, 2)
+    assert w.engine.process.pid != pid and w.engine.alive()
+
+
+def engine_children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                pass
+    return out
+
+
+def test_a_window_killed_with_sigkill_leaves_no_engine_process_behind(tmp_path):
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    gui = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "gui", "--source", "demo",
+                            "--settings", str(tmp_path / "s.ini"), "--quit-after", "120"],
+                           env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        while not engine_children(gui.pid):
+            assert time.monotonic() - t0 < 60 and gui.poll() is None, "no engine process started"
+            time.sleep(0.1)
+        engine = engine_children(gui.pid)[0]
+        time.sleep(1.0)
+        gui.kill()
+        gui.wait()
+        t0 = time.monotonic()
+        while os.path.exists(f"/proc/{engine}") and time.monotonic() - t0 < 10:
+            with open(f"/proc/{engine}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break                          # exited, waiting for init to reap it
+            time.sleep(0.05)
+        else:
+            assert not os.path.exists(f"/proc/{engine}"), "the engine process outlived its window"
+    finally:
+        gui.kill()
 
 
 def test_qt_binding_keeps_none_alive(qtbot):
@@ -388,3 +447,20 @@ def test_agreement_column_with_two_blocks_and_an_untrained_regular_beside_a_trai
     assert reference_for("continual", models) == "regular"
     r = StepResult(0, 0.25, "demo", "musicnn", models, {"frontend": 1.0})
     assert agreement([r, r], "continual") == "100% (regular)"
+
+
+def test_frames_redraw_the_plots_per_hop_and_the_ranking_and_table_once_a_second(make_window, qtbot):
+    w = make_window(source="demo", start=False)
+    w.slow_panels_s = 1.0                        # the window's own setting
+    w.start()
+    wait_steps(qtbot, w, 12)
+    t0, drawn = time.monotonic(), {k: len(v) for k, v in w.panel_ms.items()}
+    hops = len(w.history)
+    wait_steps(qtbot, w, hops + 12)
+    seconds = time.monotonic() - t0
+    frames = len(w.frame_ms)
+    new = {k: len(v) - drawn[k] for k, v in w.panel_ms.items()}
+    assert new["genre"] == new["cost"] >= 6           # a frame per arrival of new hops (4 a second)
+    assert 1 <= new["ranking"] <= seconds + 1 and 1 <= new["table"] <= seconds + 1
+    assert new["spectrogram"] == 0                    # a tab behind the table: not drawn
+    assert w.timer.interval() == 50 and frames == len(w.frame_cpu_ms) + 1

@@ -1,0 +1,306 @@
+"""The engine in its own process, for the live window.
+
+The window process only draws; source capture (the microphone is opened here), the front end and
+every model's step run in a spawned process, so no paint ever holds up a hop and the two never
+share a heap or a GIL. ``EngineProcess`` is driven like an ``Engine``: the same control methods
+(models are given as ``ModelSpec``s and built in the engine process), sent in call order over one
+pipe and applied there under the same control budget. Results come back as packed step records
+(app/runtime/steplog.py StepCodec, ~0.1 KB per model) with the hop's log-mel frames.
+
+Either side survives the other's end: the window sees the engine process die (``poll`` says so,
+with the signal or exit code), and the engine process exits when its parent is gone (its pipe
+reads end of file, and a watchdog checks the parent's pid twice a second).
+
+Messages, window -> engine: ("run", run_id, FrontEndSpec, SourceSpec, [(name, ModelSpec, kwargs)]),
+("call", method, args, kwargs), ("pause", on), ("stop",), ("exit",). Engine -> window, each
+tagged with its run_id: ("ready", id, front-end facts), ("warn", id, text), ("step", id, new
+kinds, packed hop, mel), ("error", id, text), ("finished", id).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from .frontend_args import FrontEndSpec
+from .lineup import ModelSpec
+from .sources import SourceSpec
+from .steplog import StepCodec
+
+GIL_SWITCH_S = 1e-4           # see share_the_gil()
+WATCH_PARENT_S = 0.5          # how often the engine process checks that its window still runs
+OUTBOX = 4096                 # messages the engine process holds for a window that reads slowly
+
+
+def share_the_gil() -> None:
+    """Let the processing thread get the GIL back sooner while another thread of the engine
+    process (the control thread's k-means fit, the pipe) runs: each of the ~150 small torch
+    calls of a musicnn hop releases the GIL and must wait to take it back."""
+    sys.setswitchinterval(GIL_SWITCH_S)
+
+
+@dataclass(frozen=True)
+class FrontEndFacts:
+    """What the window needs to know of the engine's front end (for the spectrogram, labels)."""
+    name: str
+    description: str
+    bands: int
+    mel_levels: tuple
+    frame_ms: float
+    native_spacing: int
+    device: str
+
+
+def death_cause(exitcode: int | None) -> str:
+    """One line on how a process ended, from its exit code."""
+    if exitcode is None:
+        return "the engine process stopped answering"
+    if exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        oom = " (the system may have run out of memory)" if -exitcode == signal.SIGKILL else ""
+        return f"the engine process was killed by {name}{oom}"
+    return f"the engine process exited with code {exitcode}"
+
+
+class EngineProcess:
+    """A spawned engine process serving one run at a time; the window's handle on it.
+
+    Control methods as ``Engine``'s (add_model, remove_model, reset_model, set_landmark_mode,
+    use_fixed_landmarks, stop); ``start_run`` begins a run, ``poll`` returns what arrived.
+    """
+
+    def __init__(self, torch_threads: int | None = None):
+        """``torch_threads``: the engine process's torch CPU threads (None: torch's default)."""
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=serve, args=(child, os.getpid(), torch_threads),
+                                   name="nystream-engine", daemon=True)
+        self.process.start()
+        child.close()             # only the engine process holds its end: its reads see our end
+        self.run_id = 0
+        self._codec = StepCodec()
+        self.ended = False        # the process is gone (its cause is said once by poll)
+
+    # ------------------------------------------------------------------ runs
+    def start_run(self, frontend: FrontEndSpec, source: SourceSpec, models) -> int:
+        """Begin a run (ending the one before): ``models`` is [(name, ModelSpec, add_model
+        keywords)], added in order before the first hop. Returns the run's id."""
+        self.run_id += 1
+        self._codec = StepCodec()
+        self._send(("run", self.run_id, frontend, source, list(models)))
+        return self.run_id
+
+    def set_paused(self, paused: bool) -> None:
+        self._send(("pause", paused))
+
+    def stop(self) -> None:
+        """End the run after the hop in progress (closes its source)."""
+        self._send(("stop",))
+
+    # ------------------------------------------------------------------ Engine's control API
+    def add_model(self, name: str, model: ModelSpec, trained: bool = False, *, spacing: int | None = 1,
+                  frontend: str | None = None, classes=None) -> None:
+        self._call("add_model", name, model, trained, spacing=spacing, frontend=frontend, classes=classes)
+
+    def remove_model(self, name: str) -> None:
+        self._call("remove_model", name)
+
+    def reset_model(self, name: str | None = None) -> None:
+        self._call("reset_model", name)
+
+    def set_landmark_mode(self, name: str, mode: str) -> None:
+        self._call("set_landmark_mode", name, mode)
+
+    def use_fixed_landmarks(self, on: bool) -> None:
+        self._call("use_fixed_landmarks", on)
+
+    def _call(self, method: str, *args, **kwargs) -> None:
+        self._send(("call", method, args, kwargs))
+
+    def _send(self, message) -> None:
+        try:
+            self.conn.send(message)
+        except (OSError, EOFError, BrokenPipeError):
+            pass                  # the process is gone: poll() says so
+
+    # ------------------------------------------------------------------ results
+    def poll(self) -> list[tuple]:
+        """What arrived for the current run, in order: ("step", StepResult) with its ``mel``,
+        ("ready", FrontEndFacts), ("warn", text), ("error", text), ("finished",), and once,
+        if the process died, ("died", cause)."""
+        out = []
+        try:
+            while self.conn.poll():
+                kind, run_id, *rest = self.conn.recv()
+                if run_id != self.run_id:
+                    continue                  # an earlier run's last messages
+                if kind == "step":
+                    kinds, packed, mel = rest
+                    self._codec.learn(kinds)
+                    r = self._codec.unpack(packed)
+                    r.mel = mel
+                    out.append(("step", r))
+                else:
+                    out.append((kind, *rest))
+        except (EOFError, OSError):
+            pass
+        if not self.ended and not self.process.is_alive():
+            self.ended = True
+            out.append(("died", death_cause(self.process.exitcode)))
+        return out
+
+    def alive(self) -> bool:
+        return not self.ended and self.process.is_alive()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """End the process: asked first, then terminated, then killed."""
+        self._send(("exit",))
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(1.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(1.0)
+        self.conn.close()
+
+
+# ---------------------------------------------------------------------- the engine process
+class Outbox:
+    """Messages to the window, sent by a thread of their own: a window that reads slowly never
+    makes the processing thread wait (up to OUTBOX messages are held)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.queue: queue.Queue = queue.Queue(OUTBOX)
+        threading.Thread(target=self._send_all, name="engine-outbox", daemon=True).start()
+
+    def put(self, message) -> None:
+        try:
+            self.queue.put_nowait(message)
+        except queue.Full:
+            pass                  # the window stopped reading for ~17 minutes of hops
+
+    def _send_all(self) -> None:
+        while True:
+            message = self.queue.get()
+            try:
+                self.conn.send(message)
+            except (OSError, EOFError, BrokenPipeError):
+                os._exit(0)       # the window is gone
+
+
+class Run:
+    """One run in the engine process: the front end, the Engine, the source, the processing thread."""
+
+    def __init__(self, run_id: int, frontend, source: SourceSpec, engine, outbox: Outbox):
+        self.run_id, self.spec, self.engine, self.outbox = run_id, source, engine, outbox
+        self.source = None
+        self.stopping = False
+        self.codec = StepCodec()
+        self.thread = threading.Thread(target=self._run, name="engine-run", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from audio.errors import AudioError, with_hint
+        try:
+            self.source = self.spec.open()
+            if self.stopping:
+                return
+            for r in self.engine.run(self.source):
+                seen = len(self.codec.kinds)
+                packed = self.codec.pack(r)
+                self.outbox.put(("step", self.run_id, self.codec.kinds[seen:], packed, r.mel))
+                if self.stopping:
+                    break
+        except AudioError as e:
+            if not self.stopping:
+                self.outbox.put(("error", self.run_id, with_hint(e)))
+        except Exception as e:  # noqa: BLE001 - the window must hear why its run ended
+            self.outbox.put(("error", self.run_id, f"processing stopped: {type(e).__name__}: {e}"))
+        finally:
+            if self.source is not None:
+                self.source.close()
+            self.outbox.put(("finished", self.run_id))
+
+    def pause(self, on: bool) -> None:
+        if self.source is not None and hasattr(self.source, "paused"):
+            (self.source.paused.set if on else self.source.paused.clear)()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self.stopping = True
+        self.engine.stop()
+        if self.source is not None:
+            self.source.close()
+        self.thread.join(timeout)
+
+
+def watch_parent(parent_pid: int) -> None:
+    """Exit when the window's process is gone (killed, even with SIGKILL)."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(0)
+        time.sleep(WATCH_PARENT_S)
+
+
+def serve(conn, parent_pid: int, torch_threads: int | None = None) -> None:
+    """The engine process's main loop: one message at a time, in the order the window sent them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl+C in the terminal is the window's to handle
+    threading.Thread(target=watch_parent, args=(parent_pid,), name="engine-watchdog", daemon=True).start()
+    share_the_gil()
+    if torch_threads:
+        import torch
+        torch.set_num_threads(torch_threads)
+    from audio.errors import AudioError, with_hint
+
+    from .engine import Engine
+
+    outbox = Outbox(conn)
+    frontends: dict = {}            # FrontEndSpec -> its built front end (kept between runs)
+    run: Run | None = None
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            break                   # the window is gone
+        kind = message[0]
+        if kind == "run":
+            _, run_id, fe_spec, source, models = message
+            if run is not None:
+                run.stop()
+            run = None
+            try:
+                fe = frontends.get(fe_spec)
+                if fe is None:
+                    def warn(e, run_id=run_id):
+                        outbox.put(("warn", run_id, f"{e}\nRunning with RANDOM VGGish weights: predictions "
+                                                    f"are not meaningful. {e.hint}"))
+                    fe = frontends[fe_spec] = fe_spec.build(on_missing=warn)
+            except AudioError as e:
+                outbox.put(("error", run_id, with_hint(e)))
+                outbox.put(("finished", run_id))
+                continue
+            outbox.put(("ready", run_id, FrontEndFacts(fe.name, fe.description, fe.bands, tuple(fe.mel_levels),
+                                                       fe.frame_ms, fe.native_spacing, str(fe_spec.device))))
+            engine = Engine(fe)
+            for name, spec, kwargs in models:
+                engine.add_model(name, spec, **kwargs)
+            run = Run(run_id, fe, source, engine, outbox)
+        elif kind == "call" and run is not None:
+            _, method, args, kwargs = message
+            getattr(run.engine, method)(*args, **kwargs)
+        elif kind == "pause" and run is not None:
+            run.pause(message[1])
+        elif kind == "stop" and run is not None:
+            run.stop()
+            run = None
+        elif kind == "exit":
+            break
+    if run is not None:
+        run.stop(1.0)
+    os._exit(0)       # skip interpreter teardown: nothing is left to flush, and torch's is slow
