@@ -7,10 +7,13 @@
 #   TORCH_INDEX  optional extra index for torch (e.g. PyTorch's CPU or cu12x wheel index).
 #   PYTHON       interpreter used to create the venv.
 #
-# Beside the project, two packages are installed *without* their dependencies, for data only:
-#   musicnn==0.1.0  its pretrained TF1 checkpoints (read with numpy; TensorFlow is never needed)
+# `make run` installs the app (`pip install -e .`; the musicnn weights ship in assets/musicnn/);
+# `make test` adds the dev and ray extras. Two packages are installed *without* their
+# dependencies, for data only:
 #   resampy==0.2.2  its kaiser_best filter table, into $(VENV)/vendor/ (torchvggish needs a current
 #                   resampy in site-packages; only `extract --frontend musicnn` reads this one)
+#   musicnn==0.1.0  (tests only) its TF1 checkpoint, which the test of scripts/convert_musicnn.py
+#                   converts again to compare with the shipped weights
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,6 +21,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: setup run test test-fast tolerances bench assets accuracy clean sysdeps sysdeps-test
 
@@ -30,12 +34,16 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev,ray]"
-	$(PY) -m pip install --quiet --no-deps musicnn==0.1.0
+	$(PY) -m pip install --quiet -e .
 	$(PY) -m pip install --quiet --no-deps --target $(VENV)/vendor/resampy-0.2.2 resampy==0.2.2
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[dev,ray]"
+	$(PY) -m pip install --quiet --no-deps musicnn==0.1.0
+	touch $(TEST_STAMP)
+
+setup: $(TEST_STAMP)
 
 sysdeps:
 	@bash scripts/system-deps.sh
@@ -46,16 +54,16 @@ sysdeps-test:
 run: sysdeps $(STAMP)
 	$(PY) main.py $(ARGS)
 
-test: sysdeps-test $(STAMP)
+test: sysdeps-test $(TEST_STAMP)
 	$(PYTEST) --durations=15 $(ARGS)
 
 # The developer loop: no shared data, JACK, Xvfb, Qt window or long tests (`make test
 # ARGS=tests/gui` for the window).
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(PYTEST) -m "not shared and not jack and not display and not gui and not slow" $(ARGS)
 
 # Every float tolerance's worst observed error over 20 seeds, and its margin (goal >= 3).
-tolerances: $(STAMP)
+tolerances: $(TEST_STAMP)
 	rm -f bench_results/margins.jsonl
 	mkdir -p bench_results
 	$(PYTEST) --seeds 20 --margins bench_results/margins.jsonl -m "not slow" \

@@ -12,14 +12,13 @@ package's ``models.py`` defines it (TF layout: time is the height axis):
   back-end: max and mean over time of the 753-ch concatenation (interleaved max, mean),
             BN -> dense 1506 -> 200, ReLU -> BN -> dense 200 -> 50 -> sigmoid = taggram (50,)
 
-Weights: ``<site-packages>/musicnn/<MODEL>/`` is read with audio/tf_checkpoint.py (CRC32C
-verified), converted once to a torch state dict and cached under ``~/.cache/nystream/`` together
-with the sha256 of the source files; a cache whose checksum does not match is rebuilt.
+Weights: ``assets/musicnn/MSD_musicnn.safetensors``, converted once from the package's TF 1
+checkpoint by scripts/convert_musicnn.py (the inference tensors only), shipped with its ISC
+licence beside it, read with the safetensors library; the tensors' sha256 is checked at every load.
 """
 from __future__ import annotations
 
-import importlib.util
-import os
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +26,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .checksums import file_sha256
 from .errors import MusicnnWeightsError
-from .tf_checkpoint import TFCheckpointError, read_checkpoint
 
-MODELS = ("MSD_musicnn", "MTT_musicnn")
+WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "musicnn"
+MODELS = ("MSD_musicnn",)
 PATCH_FRAMES = 187
 BANDS = 96
 TAGS = 50
@@ -42,9 +40,8 @@ TEMPORAL_CH = 51
 FRONT_CH = 2 * TIMBRAL_CH + 3 * TEMPORAL_CH      # 561
 MID_CH = 64
 BN_EPS = 1e-3                 # tf.layers.batch_normalization's default
-INSTALL = "pip install --no-deps musicnn==0.1.0 (or: make setup)"
-REINSTALL = "pip install --no-deps --force-reinstall musicnn==0.1.0"
-CACHE_VERSION = 1
+RESTORE = ("they ship with Nystream: restore assets/musicnn/ (git checkout assets/musicnn), "
+           "or rebuild it with scripts/convert_musicnn.py")
 
 
 class BatchNorm(nn.Module):
@@ -175,97 +172,49 @@ def patch_macs(frames: int = PATCH_FRAMES) -> int:
 
 # ----------------------------------------------------------------------------- weights
 
-def package_dir(model: str = "MSD_musicnn") -> Path:
-    """``<site-packages>/musicnn/<model>/`` without importing the package (it needs TF 1)."""
+def tensors_sha256(sd: dict) -> str:
+    """Hex sha256 of a state dict's tensors (numpy arrays or tensors): names, dtypes, shapes and
+    bytes, in name order."""
+    h = hashlib.sha256()
+    for k in sorted(sd):
+        a = np.ascontiguousarray(sd[k].numpy() if isinstance(sd[k], Tensor) else sd[k])
+        h.update(f"{k}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def weights_file(model: str = "MSD_musicnn") -> Path:
     if model not in MODELS:
-        raise MusicnnWeightsError(f"unknown musicnn model {model!r}; valid: {', '.join(MODELS)}")
-    spec = importlib.util.find_spec("musicnn")
-    if spec is None or not spec.submodule_search_locations:
-        raise MusicnnWeightsError(f"the musicnn package (pretrained weights) is not installed; "
-                                  f"install it with: {INSTALL}")
-    return Path(list(spec.submodule_search_locations)[0]) / model
-
-
-def convert(prefix: Path) -> dict[str, Tensor]:
-    """Our state dict from the TF checkpoint ``prefix`` (e.g. ``.../MSD_musicnn/``)."""
-    names = ([f"batch_normalization{'' if i == 0 else f'_{i}'}/{v}" for i in range(11)
-              for v in ("gamma", "beta", "moving_mean", "moving_variance")]
-             + [f"conv2d{'' if i == 0 else f'_{i}'}/{v}" for i in range(8) for v in ("kernel", "bias")]
-             + [f"dense{s}/{v}" for s in ("", "_1") for v in ("kernel", "bias")])
-    tf = read_checkpoint(f"{prefix}/", names)     # files <dir>/.index, <dir>/.data-*
-    sd = {}
-
-    def bn(ours: str, i: int):
-        src = f"batch_normalization{'' if i == 0 else f'_{i}'}"
-        for a, b in (("gamma", "gamma"), ("beta", "beta"), ("mean", "moving_mean"), ("var", "moving_variance")):
-            sd[f"{ours}.{a}"] = torch.from_numpy(tf[f"{src}/{b}"])
-
-    def conv(ours: str, i: int, one_d: bool):
-        k = tf[f"conv2d{'' if i == 0 else f'_{i}'}/kernel"]                 # (kt, kf, 1, out)
-        w = k[:, :, 0, :].transpose(2, 1, 0) if one_d else k.transpose(3, 2, 0, 1)
-        sd[f"{ours}.weight"] = torch.from_numpy(np.ascontiguousarray(w))
-        sd[f"{ours}.bias"] = torch.from_numpy(tf[f"conv2d{'' if i == 0 else f'_{i}'}/bias"])
-
-    bn("input_bn", 0)
-    for j in range(2):
-        conv(f"timbral.{j}", j, False)
-        bn(f"timbral_bn.{j}", 1 + j)
-    for j in range(3):
-        conv(f"temporal.{j}", 2 + j, False)
-        bn(f"temporal_bn.{j}", 3 + j)
-        conv(f"mid.{j}", 5 + j, True)
-        bn(f"mid_bn.{j}", 6 + j)
-    bn("pool_bn", 9)
-    bn("dense_bn", 10)
-    for ours, src in (("dense", "dense"), ("out", "dense_1")):
-        sd[f"{ours}.weight"] = torch.from_numpy(np.ascontiguousarray(tf[f"{src}/kernel"].T))
-        sd[f"{ours}.bias"] = torch.from_numpy(tf[f"{src}/bias"])
-    return sd
-
-
-def cache_dir() -> Path:
-    """``$NYSTREAM_CACHE``, else ``$XDG_CACHE_HOME/nystream``, else ``~/.cache/nystream``."""
-    if os.environ.get("NYSTREAM_CACHE"):
-        return Path(os.environ["NYSTREAM_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nystream"
+        raise MusicnnWeightsError(f"unknown musicnn model {model!r}; shipped: {', '.join(MODELS)}")
+    return WEIGHTS_DIR / f"{model}.safetensors"
 
 
 def load_weights(model: str = "MSD_musicnn") -> tuple[dict[str, Tensor], str]:
-    """(state dict, sha256 of the package's checkpoint files): from the cache when its checksum
-    matches the installed files, else converted from them (and cached)."""
-    src = package_dir(model)
-    files = [src / ".index", src / ".data-00000-of-00001"]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise MusicnnWeightsError(f"musicnn checkpoint files missing: {', '.join(missing)}; "
-                                  f"reinstall with: {REINSTALL}")
-    checksum = file_sha256(*files)
-    cached = cache_dir() / f"{model}-v{CACHE_VERSION}.pt"
-    if cached.is_file():
-        try:
-            payload = torch.load(cached, map_location="cpu", weights_only=True)
-            if payload.get("sha256") == checksum:
-                return payload["state_dict"], checksum
-        except Exception:  # noqa: BLE001 - a damaged cache is rebuilt below
-            pass
+    """(state dict, sha256 of the source checkpoint: the weights' identity) from the shipped
+    safetensors file; MusicnnWeightsError if it is missing, unreadable or altered."""
+    from safetensors import safe_open
+    path = weights_file(model)
+    if not path.is_file():
+        raise MusicnnWeightsError(f"musicnn weights missing: {path}; {RESTORE}")
     try:
-        sd = convert(src)
-    except TFCheckpointError as e:
-        raise MusicnnWeightsError(f"the musicnn checkpoint in {src} is unreadable or corrupt ({e}); "
-                                  f"reinstall with: {REINSTALL}") from e
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        torch.save({"sha256": checksum, "model": model, "state_dict": sd}, tmp)
-        os.replace(tmp, cached)
-    except OSError:
-        pass                                  # a read-only home: convert again next time
-    return sd, checksum
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            sd = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+        raise MusicnnWeightsError(f"musicnn weights {path} are unreadable ({e}); {RESTORE}") from e
+    if "weights_sha256" not in meta or tensors_sha256(sd) != meta.get("tensors_sha256"):
+        raise MusicnnWeightsError(f"musicnn weights {path} are corrupt (their tensors do not match "
+                                  f"the checksum they were written with); {RESTORE}")
+    return sd, meta["weights_sha256"]
 
 
 def build_musicnn(model: str = "MSD_musicnn", *, device: str | torch.device = "cpu") -> tuple[Musicnn, str]:
     """(network in eval mode with the pretrained weights, weights checksum)."""
     net = Musicnn()
     sd, checksum = load_weights(model)
-    net.load_state_dict(sd)
+    try:
+        net.load_state_dict(sd)
+    except RuntimeError as e:
+        raise MusicnnWeightsError(f"musicnn weights {weights_file(model)} do not fit the network "
+                                  f"({str(e).splitlines()[0]}); {RESTORE}") from e
     return net.eval().to(device), checksum

@@ -82,10 +82,12 @@ def infer_frontend(in_dim: int) -> dict:
 
 def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int | None = None,
                     classes: list[str] | None = None, frontend: str | None = None,
-                    device: str | torch.device = "cpu"):
+                    device: str | torch.device = "cpu", fused: bool = True):
     """(model in eval mode, payload) from ``path``; every field is type- and range-checked
     (``validated``), then variant, token dimension, front end and classes are checked against
-    what the caller expects. ``payload['frontend']`` is always set (inferred for older files)."""
+    what the caller expects. ``payload['frontend']`` is always set (inferred for older files).
+    The model steps in the fused CPU kernel where it applies (``fused=False``: the torch
+    reference path; ``model.use_fused(False)`` switches later)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -111,7 +113,7 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int
     if classes is not None and payload["classes"] != list(classes):
         raise CheckpointError(f"{path} was trained for classes {payload['classes']}, "
                               f"expected {list(classes)}")
-    return model.to(device).eval(), payload
+    return model.to(device).eval().use_fused(fused), payload
 
 
 def one_line(e: BaseException) -> str:

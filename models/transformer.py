@@ -300,14 +300,16 @@ class GenreTransformer(nn.Module):
         return {"sda": sda, "attention": attention, "model": attention + tail + embed + head}
 
 
-def build_model(cfg: ModelConfig, *, seed: int | None = None) -> GenreTransformer:
+def build_model(cfg: ModelConfig, *, seed: int | None = None, fused: bool = True) -> GenreTransformer:
     """A randomly initialised GenreTransformer for ``cfg``; with ``seed``, the same weights
-    every time, drawn from a private generator state (the global RNG is left as it was).
+    every time, drawn from a private generator state (the global RNG is left as it was). It
+    steps in the fused CPU kernel where that applies (continual variants, float32 on the CPU;
+    elsewhere, or with ``fused=False``, the torch reference path; ``use_fused`` switches later).
 
     A config with landmark_mode 'fixed' needs its fixed landmarks from a checkpoint's state dict
     or ``models.landmarks.fit_fixed_landmarks`` before it runs."""
     if seed is None:
-        return GenreTransformer(cfg)
+        return GenreTransformer(cfg).use_fused(fused)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return GenreTransformer(cfg)
+        return GenreTransformer(cfg).use_fused(fused)

@@ -19,6 +19,8 @@ def add_arguments(p) -> None:
                    help="instead: the --gui run for SECONDS (e.g. 3600), with resident memory every 10 s")
     p.add_argument("--hogs", type=integer(0, 16), default=0, metavar="N",
                    help="with --gui / --soak: N busy-looping processes run beside the window")
+    p.add_argument("--page", action="store_true",
+                   help="store this run in docs/benchmarks/ and rewrite docs/benchmarks.md from every stored run")
     p.add_argument("--control", type=SECONDS, metavar="SECONDS",
                    help="instead: a storm of 100 control calls a second (live k-means fits, model adds) "
                         "on the real-time stream for SECONDS; dropped hops and control time per hop")
@@ -79,30 +81,44 @@ def soak_progress(seconds: float, rss: float, dropped: int) -> None:
 
 @command("bench", "per-step latency of every variant vs torch recompute", add_arguments)
 def run(args) -> int:
+    def page(kind: str, data) -> None:
+        if args.page:
+            from app.offline.bench_page import record
+            record(kind, data)
     if args.evaluate:
         from app.offline.evaluate_speed import evaluate_speed
         r = evaluate_speed()
         print(f"evaluate: {r['sequences']} sequences x {r['steps']} steps x {r['models']} models "
               f"streamed, with batch-forward agreement and cost streams, in {r['seconds']:.1f} s "
               f"({r['threads']} threads; goal < 120 s)")
+        page("evaluate", r)
     fe = "vggish" if args.frontend == "vggish" else "musicnn"
     if args.gui:
         from app.gui.bench import gui
-        print_gui(gui(args.gui, args.vggish_weights, fe, hogs=args.hogs))
+        r = gui(args.gui, args.vggish_weights, fe, hogs=args.hogs)
+        print_gui(r)
+        page(f"gui-hogs{args.hogs}" if args.hogs else "gui-quiet", r)
     if args.soak:
         from app.gui.bench import gui
-        print_soak(gui(args.soak, args.vggish_weights, fe, progress=soak_progress, hogs=args.hogs))
+        r = gui(args.soak, args.vggish_weights, fe, progress=soak_progress, hogs=args.hogs)
+        print_soak(r)
+        page("soak", r)
     if args.control:
         from app.offline.bench_control import control_storm, print_control
-        print_control(control_storm(args.control, fe))
+        r = control_storm(args.control, fe)
+        print_control(r)
+        page("control", r)
     if args.scale:
         from app.offline.bench_scale import print_scale, scale
-        print_scale(scale(args.scale, fe))
+        r = scale(args.scale, fe)
+        print_scale(r)
+        page("scale", r)
     if args.evaluate or args.gui or args.soak or args.control or args.scale:
         return 0
     from app.offline import bench
-    bench.run(args.windows, steps=args.steps, budget_s=args.budget,
-              out=args.out, threads=args.threads,
-              frontends=("musicnn", "vggish") if args.frontend == "all" else (args.frontend,),
-              frontend_only=args.frontend_only, only=args.only)
+    data = bench.run(args.windows, steps=args.steps, budget_s=args.budget,
+                     out=args.out, threads=args.threads,
+                     frontends=("musicnn", "vggish") if args.frontend == "all" else (args.frontend,),
+                     frontend_only=args.frontend_only, only=args.only)
+    page("attention", data)
     return 0

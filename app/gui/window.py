@@ -323,6 +323,7 @@ class MainWindow(QMainWindow):
             self.show_error(f"{cause}; the run ended. What was drawn is kept (export it from "
                             f"Controls); Start runs a fresh engine.")
             self.on_finished()
+        self.engine.close(timeout=0.5)          # reaped, its pipe closed
         self.engine = None
 
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt API

@@ -6,7 +6,6 @@ and a JSON file. Numbers are measurements of this machine, never constants.
 """
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -164,9 +163,9 @@ def paper_table() -> str:
 
 def run(windows=(30, 120, 480, 1920), steps: int = 2000, budget_s: float = 6.0,
         out: str | Path = "bench_results/bench.md", threads: int | None = None,
-        frontends=("musicnn", "vggish"), frontend_only: bool = False, only: str = "") -> list[Row]:
+        frontends=("musicnn", "vggish"), frontend_only: bool = False, only: str = "") -> dict:
     """Every row for every n in ``windows``; ``only``: just the attention rows whose name contains
-    it (no front-end or stability rows)."""
+    it (no front-end or stability rows). Returns the run's data (``attention_markdown`` renders it)."""
     if threads:
         torch.set_num_threads(threads)
     rows: list[Row] = []
@@ -177,35 +176,38 @@ def run(windows=(30, 120, 480, 1920), steps: int = 2000, budget_s: float = 6.0,
     stability = (bench_stability(120, min(steps, 3000), budget_s)
                  if 120 in windows and not frontend_only and not only else [])
     peak_for(rows + stability)
-    big = matmul_peak(2 * 512 ** 3)
     frontends = () if only else frontends
     frontend = ((bench_musicnn(steps, budget_s) if "musicnn" in frontends else [])
                 + (bench_frontend(steps, budget_s) if "vggish" in frontends else []))
-    first = first_token_seconds() if frontends else None
-    table = format_table(rows)
-    header = (f"# Nystream benchmark\n\nPer-step latency, batch 1, CPU, {torch.get_num_threads()} "
-              f"threads, torch {torch.__version__}, {platform.processor() or platform.machine()}. "
-              f"SDA rows: 16 heads of d=12 folded into the batch, single-output, m=4. FLOPs: mean "
-              f"over the timed steps (landmark cycles averaged). Peak: one torch.mm of the same FLOPs; "
-              f"a 512^3 product reaches {big:.0f} GFLOP/s here. (fused): the compiled CPU step "
-              f"(models/fused/), (torch): the torch reference path. Speed-ups of model rows are paired: "
-              f"the two steps timed in alternating blocks (100 of the model, 2 or 10 of the other) "
-              f"so that both see the same machine load; the median columns are each row's own "
-              f"timing.\n\n")
-    if frontends:
-        table += ("\n\n## Audio front end (batch 1)\n\n" + format_table(frontend).replace("| 0 |", "| - |")
-                  + f"\n\nFirst token {first:.2f} s after a real-time source starts, in a fresh "
-                  f"process (the musicnn front end loaded before; the hop itself takes 0.25 s).")
-    rows += frontend
-    if stability:
-        table += ("\n\n## Cost of each stability measure (n = 120, mean FLOPs per step)\n\n"
-                  + format_table(stability))
-        rows += stability
-    text = header + table + "\n\n## Table II of the Continual Nyström paper (SDA FLOPs per step)\n\n" + paper_table() + "\n"
+    data = {"rows": [r.__dict__ for r in rows], "frontend": [r.__dict__ for r in frontend],
+            "stability": [r.__dict__ for r in stability], "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "big_peak_gflops": matmul_peak(2 * 512 ** 3),
+            "first_token_s": first_token_seconds() if frontends else None}
+    text = "# Nystream benchmark\n\n" + attention_markdown(data)
     print(text)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, text)
-    atomic_write_json(out.with_suffix(".json"), [r.__dict__ for r in rows])
+    atomic_write_json(out.with_suffix(".json"), data)
     print(f"[bench] wrote {out} and {out.with_suffix('.json')}")
-    return rows
+    return data
+
+
+def attention_markdown(data: dict) -> str:
+    """The tables of one ``run``'s data (also the benchmark page's section)."""
+    rows = [Row(**r) for r in data["rows"]]
+    frontend = [Row(**r) for r in data["frontend"]]
+    stability = [Row(**r) for r in data["stability"]]
+    text = (f"{data['threads']} torch threads, torch {data['torch']}; FLOPs are means over the timed "
+            f"steps (landmark cycles averaged); a 512^3 matrix product reaches "
+            f"{data['big_peak_gflops']:.0f} GFLOP/s here.\n\n")
+    if rows:
+        text += format_table(rows)
+    if frontend:
+        text += ("\n\n### Audio front ends (batch 1, per hop)\n\n" + format_table(frontend).replace("| 0 |", "| - |")
+                 + f"\n\nFirst token {data['first_token_s']:.2f} s after a real-time source starts, in a "
+                 f"fresh process (the musicnn front end loaded before; the hop itself takes 0.25 s).")
+    if stability:
+        text += ("\n\n### Cost of each stability measure (n = 120, mean FLOPs per step)\n\n"
+                 + format_table(stability))
+    return text + "\n\n### Table II of the Continual Nyström paper (SDA FLOPs per step)\n\n" + paper_table() + "\n"

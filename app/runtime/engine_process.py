@@ -281,8 +281,9 @@ def serve(conn, parent_pid: int, torch_threads: int | None = None) -> None:
                         outbox.put(("warn", run_id, f"{e}\nRunning with RANDOM VGGish weights: predictions "
                                                     f"are not meaningful. {e.hint}"))
                     fe = frontends[fe_spec] = fe_spec.build(on_missing=warn)
-            except AudioError as e:
-                outbox.put(("error", run_id, with_hint(e)))
+            except Exception as e:  # noqa: BLE001 - said to the window; the process serves on
+                outbox.put(("error", run_id, with_hint(e) if isinstance(e, AudioError)
+                            else f"the front end could not start: {type(e).__name__}: {e}"))
                 outbox.put(("finished", run_id))
                 continue
             outbox.put(("ready", run_id, FrontEndFacts(fe.name, fe.description, fe.bands, tuple(fe.mel_levels),

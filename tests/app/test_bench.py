@@ -9,7 +9,8 @@ def test_bench_only_rows_fused_and_torch_paths_count_the_same_flops(tmp_path):
     out = tmp_path / "bench.md"
     # 10 steps: the least a row times whatever its budget, so every row's FLOP mean is over the
     # same steps on any host (the budget only bounds the paired speed-up timing)
-    rows = bench.run(windows=(12,), steps=10, budget_s=0.2, out=out, only="continual_nystrom/fixed")
+    data = bench.run(windows=(12,), steps=10, budget_s=0.2, out=out, only="continual_nystrom/fixed")
+    rows = [bench.Row(**r) for r in data["rows"]]
     names = [r.what for r in rows]
     assert names and all("continual_nystrom/fixed" in w for w in names), names
     assert {"SDA continual_nystrom/fixed (torch)", "SDA continual_nystrom/fixed (fused)",
@@ -24,7 +25,32 @@ def test_bench_only_rows_fused_and_torch_paths_count_the_same_flops(tmp_path):
             assert ("vs_torch_path" in by[w].extra) == w.endswith(" (fused)"), w
     text = out.read_text()
     assert "fused vs torch path" in text and "Audio front end" not in text
-    assert len(json.loads(out.with_suffix(".json").read_text())) == len(rows)
+    assert json.loads(out.with_suffix(".json").read_text()) == data
+
+
+def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
+    """`bench ... --page`: each run kind stored as JSON with its command, date and machine; the
+    page is rendered from every stored run, a new run of a kind replacing its section."""
+    from app.offline import bench_page
+    data = bench.run(windows=(12,), steps=10, budget_s=0.2, out=tmp_path / "b.md", only="SDA continual (")
+    store, page = tmp_path / "runs", tmp_path / "benchmarks.md"
+    bench_page.record("attention", data, ["bench", "--windows", "12", "--page"], store=store, page=page)
+    control = {"seconds": 5, "hops": 20, "calls": 500, "dropped_hops": 0, "fits": 6, "events": 40,
+               "errors": [], "control_ms_median": 0.5, "control_ms_p95": 3.0, "control_ms_max": 21.0,
+               "frontend": "musicnn"}
+    bench_page.record("control", control, ["bench", "--control", "5", "--page"], store=store, page=page)
+    text = page.read_text()
+    entry = json.loads((store / "attention.json").read_text())
+    assert entry["data"] == json.loads(json.dumps(data)) and entry["machine"]["cores"] >= 1
+    assert 0 < entry["machine"]["speed_index_ms"] < 100
+    assert text.index("## Attention and model steps") < text.index("## Live control under load")
+    assert "*`python main.py bench --windows 12 --page`, " in text and "speed index" in text
+    for r in data["rows"]:
+        assert f"| {r['what']} | {r['median_us']:,.1f} |" in text
+    assert "| 500 | 20 | 0 | 6 | 0 | 0.50 / 3.00 / 21.00 |" in text
+    control["dropped_hops"] = 3
+    bench_page.record("control", control, ["bench", "--control", "5", "--page"], store=store, page=page)
+    assert "| 500 | 20 | 3 | 6 |" in page.read_text() and page.read_text().count("## Live control") == 1
 
 
 def test_paired_medians_time_each_function_in_alternating_blocks():

@@ -1,7 +1,10 @@
 """The musicnn front end: TF checkpoint reader, the torch port against the original
 implementation's taggrams, the continual front end against the batch network, FLOP formulas
 against torch's counter, weights errors, the token grid of `extract --frontend musicnn`."""
+import importlib.util
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +15,14 @@ from torch.utils.flop_counter import FlopCounterMode
 from audio import musicnn, musicnn_mel
 from audio.errors import MusicnnWeightsError
 from audio.musicnn_stream import MusicnnStream
-from audio.tf_checkpoint import TFCheckpointError, crc32c, list_entries, read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import convert_musicnn  # noqa: E402
+from tf_checkpoint import TFCheckpointError, crc32c, list_entries, read_checkpoint  # noqa: E402
+
+needs_wheel = pytest.mark.skipif(importlib.util.find_spec("musicnn") is None,
+                                 reason="the musicnn 0.1.0 wheel is not installed (pip install --no-deps musicnn==0.1.0)")
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +48,9 @@ def test_crc32c_check_value():
     assert crc32c(b"") == 0
 
 
+@needs_wheel
 def test_reader_lists_and_verifies_every_tensor():
-    prefix = f"{musicnn.package_dir('MSD_musicnn')}/"
+    prefix = f"{convert_musicnn.package_dir('MSD_musicnn')}/"
     entries = list_entries(prefix)
     model = {k: e for k, e in entries.items() if "Adam" not in k and "_power" not in k}
     assert len(model) == 64
@@ -52,8 +61,9 @@ def test_reader_lists_and_verifies_every_tensor():
     assert tensors["dense/kernel"].shape == (1506, 200) and tensors["dense/kernel"].dtype == np.float32
 
 
-def test_a_corrupt_or_missing_checkpoint_is_refused_with_what_to_do(tmp_path, monkeypatch):
-    src = musicnn.package_dir("MSD_musicnn")
+@needs_wheel
+def test_a_corrupt_tf_checkpoint_is_refused_by_the_converter(tmp_path):
+    src = convert_musicnn.package_dir("MSD_musicnn")
     bad = tmp_path / "MSD_musicnn"
     shutil.copytree(src, bad)
     data = bytearray((bad / ".data-00000-of-00001").read_bytes())
@@ -61,34 +71,63 @@ def test_a_corrupt_or_missing_checkpoint_is_refused_with_what_to_do(tmp_path, mo
     data[entry["offset"] + entry["size"] // 2] ^= 0xFF                  # one weight of the model
     (bad / ".data-00000-of-00001").write_bytes(bytes(data))
     with pytest.raises(TFCheckpointError, match="CRC32C mismatch"):
-        read_checkpoint(f"{bad}/")
-    monkeypatch.setenv("NYSTREAM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(musicnn, "package_dir", lambda model="MSD_musicnn": bad)
-    with pytest.raises(MusicnnWeightsError, match="corrupt.*pip install --no-deps --force-reinstall musicnn"):
+        convert_musicnn.convert(bad)
+
+
+@needs_wheel
+def test_the_shipped_weights_equal_a_fresh_conversion_of_the_wheel(tmp_path):
+    fresh = convert_musicnn.write("MSD_musicnn", tmp_path / "fresh.safetensors")
+    shipped = musicnn.weights_file("MSD_musicnn")
+    from safetensors import safe_open
+    from safetensors.numpy import load_file
+    sd, again = load_file(str(shipped)), load_file(str(fresh))
+    assert list(sd) == list(again)                          # the same tensors, bit for bit
+    for k in sd:
+        assert sd[k].dtype == again[k].dtype == np.float32 and sd[k].shape == again[k].shape
+        assert sd[k].tobytes() == again[k].tobytes(), k
+    with safe_open(str(shipped), "np") as a, safe_open(str(fresh), "np") as b:
+        assert a.metadata() == b.metadata()                 # source, weights' and tensors' sha256
+    tf = read_checkpoint(f"{convert_musicnn.package_dir('MSD_musicnn')}/")
+    assert len(sd) == 64 and sum(v.size for k, v in sd.items() if not k.endswith((".mean", ".var"))) == 787_159
+    np.testing.assert_array_equal(sd["dense.weight"], tf["dense/kernel"].T)   # the tensors, as trained
+    assert (ROOT / "assets" / "musicnn" / "LICENSE.md").read_text().startswith("Copyright (c) Music Technology Group")
+
+
+def test_shipped_weights_that_are_missing_corrupt_or_wrong_are_refused_with_what_to_do(tmp_path, monkeypatch):
+    good = musicnn.weights_file("MSD_musicnn").read_bytes()
+    monkeypatch.setattr(musicnn, "WEIGHTS_DIR", tmp_path)
+    path = tmp_path / "MSD_musicnn.safetensors"
+    with pytest.raises(MusicnnWeightsError, match="missing.*git checkout assets/musicnn"):
         musicnn.load_weights()
-    (bad / ".index").write_bytes(b"not a table")
-    with pytest.raises(MusicnnWeightsError, match="unreadable or corrupt"):
+    bad = bytearray(good)
+    bad[-1000] ^= 0xFF                                        # one weight (the tensors are last)
+    path.write_bytes(bytes(bad))
+    with pytest.raises(MusicnnWeightsError, match="corrupt"):
         musicnn.load_weights()
-    (bad / ".index").unlink()
-    with pytest.raises(MusicnnWeightsError, match="missing"):
+    path.write_bytes(good[:len(good) // 2])                   # truncated
+    with pytest.raises(MusicnnWeightsError, match="unreadable"):
         musicnn.load_weights()
+    path.write_bytes(b"not safetensors")
+    with pytest.raises(MusicnnWeightsError, match="unreadable"):
+        musicnn.load_weights()
+    with pytest.raises(MusicnnWeightsError, match="unknown musicnn model 'MTT_vgg'"):
+        musicnn.load_weights("MTT_vgg")
 
 
-def test_missing_package_names_the_install_command(monkeypatch):
-    monkeypatch.setattr(musicnn.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(MusicnnWeightsError, match=r"pip install --no-deps musicnn==0\.1\.0"):
-        musicnn.package_dir()
-
-
-def test_converted_weights_are_cached_and_a_stale_cache_is_rebuilt(tmp_path, monkeypatch):
-    monkeypatch.setenv("NYSTREAM_CACHE", str(tmp_path))
-    sd, checksum = musicnn.load_weights()
-    cached = tmp_path / f"MSD_musicnn-v{musicnn.CACHE_VERSION}.pt"
-    assert cached.is_file() and torch.load(cached, weights_only=True)["sha256"] == checksum
-    torch.save({"sha256": "0" * 64, "state_dict": {}}, cached)          # stale: other files
-    sd2, _ = musicnn.load_weights()
-    assert all(torch.equal(sd[k], sd2[k]) for k in sd)
-    assert torch.load(cached, weights_only=True)["sha256"] == checksum
+def test_the_default_front_end_starts_without_the_musicnn_package():
+    """`pip install -e .` alone runs the app: the musicnn package is never imported or read."""
+    code = ("import sys, importlib.abc\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('musicnn', 'tf_checkpoint'):\n"
+            "            raise ImportError(name)\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from audio.frontends import build_frontend\n"
+            "fe = build_frontend('musicnn')\n"
+            "print(fe.description, fe.checksum)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["musicnn", "MSD_musicnn", "(pretrained,", "continual)", musicnn.load_weights()[1]]
 
 
 def test_flop_formulas_equal_torch_flop_counter(net):

@@ -30,8 +30,7 @@ def make_window(qtbot, tmp_path):
     yield make
     for w in windows:
         w.close()
-    # the closed windows' Qt and torch objects are freed here, while no engine thread runs, not
-    # by a later test's garbage collection beside its engine thread (one such run hung in gc)
+    # the closed windows' Qt objects are freed here, not by a later test's garbage collection
     gc.collect()
 
 

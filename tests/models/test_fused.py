@@ -25,7 +25,7 @@ def pair(variant, layers, n=24, m=4, fixed=False, seed=0):
     """A reference model and its fused copy (same weights)."""
     cfg = ModelConfig(variant=variant, in_dim=16, d_model=32, heads=4, ff_dim=48, window=n,
                       num_landmarks=m, layers=layers, dropout=0.0)
-    ref = build_model(cfg, seed=seed).eval()
+    ref = build_model(cfg, seed=seed, fused=False).eval()
     if fixed:
         g = torch.Generator().manual_seed(seed)
         fit_fixed_landmarks(ref, torch.randn(6, n, 16, generator=g), max_tokens=500)
@@ -196,6 +196,24 @@ def test_fused_kernel_equals_torch_kernel_on_huge_scores(seed, errors):
             rescaled += b.report.rescaled
         assert refreshed > 0 and rescaled > 0, (refreshed, rescaled)
         worst.check(errors, f"continual nystrom kernel/{mode}, scores to 500")
+
+
+def test_models_built_or_loaded_from_python_take_the_fused_step_unless_asked_not_to(tmp_path):
+    from models.checkpoint import load_checkpoint, save_checkpoint
+    cfg = ModelConfig(variant="continual_nystrom", in_dim=16, d_model=32, heads=4, ff_dim=48, window=8,
+                      num_landmarks=2)
+    for model in (build_model(cfg, seed=0), build_model(cfg)):
+        model.eval().reset(1)
+        assert model.fused and model._fused_step is not None
+    reference = build_model(cfg, seed=0, fused=False).eval()
+    reference.reset(1)
+    assert not reference.fused and reference._fused_step is None
+    save_checkpoint(reference, tmp_path / "m.pt", classes=[str(i) for i in range(10)])
+    loaded = load_checkpoint(tmp_path / "m.pt")[0]
+    torch_path = load_checkpoint(tmp_path / "m.pt", fused=False)[0]
+    assert loaded.fused and not torch_path.fused
+    loaded.use_fused(False).reset(1)                  # the torch reference, one call away
+    assert loaded._fused_step is None
 
 
 def test_fused_default_only_where_it_applies():

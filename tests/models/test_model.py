@@ -1,4 +1,7 @@
-"""Multi-head attention against torch's module, and the model's step against its batch forward."""
+"""Multi-head attention against torch's module, and the model's step (the torch reference path;
+tests/models/test_fused.py holds the fused one to it) against its batch forward."""
+import functools
+
 import pytest
 from tiny import tiny_config
 import torch
@@ -6,9 +9,10 @@ from torch import nn
 
 from models.landmarks import fit_fixed_landmarks
 from models.mha import MultiheadAttention
-from models.transformer import build_model
+from models import transformer
 from error_model import model_scores, relative_tol
 
+build_model = functools.partial(transformer.build_model, fused=False)
 VARIANTS = ["regular", "continual", "nystrom", "continual_nystrom"]
 
 
