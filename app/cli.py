@@ -6,7 +6,10 @@ import argparse
 import sys
 
 from app.commands import load_all
+from app.runtime.faults import (exit_code, resource_message, restore, signal_name, stop_on_signals,
+                                take_held_signals)
 from app.runtime.memory import fixed_mmap_threshold
+from app.runtime.output_lock import OutputLocked
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -42,9 +45,28 @@ def default_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command. SIGINT and SIGTERM stop it as Ctrl+C does (exit 130 / 143); a resource that
+    runs out (a full disk, a quota, a read-only folder) is one line naming it and its path."""
     fixed_mmap_threshold()             # flat memory over long streams (app/runtime/memory.py)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = default_args(parser)
-    return args.run(args)
+    handlers = stop_on_signals()
+    try:
+        take_held_signals()
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:
+            args = default_args(parser)
+        return args.run(args)
+    except OutputLocked as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:     # a command that has nothing of its own to finish
+        print(f"# stopped by {signal_name(e)}", file=sys.stderr)
+        return exit_code(e)
+    except OSError as e:
+        message = resource_message(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    finally:
+        restore(handlers)

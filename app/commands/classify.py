@@ -1,7 +1,6 @@
 """`python main.py classify`: one record per 0.25 s hop, per model, from a file, mic or demo."""
 from __future__ import annotations
 
-import csv
 import sys
 
 import torch
@@ -79,7 +78,9 @@ def csv_progress(args, source, limit: int | None):
 
 @command("classify", "classify a file, the microphone or the demo signal", add_arguments)
 def run(args) -> int:
+    from app.runtime.csv_rows import CsvRows
     from app.runtime.engine import Engine
+    from app.runtime.faults import exit_code, resource_message, signal_name
     from app.runtime.frontend_args import frontend_from_args
     from app.runtime.lineup import default_lineup
     from app.runtime.records import csv_row, human
@@ -105,7 +106,7 @@ def run(args) -> int:
               + (f"; trained: {', '.join(trained)}" if trained else "")
               + (f"; UNTRAINED models (random weights, seed {args.seed}), marked *: "
                  f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)
-        writer, csv_file, tally = None, None, Tally()
+        rows, tally, code = CsvRows(args.csv) if args.csv else None, Tally(), 0
         limit = None if args.seconds is None else int(args.seconds / HOP_SECONDS)
         progress = csv_progress(args, source, limit)
         try:
@@ -113,34 +114,37 @@ def run(args) -> int:
                 tally.add(r)
                 if args.jsonl:
                     print(r.to_json(), flush=True)
-                elif args.csv:
-                    row = csv_row(r)
-                    if writer is None:
-                        csv_file = open(args.csv, "w", newline="")
-                        writer = csv.DictWriter(csv_file, fieldnames=list(row))
-                        writer.writeheader()
-                    writer.writerow(row)
+                elif rows is not None:
+                    rows.write(csv_row(r))
                     progress.step(f"# {r.step + 1} steps written to {args.csv}"
                                   if (r.step + 1) % progress.every == 0 else "")
                 else:
                     print(human(r), flush=True)
                 if limit is not None and r.step + 1 >= limit:
                     break
-        except KeyboardInterrupt:                  # Ctrl-C: a normal way to stop a live run
-            print("# stopped", file=sys.stderr)
+        except KeyboardInterrupt as e:             # Ctrl+C, SIGTERM: a normal way to stop a live run
+            print(f"# stopped by {signal_name(e)}", file=sys.stderr)
+            code = exit_code(e)
+        except OSError as e:
+            message = resource_message(e, args.csv)
+            if message is None:
+                raise
+            print(f"error: {message}; the CSV keeps its {rows.rows if rows else 0} complete rows",
+                  file=sys.stderr)
+            code = 1
         finally:
             progress.close()
             source.close()
-            if csv_file is not None:
-                csv_file.close()
+            if rows is not None:
+                rows.close()
         stats = source.stats
         print(f"# {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input overflows, "
-              f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped",
-              file=sys.stderr)
+              f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped"
+              + (f"; {rows.rows} rows in {args.csv}" if rows is not None else ""), file=sys.stderr)
         if tally.tops:
             print(f"# verdict over {source.name}, per model (the genre most often on top):\n"
                   + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)
-        return 0
+        return code
     except (AudioError, CheckpointError, NonFiniteOutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -11,6 +11,9 @@ from app.runtime.frontend_args import add_frontend_arguments
 from audio.errors import AudioError
 from audio.token_cache import convert_musicnn, save_tokens
 
+from app.runtime.faults import exit_code, resource_message, signal_name
+from app.runtime.output_lock import output_lock
+
 from . import command
 from .argtypes import POSITIVE, writable_file
 
@@ -61,23 +64,30 @@ def run(args) -> int:
         import torch
         device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
         frontend = frontend_from_args(args, device)
-        if not args.ray:
-            extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)
+        with output_lock(args.out, "extract"):
+            if not args.ray:
+                extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)
+                return 0
+            from app.offline.ray_cluster import ray_session
+            from app.offline.ray_extract import FrontEndSpec, RayJob
+            spec = FrontEndSpec(frontend.name, args.vggish_weights, random_seed(args),
+                                not getattr(args, "recompute_frontend", False))
+            with ray_session(args.ray) as ray:
+                extract_gtzan(args.gtzan, args.out, frontend, args.batch_size,
+                              ray=RayJob(spec, ray_workers(ray, args.workers)))
             return 0
-        from app.offline.ray_cluster import ray_session
-        from app.offline.ray_extract import FrontEndSpec, RayJob
-        spec = FrontEndSpec(frontend.name, args.vggish_weights, random_seed(args),
-                            not getattr(args, "recompute_frontend", False))
-        with ray_session(args.ray) as ray:
-            extract_gtzan(args.gtzan, args.out, frontend, args.batch_size,
-                          ray=RayJob(spec, ray_workers(ray, args.workers)))
-        return 0
     except (AudioError, RayClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted: finished tracks are kept; run the same command again to resume",
-              file=sys.stderr)
-        return 130
+    except OSError as e:
+        message = resource_message(e, args.out)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(f"# stopped by {signal_name(e)}: finished tracks are kept; run the same command again "
+              f"to resume", file=sys.stderr)
+        return exit_code(e)
 
 

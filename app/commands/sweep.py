@@ -3,7 +3,11 @@ evaluation report (app/offline/sweep.py)."""
 from __future__ import annotations
 
 import sys
+from contextlib import nullcontext
 from pathlib import Path
+
+from app.runtime.faults import exit_code, resource_message, signal_name
+from app.runtime.output_lock import output_lock
 
 from . import command
 from .argtypes import POSITIVE, number, writable_dir
@@ -68,17 +72,24 @@ def run(args) -> int:
                       train={"lr": args.lr, "epochs": args.epochs, "patience": args.patience,
                              "batch_size": args.batch_size})
     try:
-        checkpoints = run_sweep(cfg, ray_address=args.ray, workers=args.workers)
-        report = evaluate(args.tokens, [str(p) for p in checkpoints])
-        command_line = "python main.py sweep " + " ".join(sys.argv[2:])
-        paths = write_report(report, Path(args.out), title=args.title, commands=command_line)
+        with output_lock(cfg.work, "sweep"), output_lock(args.out, "sweep") if args.work else nullcontext():
+            checkpoints = run_sweep(cfg, ray_address=args.ray, workers=args.workers)
+            report = evaluate(args.tokens, [str(p) for p in checkpoints])
+            command_line = "python main.py sweep " + " ".join(sys.argv[2:])
+            paths = write_report(report, Path(args.out), title=args.title, commands=command_line)
         print(f"swept {len(checkpoints)} checkpoint(s); wrote {', '.join(str(p) for p in paths)}",
               file=sys.stderr)
         return 0
     except (RayClusterError, TrainError, TokenFileError, CheckpointError, EvaluateError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted: finished checkpoints are kept; run the same command again to resume",
-              file=sys.stderr)
-        return 130
+    except OSError as e:
+        message = resource_message(e, args.out)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(f"# stopped by {signal_name(e)}: finished checkpoints are kept; run the same command "
+              f"again to resume", file=sys.stderr)
+        return exit_code(e)

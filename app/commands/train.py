@@ -16,6 +16,9 @@ from models.sda import LANDMARK_MODES, VARIANTS
 from models.training import TrainConfig
 from models.transformer import ModelConfig
 
+from app.runtime.faults import exit_code, resource_message, signal_name
+from app.runtime.output_lock import output_lock
+
 from . import command
 from .argtypes import POSITIVE, WINDOW, integer, number, writable_file
 
@@ -81,10 +84,11 @@ def run(args) -> int:
                          epochs=args.epochs, patience=args.patience, seed=args.seed,
                          data_seed=args.data_seed, kmeans_tokens=args.kmeans_tokens,
                          crop_min=args.crop_min, device=args.device)
-        model, meta = train(tokens, cfg, tc, init=init, data_sha256=file_sha256(args.tokens),
-                            data_name=Path(args.tokens).name)
-        save_checkpoint(model, args.out, classes=list(tokens.genres), metadata=meta,
-                        frontend=frontend_of_tokens(tokens.metadata, cfg.in_dim))
+        with output_lock(args.out, "train"):
+            model, meta = train(tokens, cfg, tc, init=init, data_sha256=file_sha256(args.tokens),
+                                data_name=Path(args.tokens).name)
+            save_checkpoint(model, args.out, classes=list(tokens.genres), metadata=meta,
+                            frontend=frontend_of_tokens(tokens.metadata, cfg.in_dim))
         metrics = meta["metrics"]
         print(json.dumps({"checkpoint": str(args.out), "val_acc": round(metrics["val_acc"], 4),
                           "test_acc": round(metrics["test_acc"], 4), "epochs": metrics["epochs"]},
@@ -93,8 +97,14 @@ def run(args) -> int:
     except (TrainError, TokenFileError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted: no checkpoint written", file=sys.stderr)
-        return 130
+    except OSError as e:
+        message = resource_message(e, args.out)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:
+        print(f"# stopped by {signal_name(e)}: no checkpoint written", file=sys.stderr)
+        return exit_code(e)
 
 

@@ -25,6 +25,7 @@ class ModelCurves:
 
     def __init__(self, panel: "CostPanel", name: str, index: int):
         self.index = index
+        self.fresh = True                                 # its band not drawn yet
         self.flops = panel.flops_plot.plot(pen=model_pen(index), name=name, connect="finite")
         self.median = panel.latency_plot.plot(pen=model_pen(index), name=name, connect="finite")
         self.lo = pg.PlotDataItem(pen=None, connect="finite")
@@ -101,8 +102,10 @@ class CostPanel(QWidget):
         self.kind_box.setCurrentIndex(max(self.kind_box.findData(settings.value("cost/flops_kind", "sda")), 0))
 
     # ------------------------------------------------------------------ drawing
-    def redraw(self, recent: list, models: list[str]) -> None:
-        """Redraw from ``recent`` (StepResults, oldest first; two minutes at most)."""
+    def redraw(self, recent: list, models: list[str], bands: bool = True) -> None:
+        """Redraw from ``recent`` (StepResults, oldest first; two minutes at most). ``bands``:
+        the p10-p90 bands too (their fills are the dearest items to update: the window does it
+        once a second, the lines on every frame)."""
         if not recent:
             return
         steps = np.array([r.step for r in recent])
@@ -122,16 +125,19 @@ class CostPanel(QWidget):
                 c = self.curves[name] = ModelCurves(self, name, i)
             c.flops.setData(steps, flops)
             c.median.setData(steps, q[1])
-            c.lo.setData(steps, q[0])
-            c.hi.setData(steps, q[2])
+            if bands or c.fresh:
+                c.lo.setData(steps, q[0])
+                c.hi.setData(steps, q[2])
+                c.fresh = False
             series[name] = (flops, q)
         for name in [n for n in self.curves if n not in models]:
             self.curves.pop(name).remove(self)
         front = np.array([r.stages["frontend"] for r in recent])
         fq = rolling_quantiles(front, ROLLING_STEPS)
         self.front_median.setData(steps, fq[1])
-        self.front_lo.setData(steps, fq[0])
-        self.front_hi.setData(steps, fq[2])
+        if bands:
+            self.front_lo.setData(steps, fq[0])
+            self.front_hi.setData(steps, fq[2])
         self._front_flops(recent, steps)
         self.series = (steps, series, fq)
 

@@ -43,9 +43,9 @@ def available_area(window: QMainWindow) -> QRect:
     return screen.availableGeometry()
 
 
-def restore(window: QMainWindow, settings) -> None:
-    """The saved dock layout and geometry, else the screen's available area; fitted to it."""
-    geometry, state = settings.value("window/geometry"), settings.value("window/state")
+def restore(window: QMainWindow, geometry, state) -> None:
+    """The saved geometry and dock layout (bytes, or None), else the screen's available area;
+    fitted to it. Saved bytes Qt cannot read leave the default."""
     screen = available_area(window)
     if geometry is None or not window.restoreGeometry(geometry):
         window.setGeometry(screen.x(), screen.y(), min(screen.width(), LARGEST_DEFAULT[0]),

@@ -31,8 +31,9 @@ def redraw(self) -> None:
 
 
 def draw(self, new: list) -> bool:
-    """Draw the hops in ``new``: the genre and cost plots now, the ranking, the table and the
-    status bar at most once a second; panels out of sight (a tab behind another) are skipped.
+    """Draw the hops in ``new``: the genre and cost plots now (the cost bands), the ranking, the
+    table and the status bar at most once a second; panels out of sight (a tab behind another)
+    are skipped.
     False if there was nothing to draw."""
     if not new:
         return False
@@ -65,7 +66,7 @@ def draw(self, new: list) -> bool:
         self._slow_at = now
     for name, draw, due in (
             ("genre", lambda: self.genre.redraw(recent, focus), True),
-            ("cost", lambda: self.cost.redraw(recent, models), True),
+            ("cost", lambda: self.cost.redraw(recent, models, bands=slow), True),
             ("spectrogram", self.spectrogram.redraw, in_sight(self.spectrogram)),
             ("ranking", lambda: self.ranking.redraw(recent, models, self.cost.flops_kind),
              slow and in_sight(self.ranking)),

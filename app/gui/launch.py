@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 
@@ -35,6 +36,13 @@ def launch(args) -> int:
                                 vggish_weights=args.vggish_weights, random_vggish=random_seed(args)),
                         settings)
     window.show()
+    stopped = []
+
+    def close_on_signal(signum, _frame):       # SIGINT / SIGTERM: closed as by the user (settings
+        stopped.append(signum)                  # saved, the engine process ended), exit 128 + n
+        QTimer.singleShot(0, window.close)
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, close_on_signal)
     if args.quit_after is not None:
         def finish():
             if args.screenshot:
@@ -48,4 +56,7 @@ def launch(args) -> int:
     # finalisation if widgets are left for the garbage collector.
     window.deleteLater()
     app.processEvents()
+    if stopped:
+        print(f"# stopped by {signal.Signals(stopped[0]).name}", file=sys.stderr)
+        return 128 + stopped[0]
     return code

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from PySide6.QtCore import QByteArray, QSettings
 
 from app.runtime.sources import SourceKind, SourceSpec
 from audio.frontends import DEFAULT_FRONTEND
@@ -23,29 +24,95 @@ class Options:
     autostart: bool = True
 
 
-def load_settings(w) -> None:
-    """Restore the window's controls from its QSettings."""
-    s = w.settings
-    w.set_source_kind(saved_kind(s.value("source/kind", SourceKind.DEMO.value)))
-    device = s.value("source/device", "")
+class Reader:
+    """The settings file's values, validated like command-line arguments: a value of the wrong
+    type, out of range or unknown is replaced by its default and named in ``problems`` (the
+    window says so in its status bar, and the next save writes the defaults back)."""
+
+    def __init__(self, settings):
+        self.s, self.problems = settings, []
+
+    def _bad(self, key: str, raw, what: str, default) -> None:
+        self.problems.append(f"{key}={str(raw)[:40]!r} is not {what} (using {default})")
+
+    def number(self, key: str, default, lo, hi):
+        raw = self.s.value(key, None)
+        if raw is None:
+            return default
+        kind = type(default)
+        try:
+            value = kind(str(raw))
+            if not lo <= value <= hi:          # also false for NaN
+                raise ValueError
+            return value
+        except (TypeError, ValueError):
+            self._bad(key, raw, f"{'an integer' if kind is int else 'a number'} from {lo} to {hi}", default)
+            return default
+
+    def choice(self, key: str, default: str, choices) -> str:
+        raw = self.s.value(key, None)
+        if raw is None:
+            return default
+        if str(raw) not in choices:
+            self._bad(key, raw, "one of " + ", ".join(map(str, choices)), default)
+            return default
+        return str(raw)
+
+    def flag(self, key: str, default: bool) -> bool:
+        raw = self.s.value(key, None)
+        if raw is None or isinstance(raw, bool):
+            return default if raw is None else raw
+        if str(raw).lower() in ("true", "false"):
+            return str(raw).lower() == "true"
+        self._bad(key, raw, "true or false", str(default).lower())
+        return default
+
+    def text(self, key: str, default: str = "") -> str:
+        raw = self.s.value(key, None)
+        return default if raw is None else str(raw)
+
+    def blob(self, key: str):
+        """Saved Qt state (bytes), or None."""
+        raw = self.s.value(key, None)
+        if raw is None or isinstance(raw, (QByteArray, bytes)):
+            return raw
+        self._bad(key, raw, "saved window state", "the default layout")
+        return None
+
+
+def load_settings(w) -> list[str]:
+    """Restore the window's controls from its QSettings; returns what was wrong in the file."""
+    r = Reader(w.settings)
+    if w.settings.status() != QSettings.Status.NoError:
+        r.problems.append(f"{w.settings.fileName()} cannot be read ({w.settings.status().name}); defaults used")
+    w.set_source_kind(SourceKind(r.choice("source/kind", SourceKind.DEMO.value, [k.value for k in SourceKind])))
+    device = r.text("source/device")
     if device and w.device_box.findText(device) >= 0:
         w.device_box.setCurrentIndex(w.device_box.findText(device))
-    path = s.value("source/file", "")
+    path = r.text("source/file")
     if path and Path(path).is_file():
         w.set_file(path)
-    w.loop_box.setChecked(s.value("source/loop", "true") in ("true", True))
-    saved = s.value("models/variants", None)
-    tick(w, list(VARIANTS) if saved is None else [v for v in str(saved).split(",") if v])
-    w.layers_box.setValue(int(s.value("models/layers", 1)))
-    w.window_box.setValue(int(s.value("models/window", 120)))
-    w.landmarks_box.setValue(int(s.value("models/landmarks", 4)))
-    w.smooth_box.setValue(float(s.value("view/smoothing_s", 5.0)))
-    w.cost.restore(s)
-    w.table.restore(s)
-    i = w.compute_box.findData(s.value("compute", "cuda" if torch.cuda.is_available() else "cpu"))
-    w.compute_box.setCurrentIndex(max(i, 0))
-    i = w.frontend_box.findData(s.value("frontend", DEFAULT_FRONTEND))
-    w.frontend_box.setCurrentIndex(max(i, 0))
+    w.loop_box.setChecked(r.flag("source/loop", True))
+    saved = w.settings.value("models/variants", None)        # a hand-written a,b reads as a list
+    items = saved if isinstance(saved, (list, tuple)) else str(saved).split(",")
+    variants = list(VARIANTS) if saved is None else [str(v).strip() for v in items if str(v).strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        r.problems.append(f"models/variants: unknown {', '.join(unknown)} (left out)")
+    tick(w, [v for v in variants if v in VARIANTS])
+    for key, box, default in (("models/layers", w.layers_box, 1), ("models/window", w.window_box, 120),
+                              ("models/landmarks", w.landmarks_box, 4), ("view/smoothing_s", w.smooth_box, 5.0)):
+        box.setValue(r.number(key, default, box.minimum(), box.maximum()))
+    w.cost.kind_box.setCurrentIndex(w.cost.kind_box.findData(
+        r.choice("cost/flops_kind", "sda", [w.cost.kind_box.itemData(i) for i in range(w.cost.kind_box.count())])))
+    w.table.wanted = r.text("table/reference")
+    computes = [w.compute_box.itemData(i) for i in range(w.compute_box.count())]
+    w.compute_box.setCurrentIndex(computes.index(r.choice("compute", computes[-1] if torch.cuda.is_available()
+                                                          else computes[0], computes)))
+    frontends = [w.frontend_box.itemData(i) for i in range(w.frontend_box.count())]
+    w.frontend_box.setCurrentIndex(frontends.index(r.choice("frontend", DEFAULT_FRONTEND, frontends)))
+    w.saved_layout = (r.blob("window/geometry"), r.blob("window/state"))
+    return r.problems
 
 
 def save_settings(w) -> None:
@@ -92,14 +159,3 @@ def tick(w, variants) -> None:
         box.blockSignals(True)
         box.setChecked(v in variants)
         box.blockSignals(False)
-
-
-def saved_kind(value) -> SourceKind:
-    """A saved source kind: its name ('demo' / 'mic' / 'file'), or an older index 0-2."""
-    kinds = list(SourceKind)
-    if str(value).isdigit():
-        return kinds[min(int(value), len(kinds) - 1)]
-    try:
-        return SourceKind(str(value))
-    except ValueError:
-        return SourceKind.DEMO

@@ -67,9 +67,11 @@ class MainWindow(QMainWindow):
         self.paused = False
         self.auto_names: set[str] = set()            # ticked-variant models this window runs
         self._build_ui()
-        store.load_settings(self)
-        docks.restore(self, self.settings)
+        self.settings_problems = store.load_settings(self)   # bad values: replaced by defaults
+        docks.restore(self, *self.saved_layout)
         store.apply_options(self)
+        if self.settings_problems:
+            self.statusBar().showMessage(self.settings_line(), 60000)
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.redraw)
         self.timer.start(FRAME_MS)
@@ -134,6 +136,9 @@ class MainWindow(QMainWindow):
             self.addAction(QAction(text, self, shortcut=key, triggered=slot))
         self.setAcceptDrops(True)
         self.side.refresh_devices()
+
+    def settings_line(self) -> str:
+        return "Settings file: " + "; ".join(self.settings_problems)
 
     def save_settings(self) -> None:
         store.save_settings(self)
@@ -285,7 +290,11 @@ class MainWindow(QMainWindow):
         self.paused = False
         self.pause_btn.setText("Pause")
         self.pause_btn.setEnabled(True)
-        self.statusBar().clearMessage()
+        if self.settings_problems:                        # said until the first run has shown it
+            self.statusBar().showMessage(self.settings_line(), 60000)
+            self.settings_problems = []
+        else:
+            self.statusBar().clearMessage()
         self.header.start_run()
         self.save_settings()
 

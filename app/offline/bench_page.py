@@ -4,7 +4,8 @@
 kind replaces its section.
 
 The machine is named by its cores, its CPU and a speed index: the median step of torch's 1-layer
-encoder recomputing a window of n = 120 (d = 192, 16 heads), timed at the end of each run.
+encoder recomputing a window of n = 120 (d = 192, 16 heads) on one torch thread, timed in a fresh
+process at the end of each run.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,17 +23,16 @@ PAGE = ROOT / "docs" / "benchmarks.md"
 
 
 def speed_index_ms() -> float:
-    """Median ms of torch's 1-layer encoder step at n = 120 (the machine's speed index)."""
-    import torch
-
-    from .bench_attention import torch_encoder
-    from .bench_timing import time_steps
-    threads = torch.get_num_threads()
-    try:
-        med, _ = time_steps(torch_encoder(120, 1), 300, 1.5)
-    finally:
-        torch.set_num_threads(threads)
-    return med / 1e3
+    """Median ms of torch's 1-layer encoder step at n = 120 on one torch thread, timed in a fresh
+    process (nothing a benchmark left running in this one takes part): the machine's speed index."""
+    code = ("import torch; torch.set_num_threads(1)\n"
+            "from app.offline.bench_attention import torch_encoder\n"
+            "from app.offline.bench_timing import time_steps\n"
+            "print(time_steps(torch_encoder(120, 1), 400, 2.0)[0] / 1e3)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise RuntimeError(f"the speed index could not be measured: {r.stderr[-500:]}")
+    return float(r.stdout.split()[-1])
 
 
 def machine() -> dict:
@@ -74,7 +75,7 @@ def stored(store: Path = STORE) -> dict[str, dict]:
 def provenance(e: dict) -> str:
     m = e["machine"]
     return (f"*`{e['command']}`, {e['date']}, {m['cores']} cores ({m['cpu']}), torch {m['torch']}, "
-            f"speed index {m['speed_index_ms']:.2f} ms (torch's 1-layer encoder step at n = 120).*")
+            f"speed index {m['speed_index_ms']:.2f} ms (torch's 1-layer encoder step at n = 120, one thread).*")
 
 
 def render(store: Path = STORE) -> str:
@@ -95,8 +96,9 @@ HEADER = """# Benchmarks
 Written by `python main.py bench ... --page` from the runs stored in `docs/benchmarks/*.json`;
 each section names the command, the date and the machine of its run. Timings on a shared machine
 move by +-30 % between runs: compare ratios within one run, and FLOPs, which do not move. A
-machine's speed index is the median step of torch's 1-layer encoder at n = 120; a host with twice
-the index runs every row about twice as slow.
+machine's speed index is the median step of torch's 1-layer encoder at n = 120 on one thread,
+timed in a fresh process after the run; a host with twice the index runs every row about twice
+as slow.
 """
 
 

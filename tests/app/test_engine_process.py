@@ -161,8 +161,11 @@ def test_the_engine_process_exits_when_its_window_is_killed(tmp_path):
 
 def test_close_ends_the_process_and_the_control_api_is_the_engines():
     e = EngineProcess()
-    e.close()
-    assert not e.process.is_alive() and e.process.exitcode == 0
+    e.start_run(FrontEndSpec("musicnn"), SourceSpec(SourceKind.DEMO), [])
+    collect(e, lambda ms: any(m[0] == "step" for m in ms))     # started and streaming
+    t0 = time.monotonic()
+    e.close()                                  # asked to exit: it ends its run and exits at once
+    assert not e.process.is_alive() and e.process.exitcode == 0 and time.monotonic() - t0 < 2.0
     def params(f):
         return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
     for name in ("add_model", "remove_model", "reset_model", "set_landmark_mode", "use_fixed_landmarks", "stop"):

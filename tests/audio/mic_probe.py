@@ -2,9 +2,11 @@
 
 Run in its own process so that it imports sounddevice after the test's JACK server is up, and so
 that PortAudio's JACK teardown (which asserts when the server has vanished) cannot take the test
-runner down with it.  Usage: python mic_probe.py MODE DEVICE HOPS  (MODE: capture|lost|slow)
+runner down with it.  Usage: python mic_probe.py MODE DEVICE HOPS  (MODE: capture|lost|slow|engine;
+engine: the window's engine process opens the microphone and streams the musicnn front end)
 """
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -56,5 +58,37 @@ def main(mode: str, device: str, hops: int) -> None:
         shapes_ok=all(h.shape == (4000,) and h.dtype == np.float32 for h in got))
 
 
+def engine(device: str, hops: int) -> None:
+    """The window's path: an EngineProcess opens the microphone in its own process."""
+    from app.runtime.engine_process import EngineProcess
+    from app.runtime.frontend_args import FrontEndSpec
+    from app.runtime.sources import SourceKind, SourceSpec
+    e = EngineProcess()
+    try:
+        e.start_run(FrontEndSpec("musicnn"), SourceSpec(SourceKind.MIC, device), [])
+        steps, deadline = [], time.monotonic() + 60
+        while len(steps) < hops and time.monotonic() < deadline:
+            for kind, *rest in e.poll():
+                if kind == "ready":
+                    say(event="started", rate=0)
+                elif kind == "step":
+                    steps.append(rest[0])
+                    say(event="hop", n=len(steps))
+                elif kind in ("error", "died"):
+                    say(event="error", type=kind, message=rest[0])
+                    return
+            time.sleep(0.02)
+        late = steps[4:]
+        mel = np.concatenate([s.mel for s in late])
+        say(event="done", hops=len(steps), source=steps[-1].source, input_rate=steps[-1].input_rate,
+            rate_hz=(len(late) - 1) / (late[-1].ready_time - late[0].ready_time),
+            band=int(mel.mean(axis=0).argmax()), engine_pid=e.process.pid, probe_pid=os.getpid())
+    finally:
+        e.close()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    if sys.argv[1] == "engine":
+        engine(sys.argv[2], int(sys.argv[3]))
+    else:
+        main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

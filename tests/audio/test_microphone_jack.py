@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 PROBE = Path(__file__).with_name("mic_probe.py")
@@ -33,6 +34,7 @@ class Jack:
     count = 0
 
     def __init__(self, rate: int):
+        self.rate = rate
         # a server of its own name: nothing a previous test's server left behind (its registry,
         # semaphores) is ever reused
         Jack.count += 1
@@ -149,6 +151,19 @@ def test_microphone_delivers_the_tone_at_4_hz_and_stops_promptly(jack):
     assert done["peak"] > 0.05 and abs(done["freq"] - 440.0) < 5.0, done
     assert done["close_s"] < 1.0        # close() gives up waiting on PortAudio after 0.5 s
     assert code == 0
+
+
+def test_the_window_engine_process_opens_the_microphone_and_streams_it(jack):
+    """The window's engine runs in a process of its own, which opens the microphone itself."""
+    import librosa
+    events, _ = run_probe(jack, "engine", 14, on_started=jack.feed_tone_into_portaudio, timeout=120)
+    done = events[-1]
+    assert done["event"] == "done", events[-3:]
+    assert done["engine_pid"] != done["probe_pid"] and done["source"].startswith("mic:")
+    assert done["hops"] == 14 and done["input_rate"] == jack.rate
+    assert 3.0 < done["rate_hz"] < 5.0                      # the sound card's clock: 4 hops a second
+    centres = librosa.mel_frequencies(n_mels=96 + 2, fmin=0.0, fmax=8000.0)[1:-1]
+    assert abs(done["band"] - int(np.abs(centres - 440).argmin())) <= 1   # the 440 Hz tone's band
 
 
 def test_device_disappearing_mid_stream_is_a_clear_error_not_a_hang(jack):

@@ -463,4 +463,30 @@ def test_frames_redraw_the_plots_per_hop_and_the_ranking_and_table_once_a_second
     assert new["genre"] == new["cost"] >= 6           # a frame per arrival of new hops (4 a second)
     assert 1 <= new["ranking"] <= seconds + 1 and 1 <= new["table"] <= seconds + 1
     assert new["spectrogram"] == 0                    # a tab behind the table: not drawn
-    assert w.timer.interval() == 50 and frames == len(w.frame_cpu_ms) + 1
+    # a drawing frame's CPU is recorded at the next tick: the newest may not be yet
+    assert w.timer.interval() == 50 and len(w.frame_cpu_ms) in (frames - 1, frames)
+
+
+def test_a_settings_file_with_bad_values_never_stops_the_window(make_window, qtbot, tmp_path):
+    """Every value of the settings file is validated: a bad one is replaced by its default, the
+    status bar names its key, the window starts, and the next save writes valid values back."""
+    (tmp_path / "settings.ini").write_text(
+        "[source]\nkind=tape\nloop=maybe\n[models]\nlayers=abc\nwindow=nan\nlandmarks=-3\nvariants=regular,bogus\n"
+        "[view]\nsmoothing_s=fast\n[cost]\nflops_kind=gigaflops\n[window]\ngeometry=not-bytes\nstate=1\n"
+        "[General]\ncompute=tpu\nfrontend=wav2vec\n")
+    w = make_window(source=None, variants=None, start=False, random_vggish=None)
+    line = w.statusBar().currentMessage()
+    for key in ("source/kind", "source/loop", "models/layers", "models/window", "models/landmarks",
+                "models/variants", "view/smoothing_s", "cost/flops_kind", "window/geometry", "window/state",
+                "compute", "frontend"):
+        assert key in line, key
+    assert line.startswith("Settings file: ") and "\n" not in line
+    assert (w.layers_box.value(), w.smooth_box.value(), w.cost.flops_kind) == (1, 5.0, "sda")
+    assert w.source_kind.currentData() == "demo" and w.frontend_name == "musicnn" and w.device == "cpu"
+    assert [v for v, b in w.variant_boxes.items() if b.isChecked()] == ["regular"]
+    w.start()
+    wait_steps(qtbot, w, 2)
+    w.close()
+    again = make_window(source=None, variants=None, start=False, random_vggish=None)
+    assert again.statusBar().currentMessage() == ""             # the defaults were written back
+    assert again.layers_box.value() == 1 and again.loop_box.isChecked()

@@ -1,0 +1,164 @@
+"""When the machine misbehaves, runs end with one line and lose nothing: a full disk (a real
+tmpfs of 2 MB, filled), SIGTERM and SIGINT sent to real processes at start-up and mid-stream.
+What each case does is listed in docs/bad-input.md."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.runtime.csv_rows import CsvRows
+from app.runtime.faults import exit_code, resource_message, Stopped
+from audio_helpers import tone, write
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs (needs root, as CI runs), filled to all but ``room`` bytes by ``fill``."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+
+    def fill(room: int) -> None:
+        free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+        with open(mount / "filler", "wb") as f:
+            f.write(b"\0" * max(0, free - room))
+    try:
+        yield mount, fill
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def song(tmp_path, seconds=30.0) -> Path:
+    freqs = (220, 330, 440, 660, 880)
+    return write(tmp_path / "song.wav", np.concatenate([tone(seconds / len(freqs), 22050, f) for f in freqs]), 22050)
+
+
+def main_py(*args, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(ROOT / "main.py"), *map(str, args)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def complete_rows(path: Path) -> list[list[str]]:
+    """The CSV's rows, each checked to have the header's fields; the file ends with a newline."""
+    text = path.read_text()
+    assert text.endswith("\n"), "the CSV ends in part of a row"
+    rows = list(csv.reader(text.splitlines()))
+    assert all(len(r) == len(rows[0]) for r in rows), "a row is cut short"
+    return rows[1:]
+
+
+def test_classify_on_a_full_disk_says_so_and_keeps_only_whole_rows(tmp_path, small_disk):
+    mount, fill = small_disk
+    fill(40_000)                                        # about 30 rows of five models
+    out = mount / "steps.csv"
+    p = main_py("classify", song(tmp_path), "--csv", out)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1, err[-2000:]
+    assert "Traceback" not in err
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    rows = complete_rows(out)
+    assert line == [f"error: no space left on the device: {out}; the CSV keeps its {len(rows)} complete rows"]
+    assert 10 < len(rows) < 60 and [int(r[0]) for r in rows] == list(range(len(rows)))
+    assert f"; {len(rows)} rows in {out}" in err and "# verdict over file:song.wav" in err
+
+
+def test_extract_on_a_full_disk_names_the_resource_and_the_path(tmp_path, small_disk):
+    mount, fill = small_disk
+    gtzan = tmp_path / "gtzan"
+    gtzan.mkdir()
+    for i, genre in enumerate(("blues", "rock")):
+        write(gtzan / f"{genre}.00000.wav", tone(3.0, 22050, 220 * (i + 1)), 22050)
+    fill(0)
+    p = main_py("extract", "--gtzan", gtzan, "--out", mount / "tokens.npz")
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1 and "Traceback" not in err, err[-2000:]
+    assert any(x.startswith("error: no space left on the device: " + str(mount)) for x in err.splitlines()), err[-1000:]
+    assert not (mount / "tokens.npz").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_stream_flushes_the_rows_and_prints_the_summary_and_verdict(tmp_path, sig):
+    out = tmp_path / "steps.csv"
+    p = main_py("classify", song(tmp_path, 60), "--realtime", "--csv", out)
+    t0 = time.monotonic()
+    while not (out.exists() and len(out.read_text().splitlines()) >= 5):   # header and 4 rows
+        assert p.poll() is None and time.monotonic() - t0 < 120, p.communicate()[1][-2000:]
+        time.sleep(0.05)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + sig and "Traceback" not in err, err[-2000:]
+    rows = complete_rows(out)
+    assert f"# stopped by {signal.Signals(sig).name}" in err and f"; {len(rows)} rows in {out}" in err
+    assert "# verdict over file:song.wav" in err and len(rows) >= 4
+
+
+def test_a_signal_while_starting_ends_with_one_line(tmp_path):
+    for delay in (0.05, 0.6, 1.5):                      # interpreter start, imports, model loading
+        p = main_py("classify", song(tmp_path, 5), "--csv", tmp_path / f"s{delay}.csv")
+        time.sleep(delay)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode in (143, -signal.SIGTERM), (delay, err[-2000:])   # -15: before Python ran
+        assert "Traceback" not in err, (delay, err[-2000:])
+        if p.returncode == 143:                         # held while importing, taken after
+            assert err.strip().splitlines()[-1].startswith("# stopped by SIGTERM"), (delay, err)
+
+
+def test_csv_rows_are_cut_back_to_the_last_whole_row_when_a_write_fails(tmp_path, monkeypatch):
+    rows = CsvRows(str(tmp_path / "r.csv"))
+    rows.write({"a": 1, "b": "x,y"})
+    rows.write({"a": 2, "b": "z"})
+    real = os.write
+
+    def half(fd, data):                                  # a disk that fills up mid-row
+        if len(data) > 3:
+            real(fd, bytes(data[:3]))
+            raise OSError(28, "No space left on device")
+        return real(fd, data)
+    monkeypatch.setattr(os, "write", half)
+    with pytest.raises(OSError) as e:
+        rows.write({"a": 3, "b": "a longer row"})
+    rows.close()
+    assert (tmp_path / "r.csv").read_bytes() == b'a,b\r\n1,"x,y"\r\n2,z\r\n' and rows.rows == 2
+    assert resource_message(e.value, "r.csv") == "no space left on the device: r.csv"
+    assert resource_message(OSError(2, "missing")) is None
+    assert exit_code(Stopped(signal.SIGTERM)) == 143 and exit_code(KeyboardInterrupt()) == 130
+
+
+def test_a_second_run_on_the_same_output_refuses_at_once_and_a_stale_lock_is_taken_over(tmp_path):
+    from app.runtime.output_lock import lock_path
+    gtzan = tmp_path / "gtzan"
+    gtzan.mkdir()
+    for i, genre in enumerate(("blues", "rock")):
+        write(gtzan / f"{genre}.00000.wav", tone(2.0, 22050, 220 * (i + 1)), 22050)
+    out = tmp_path / "tokens.npz"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom app.runtime.output_lock import output_lock\n"
+         "with output_lock(sys.argv[1], 'extract'):\n    print('held', flush=True)\n    time.sleep(120)\n", str(out)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        p = main_py("extract", "--gtzan", gtzan, "--out", out)
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 1 and "Traceback" not in err, err[-2000:]
+        assert f"error: {out} is being written by process {holder.pid} (extract); wait" in err
+        assert not out.exists()
+    finally:
+        holder.kill()                                   # SIGKILL: its lock file stays behind
+        holder.wait()
+    assert lock_path(out).exists()
+    p = main_py("extract", "--gtzan", gtzan, "--out", out)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-2000:]
+    assert f"a stale lock of process {holder.pid} (extract) (not running) was taken over" in err
+    assert out.exists() and not lock_path(out).exists()
