@@ -96,7 +96,6 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
     else:
         cfg = ModelConfig(variant="continual_nystrom", in_dim=50, window=29, layers=2)
         w.engine.add_model("continual_nystrom 2-block", ModelSpec(config=cfg), spacing=4)
-    QTimer.singleShot(int(seconds * 1000), app.quit)
     t0 = time.monotonic()
     rss, engine_rss, worst_p95 = [(0.0, rss_mb())], [(0.0, rss_mb(engine_pid))], [0.0]   # (s, MB)
 
@@ -112,9 +111,13 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
     sampler = QTimer()
     sampler.timeout.connect(sample)
     sampler.start(int(RSS_EVERY_S * 1000))
+
+    def finish():          # the last sample while both processes run (Qt 6's quit closes the window)
+        sampler.stop()
+        sample()
+        app.quit()
+    QTimer.singleShot(int(seconds * 1000), finish)
     app.exec()
-    sampler.stop()
-    sample()
     wall = time.monotonic() - t0
     history = list(w.history)
     steady = history[20:] or history           # after start-up (model adds, landmark fit)

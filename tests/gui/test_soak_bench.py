@@ -16,11 +16,15 @@ def test_soak_reports_memory_drops_and_delay_and_keeps_the_history_small(qapp, m
     assert r["models"] == 6 and r["hops"] >= 8 and r["hops"] + r["dropped_hops"] <= 4 * r["seconds"] + 2
     assert len(r["rss_mb"]) >= 6 and [t for t, _ in r["rss_mb"]] == sorted(t for t, _ in r["rss_mb"])
     assert all(300 < mb < 4000 for _, mb in r["rss_mb"])               # resident MB of this process
+    # the engine process's, sampled while it runs (once it has streamed: torch and the models loaded)
+    assert [t for t, _ in r["engine_rss_mb"]] == [t for t, _ in r["rss_mb"]]
+    assert all(100 < mb < 4000 for t, mb in r["engine_rss_mb"] if t > 10), r["engine_rss_mb"]
     assert len(seen) >= 5 and seen[-1][2] == r["dropped_hops"]
-    assert r["rss_growth_after_5min_mb"] is None                       # too short to say
+    assert r["rss_growth_after_5min_mb"] is None is r["engine_rss_growth_after_5min_mb"]   # too short
     log = windows[0].history
     assert len(log) == r["hops"] and log.nbytes < 1000 * len(log)     # < 1 KB per hop with six models
     assert log[-1].mel is None and set(log[-1].models) == set(windows[0].recent[-1].models)
     print_soak(r)
     out = capsys.readouterr().out
-    assert "resident memory:" in out and "run 10 minutes or more to see it" in out
+    assert "window process resident memory:" in out and "engine process resident memory:" in out
+    assert "run 10 minutes or more to see it" in out
