@@ -11,6 +11,7 @@ after 5 minutes and at the end (an hour-long run must stay flat in both).
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -117,7 +118,13 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
         sample()
         app.quit()
     QTimer.singleShot(int(seconds * 1000), finish)
-    app.exec()
+    handlers = {sig: signal.signal(sig, lambda *_: QTimer.singleShot(0, finish))   # Ctrl+C, SIGTERM:
+                for sig in (signal.SIGINT, signal.SIGTERM)}                        # end early, report
+    try:
+        app.exec()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     wall = time.monotonic() - t0
     history = list(w.history)
     steady = history[20:] or history           # after start-up (model adds, landmark fit)

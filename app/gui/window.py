@@ -38,6 +38,9 @@ from .table import ComparisonTable
 RECENT = 2 * HOPS_PER_MINUTE  # StepResults drawn: two minutes of hops
 FRAME_MS = 50                 # GUI redraw period (20 frames a second at most)
 SLOW_PANELS_S = 1.0           # the ranking, the table and the status bar: once a second
+ENGINE_THREADS = 1            # torch threads of the engine process: a hop's ~150 small torch calls
+                              # gain nothing from a second thread, and on busy cores each call
+                              # would wait for both of its threads to be scheduled
 
 
 class MainWindow(QMainWindow):
@@ -268,7 +271,7 @@ class MainWindow(QMainWindow):
         there is none or the last one died)."""
         self.stop()
         if self.engine is None or not self.engine.alive():
-            self.engine = EngineProcess()
+            self.engine = EngineProcess(torch_threads=ENGINE_THREADS)
         self.genre.reset()
         self.history.clear()
         self.recent.clear()

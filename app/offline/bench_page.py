@@ -206,7 +206,7 @@ SECTIONS = [
      "skipped); the CPU line adds Qt's painting of that frame. `--hogs 2` runs two busy-looping "
      "processes beside it, a laptop whose cores are busy.",
      gui_body),
-    ("An hour in the window", ["soak"],
+    ("A long run in the window", ["soak"],
      "`bench --soak SECONDS`: the same run, long, with the resident memory of both processes sampled "
      "every 10 s; memory must stay flat after the first 5 minutes.",
      soak_body),
