@@ -46,9 +46,10 @@ def default_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command. SIGINT and SIGTERM stop it as Ctrl+C does (exit 130 / 143); a resource that
-    runs out (a full disk, a quota, a read-only folder) is one line naming it and its path."""
+    runs out (a full disk, a quota, a read-only folder) is one line naming it and its path (the
+    command's ``--out`` where the error names none)."""
     fixed_mmap_threshold()             # flat memory over long streams (app/runtime/memory.py)
-    handlers = stop_on_signals()
+    handlers, args = stop_on_signals(), None
     try:
         take_held_signals()
         parser = build_parser()
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:     # a command that has nothing of its own to finish
         print(f"# stopped by {signal_name(e)}", file=sys.stderr)
         return exit_code(e)
-    except OSError as e:
-        message = resource_message(e)
+    except OSError as e:               # the error's own path, else the command's output
+        message = resource_message(e, getattr(args, "out", None))
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

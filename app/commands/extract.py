@@ -11,7 +11,7 @@ from app.runtime.frontend_args import add_frontend_arguments
 from audio.errors import AudioError
 from audio.token_cache import convert_musicnn, save_tokens
 
-from app.runtime.faults import exit_code, resource_message, signal_name
+from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
 from . import command
@@ -78,12 +78,6 @@ def run(args) -> int:
             return 0
     except (AudioError, RayClusterError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        message = resource_message(e, args.out)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         print(f"# stopped by {signal_name(e)}: finished tracks are kept; run the same command again "

@@ -6,7 +6,7 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from app.runtime.faults import exit_code, resource_message, signal_name
+from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
 from . import command
@@ -82,12 +82,6 @@ def run(args) -> int:
         return 0
     except (RayClusterError, TrainError, TokenFileError, CheckpointError, EvaluateError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        message = resource_message(e, args.out)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         print(f"# stopped by {signal_name(e)}: finished checkpoints are kept; run the same command "

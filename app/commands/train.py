@@ -16,7 +16,7 @@ from models.sda import LANDMARK_MODES, VARIANTS
 from models.training import TrainConfig
 from models.transformer import ModelConfig
 
-from app.runtime.faults import exit_code, resource_message, signal_name
+from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
 from . import command
@@ -96,12 +96,6 @@ def run(args) -> int:
         return 0
     except (TrainError, TokenFileError, CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        message = resource_message(e, args.out)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         print(f"# stopped by {signal_name(e)}: no checkpoint written", file=sys.stderr)

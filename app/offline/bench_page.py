@@ -165,16 +165,11 @@ def control_body(runs: dict) -> str:
 
 
 def scale_body(runs: dict) -> str:
+    from .bench_scale import scale_table
     e = runs["scale"]
     r = e["data"]
     lines = [provenance(e), "", f"{r['tracks']} tracks, {r['frontend']}, {r['cpus']} CPUs; starting the local "
-             f"Ray instance took {r['ray_startup_s']:.1f} s (not in the times).", "",
-             "| run | seconds | tracks/min | vs one process | identical tokens | worker peak RSS (MB) |",
-             "| --- | ---: | ---: | ---: | --- | ---: |"]
-    for row in r["rows"]:
-        peak = row.get("worker_peak_mb")
-        lines.append(f"| {row['run']} | {row['seconds']:.1f} | {row['tracks_per_min']:.1f} | {row['speedup']:.2f}x | "
-                     f"{'yes' if row.get('identical', True) else 'NO'} | {'' if peak is None else f'{peak:.0f}'} |")
+             f"Ray instance took {r['ray_startup_s']:.1f} s (not in the times).", ""] + scale_table(r)
     return "\n".join(lines) + "\n"
 
 

@@ -69,12 +69,18 @@ def scale(folder: str | Path, frontend: str = "musicnn") -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def scale_table(r: dict) -> list[str]:
+    """The runs of ``scale`` as Markdown table lines (printed, and on the benchmark page)."""
+    lines = ["| run | seconds | tracks/min | vs one process | identical tokens | worker peak RSS (MB) |",
+             "| --- | ---: | ---: | ---: | --- | ---: |"]
+    for row in r["rows"]:
+        peak = row.get("worker_peak_mb")
+        lines.append(f"| {row['run']} | {row['seconds']:.1f} | {row['tracks_per_min']:.1f} | {row['speedup']:.2f}x | "
+                     f"{'yes' if row.get('identical', True) else 'NO'} | {'' if peak is None else f'{peak:.0f}'} |")
+    return lines
+
+
 def print_scale(r: dict) -> None:
     print(f"extract: {r['tracks']} tracks, {r['frontend']}, {r['cpus']} CPUs; "
           f"local Ray start-up {r['ray_startup_s']:.1f} s (not in the times below)")
-    print("| run | seconds | tracks/min | vs one process | identical tokens | worker peak RSS MB |")
-    print("| --- | ---: | ---: | ---: | --- | ---: |")
-    for row in r["rows"]:
-        peak = row.get("worker_peak_mb")
-        print(f"| {row['run']} | {row['seconds']:.1f} | {row['tracks_per_min']:.1f} | {row['speedup']:.2f}x | "
-              f"{'yes' if row.get('identical', True) else 'NO'} | {'' if peak is None else f'{peak:.0f}'} |")
+    print("\n".join(scale_table(r)))

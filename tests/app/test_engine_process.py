@@ -18,6 +18,7 @@ from app.runtime.frontend_args import FrontEndSpec
 from app.runtime.lineup import ModelSpec, shipped_checkpoints
 from app.runtime.sources import SourceKind, SourceSpec
 from audio_helpers import tone, write
+from process_helpers import alive, gone_within
 from models.transformer import ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,15 +36,6 @@ def collect(engine: EngineProcess, until, timeout: float = 60.0) -> list[tuple]:
 
 def ended(messages) -> bool:
     return any(m[0] in ("finished", "died") for m in messages)
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @pytest.fixture
@@ -151,10 +143,7 @@ def test_the_engine_process_exits_when_its_window_is_killed(tmp_path):
         assert alive(child)
         parent.kill()
         parent.wait()
-        t0 = time.monotonic()
-        while alive(child) and time.monotonic() - t0 < 10:
-            time.sleep(0.05)
-        assert not alive(child), "the engine process outlived its window"
+        assert gone_within(child, 10), "the engine process outlived its window"
     finally:
         parent.kill()
 

@@ -22,6 +22,7 @@ from app.runtime.verdict import Tally, top_k
 from app.gui.window import MainWindow, Options
 from audio_helpers import tone, write
 from gui_helpers import wait_steps
+from process_helpers import children, gone_within
 from models.checkpoint import save_checkpoint
 from models.transformer import ModelConfig, build_model
 
@@ -334,20 +335,6 @@ def test_a_killed_engine_is_said_in_one_line_what_was_drawn_stays_and_start_runs
     assert w.engine.process.pid != pid and w.engine.alive()
 
 
-def engine_children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid``."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(d))
-            except (FileNotFoundError, ProcessLookupError, IndexError):
-                pass
-    return out
-
-
 def test_a_window_killed_with_sigkill_leaves_no_engine_process_behind(tmp_path):
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
     gui = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "gui", "--source", "demo",
@@ -355,21 +342,14 @@ def test_a_window_killed_with_sigkill_leaves_no_engine_process_behind(tmp_path):
                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         t0 = time.monotonic()
-        while not engine_children(gui.pid):
+        while not children(gui.pid):
             assert time.monotonic() - t0 < 60 and gui.poll() is None, "no engine process started"
             time.sleep(0.1)
-        engine = engine_children(gui.pid)[0]
+        engine = children(gui.pid)[0]
         time.sleep(1.0)
         gui.kill()
         gui.wait()
-        t0 = time.monotonic()
-        while os.path.exists(f"/proc/{engine}") and time.monotonic() - t0 < 10:
-            with open(f"/proc/{engine}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    break                          # exited, waiting for init to reap it
-            time.sleep(0.05)
-        else:
-            assert not os.path.exists(f"/proc/{engine}"), "the engine process outlived its window"
+        assert gone_within(engine, 10), "the engine process outlived its window"
     finally:
         gui.kill()
 
