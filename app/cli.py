@@ -7,7 +7,7 @@ import sys
 
 from app.commands import load_all
 from app.runtime.faults import (exit_code, resource_message, restore, signal_name, stop_on_signals,
-                                take_held_signals)
+                                stdout_gone, stop_received, take_held_signals)
 from app.runtime.memory import fixed_mmap_threshold
 from app.runtime.output_lock import OutputLocked
 
@@ -44,6 +44,16 @@ def default_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     return parser.parse_args(["classify", "--demo", "--realtime", "--fallback-random-vggish"])
 
 
+def output_of(args) -> str | None:
+    """What the command writes (--out, --report, --csv), for an error that names no file."""
+    return next((v for k in ("out", "report", "csv") if (v := getattr(args, k, None))), None)
+
+
+def stopped(e: BaseException) -> int:
+    print(f"# stopped by {signal_name(e)}", file=sys.stderr)
+    return exit_code(e)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a command. SIGINT and SIGTERM stop it as Ctrl+C does (exit 130 / 143); a resource that
     runs out (a full disk, a quota, a read-only folder) is one line naming it and its path (the
@@ -61,10 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:     # a command that has nothing of its own to finish
-        print(f"# stopped by {signal_name(e)}", file=sys.stderr)
-        return exit_code(e)
-    except OSError as e:               # the error's own path, else the command's output
-        message = resource_message(e, getattr(args, "out", None))
+        return stopped(e)
+    except BrokenPipeError:            # `... | head`: the reader has what it wanted
+        return stdout_gone()
+    except Exception as e:
+        if stop_received() is not None:   # a stop that an import turned into an ImportError
+            return stopped(stop_received())
+        message = resource_message(e, output_of(args))   # its own path, else the output option
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

@@ -4,11 +4,18 @@ memory does not grow with the file's length and a consumer that stops early stop
 The stream is bit-identical to resampling the whole file at once (tests/audio/test_decoding.py).
 Formats soundfile cannot read go to librosa's decoder, whole (the only path that holds a file).
 
+A file that changes under us ends the run with one AudioFileError, never a decode with the old
+file's rate or length: each opening is checked against what ``probe`` saw (the file's identity,
+size, modification time, rate, channels, frames), and each block against the file's size and
+modification time. A file replaced by a rename while it is read is read to its end as it was (its
+old contents stay open); the next opening (a loop's next pass) sees the change.
+
 Input is made safe the same way as every source's (``condition``): channels averaged to mono,
 NaN/Inf replaced by 0 (counted), samples beyond +-1 clipped (counted).
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +62,7 @@ class AudioFile:
     channels: int
     frames: int                          # at input_rate
     whole: np.ndarray | None = None      # librosa's decode, (frames, channels), formats soundfile lacks
+    stamp: tuple = ()                    # (device, inode, size, mtime_ns) when probed
 
     @property
     def samples(self) -> int:
@@ -83,7 +91,8 @@ def probe(path: str | Path) -> AudioFile:
         if not path.is_file():
             raise AudioFileError(f"not a file: {path}")
         with open(path, "rb"):
-            size = path.stat().st_size
+            st = path.stat()
+        size = st.st_size
     except PermissionError as e:           # the file, or a folder on its path
         raise AudioFileError(f"{path} cannot be read: permission denied") from e
     except OSError as e:
@@ -96,6 +105,7 @@ def probe(path: str | Path) -> AudioFile:
     except Exception as sf_error:  # noqa: BLE001 - soundfile raises several types
         data, rate = _decode_with_librosa(path, sf_error)
         found = AudioFile(path, int(rate), int(data.shape[1]), int(data.shape[0]), whole=data)
+    found.stamp = stamp(st)
     if found.frames == 0:
         raise AudioFileError(f"{path} contains no audio samples")
     if found.input_rate < 1:
@@ -103,8 +113,36 @@ def probe(path: str | Path) -> AudioFile:
     return found
 
 
+def stamp(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def changed_since_probe(audio: AudioFile) -> str | None:
+    """How the file at ``audio.path`` differs from what ``probe`` saw, in a few words, or None."""
+    try:
+        now = stamp(os.stat(audio.path))
+    except OSError as e:
+        return f"it can no longer be read ({reason(e)})"
+    if now[:2] != audio.stamp[:2]:
+        return "it was replaced by another file"
+    if now != audio.stamp:
+        return ("it was modified (" + (f"{audio.stamp[2]} -> {now[2]} bytes)" if now[2] != audio.stamp[2]
+                                       else "written again at the same size)"))
+    return None
+
+
+def modified_in_place(audio: AudioFile) -> bool:
+    """The open file (same identity) was written to: truncated, appended or overwritten."""
+    try:
+        now = stamp(os.stat(audio.path))
+    except OSError:
+        return False                     # deleted: the open file is still whole
+    return now[:2] == audio.stamp[:2] and now != audio.stamp
+
+
 def stream(audio: AudioFile, stats: SourceStats) -> Iterator[np.ndarray]:
-    """The file as consecutive 16 kHz mono float32 chunks (about BLOCK_SECONDS each)."""
+    """The file as consecutive 16 kHz mono float32 chunks (about BLOCK_SECONDS each);
+    AudioFileError if the file is not the one ``probe`` checked, or changes while it is read."""
     import soundfile as sf
 
     rs = (soxr.ResampleStream(audio.input_rate, SAMPLE_RATE, 1, dtype="float32")
@@ -114,7 +152,7 @@ def stream(audio: AudioFile, stats: SourceStats) -> Iterator[np.ndarray]:
         blocks = (audio.whole[i:i + block] for i in range(0, len(audio.whole), block))
         yield from _resampled(blocks, rs, stats)
         return
-    with sf.SoundFile(str(audio.path)) as f:
+    with _open_checked(audio) as f:
         def blocks():
             while True:
                 try:
@@ -122,10 +160,35 @@ def stream(audio: AudioFile, stats: SourceStats) -> Iterator[np.ndarray]:
                 except Exception as e:  # noqa: BLE001 - a file damaged after its header
                     raise AudioFileError(f"{audio.path} is corrupt or truncated after "
                                          f"{f.tell() / audio.input_rate:.1f} s ({reason(e)})") from e
+                if modified_in_place(audio):
+                    raise AudioFileError(f"{audio.path} changed while it was being read, after "
+                                         f"{f.tell() / audio.input_rate:.1f} s: "
+                                         f"{changed_since_probe(audio)}; the run ends here")
                 if len(x) == 0:
                     return
                 yield x
         yield from _resampled(blocks(), rs, stats)
+
+
+def _open_checked(audio: AudioFile):
+    """The file opened by soundfile, if it is still the file ``probe`` checked."""
+    import soundfile as sf
+
+    change = changed_since_probe(audio)
+    if change is None:
+        try:
+            f = sf.SoundFile(str(audio.path))
+        except Exception as e:  # noqa: BLE001 - soundfile raises several types
+            change = f"it can no longer be read ({reason(e)})"
+        else:
+            now, change = (int(f.samplerate), int(f.channels), int(f.frames)), changed_since_probe(audio)
+            if now == (audio.input_rate, audio.channels, audio.frames) and change is None:
+                return f                 # the stat after opening: the file opened is the one checked
+            f.close()
+            change = change or f"it is now {now[0]} Hz, {now[1]} channel(s), {now[2]} frames"
+    raise AudioFileError(f"{audio.path} changed since it was checked ({audio.input_rate} Hz, "
+                         f"{audio.channels} channel(s), {audio.frames} frames): {change}; "
+                         "the run ends here (open it again to read the new file)")
 
 
 def _resampled(blocks, rs, stats) -> Iterator[np.ndarray]:

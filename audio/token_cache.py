@@ -55,6 +55,48 @@ class TokenSet:
                                  f"{self.labels.min()}..{self.labels.max()}")
         if N and (self.lengths.min() < 1 or self.lengths.max() > self.X.shape[1]):
             raise TokenFileError(f"lengths must lie in [1, T={self.X.shape[1]}]")
+        check_names("genres", self.genres, unique=True)
+        check_names("ids", self.ids.tolist(), unique=False)
+        odd = sorted(set(self.split.tolist()) - {"", "train", "val", "test"})
+        if odd:
+            raise TokenFileError(f"split holds {odd[0]!r}; a split entry is 'train', 'val', 'test' or ''")
+        check_metadata(self.metadata, self.X.shape[2])
+
+
+def check_names(what: str, names, unique: bool) -> None:
+    """Names that print and save anywhere: non-empty, valid UTF-8, (unique)."""
+    for i, name in enumerate(names):
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TokenFileError(f"{what}[{i}] is not valid UTF-8: {ascii(name)}") from None
+        if not name.strip():
+            raise TokenFileError(f"{what}[{i}] is empty")
+    if unique and len(set(names)) != len(names):
+        twice = next(n for n in names if list(names).count(n) > 1)
+        raise TokenFileError(f"{what} names {twice!r} twice")
+
+
+def check_metadata(metadata, dim: int) -> None:
+    """The metadata must describe the arrays it comes with (else a model trained on them would
+    record a front end whose tokens it cannot take)."""
+    if not isinstance(metadata, dict):
+        raise TokenFileError(f"metadata must be a JSON object, got {type(metadata).__name__}")
+    said = {"dim": metadata.get("dim")}
+    fe = metadata.get("frontend_info")
+    if fe is not None:
+        if not isinstance(fe, dict) or not isinstance(fe.get("name"), str):
+            raise TokenFileError("metadata.frontend_info must be an object with the front end's 'name'")
+        said[f"frontend_info.token_dim ({fe['name']})"] = fe.get("token_dim")
+        spacing = fe.get("spacing_hops", 1)
+        if type(spacing) is not int or spacing < 1:
+            raise TokenFileError(f"metadata.frontend_info.spacing_hops must be a positive integer, "
+                                 f"got {spacing!r}")
+    for key, value in said.items():
+        if value is not None and value != dim:
+            raise TokenFileError(f"the arrays and the metadata disagree: metadata.{key} says "
+                                 f"{value!r}-d tokens, X holds {dim}-d tokens; make the token file "
+                                 f"again (python main.py extract)")
 
 
 def save_tokens(path: str | Path, tokens: TokenSet) -> None:

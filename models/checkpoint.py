@@ -30,7 +30,8 @@ def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[
     came from ({'name', 'token_dim', 'spacing_hops', 'weights', ...}) and metadata atomically
     (fsynced, then renamed). A model running on fitted fixed landmarks is saved as a
     fixed-landmark model (it loads in that mode); otherwise the config is saved as it is.
-    Non-finite weights are refused (CheckpointError): such a model answers NaN."""
+    Non-finite weights are refused (CheckpointError): such a model answers NaN. The file is
+    read back through ``validated`` (the check every loader makes) before it takes ``path``."""
     path = Path(path)
     cfg = model.cfg
     if model.landmark_mode == "fixed" and model.has_fixed_landmarks:
@@ -50,6 +51,10 @@ def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
+        try:                                     # what the loaders refuse is never written
+            validated(path, torch.load(tmp, map_location="cpu", weights_only=True))
+        except CheckpointError as e:
+            raise CheckpointError(f"not saving: {e}") from e
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -59,6 +64,11 @@ def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def checkpoint_bytes(cfg: ModelConfig) -> int:
+    """About the size of a checkpoint of ``cfg``: its weights, and 1 MiB for the metadata."""
+    return sum(t.numel() * t.element_size() for t in build_model(cfg).state_dict().values()) + 2**20
 
 
 def plain(metadata: dict) -> dict:
@@ -147,9 +157,10 @@ def validated(path: Path, payload) -> tuple[GenreTransformer, dict]:
         raise bad("config", f"is invalid: {one_line(e)}") from e
     names = payload.get("classes")
     if (not isinstance(names, list) or len(names) != cfg.num_classes
-            or not all(isinstance(c, str) and c.strip() for c in names)):
-        raise bad("classes", f"must be a list of {cfg.num_classes} class names (config.num_classes), "
-                             f"got {short(names)}")
+            or not all(isinstance(c, str) and c.strip() and utf8(c) for c in names)
+            or len(set(names)) != len(names)):
+        raise bad("classes", f"must be a list of {cfg.num_classes} distinct class names in UTF-8 "
+                             f"(config.num_classes), got {short(names)}")
     fe = payload.get("frontend")
     if fe is None:
         fe = payload["frontend"] = infer_frontend(cfg.in_dim)
@@ -183,6 +194,14 @@ def validated(path: Path, payload) -> tuple[GenreTransformer, dict]:
     if cfg.landmark_mode == "fixed" and not model.has_fixed_landmarks:
         raise bad("state_dict", "has no fitted landmarks, but config.landmark_mode is 'fixed'")
     return model, payload
+
+
+def utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def short(x) -> str:

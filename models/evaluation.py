@@ -91,7 +91,7 @@ def stream_metrics(model, X: torch.Tensor, labels: torch.Tensor, lengths: np.nda
                    idx: np.ndarray) -> dict:
     """Streamed accuracy of ``model`` on sequences ``idx`` of X (N, T, in_dim), labels (N,).
 
-    Returns accuracy at each sequence's last step, per-class recall, confusion (true x predicted),
+    Returns accuracy at each sequence's last step, per-class recall (NaN: no test sequence), confusion (true x predicted),
     accuracy after each step up to the shortest sequence, and agreement / largest logit difference
     between the streamed last step and the batch forward.
     """
@@ -105,8 +105,15 @@ def stream_metrics(model, X: torch.Tensor, labels: torch.Tensor, lengths: np.nda
     # only the steps every sequence reaches: a tail of longer sequences is a biased subset
     shortest = int(lengths[idx].min())
     return {"accuracy": float((final == y).float().mean()),
-            "per_class": (confusion.diag().float() / confusion.sum(1).clamp(min=1)).tolist(),
+            "per_class": per_class_recall(confusion),
             "confusion": confusion.tolist(),
             "accuracy_by_step": [float((preds[:, t] == y).float().mean()) for t in range(shortest)],
             "agreement": float((final == batch.argmax(1)).float().mean()),
             "max_logit_diff": float((last - batch).abs().max())}
+
+
+def per_class_recall(confusion: torch.Tensor) -> list[float]:
+    """(C, C) true x predicted -> (C,) recall; NaN for a class with no sequence (no data, not 0 %)."""
+    count = confusion.sum(1)
+    recall = confusion.diag().double() / count.clamp(min=1)
+    return torch.where(count > 0, recall, torch.full_like(recall, float("nan"))).tolist()

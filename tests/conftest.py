@@ -14,6 +14,7 @@ No assertion depends on the host's speed: timing mechanisms are checked with inj
 the source's own clock, and real-time outcomes (drops, delays) are measured by `bench`.
 """
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -85,3 +86,22 @@ class Errors:
 @pytest.fixture
 def errors(request):
     return Errors(request.config.getoption("--margins"))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB tmpfs (needs root, as CI runs), filled to all but ``room`` bytes by ``fill``."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+
+    def fill(room: int) -> None:
+        free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+        with open(mount / "filler", "wb") as f:
+            f.write(b"\0" * max(0, free - room))
+    try:
+        yield mount, fill
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)

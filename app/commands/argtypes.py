@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+from app.runtime.faults import resource_message
 from models.config import MAX_WINDOW
 
 
@@ -48,25 +49,54 @@ def writable_file(text: str) -> str:
     """A file path whose folder exists and can be written (the file itself is made later)."""
     path = Path(text)
     folder = path.parent if str(path.parent) else Path(".")
+    creatable(folder / path.name, text, exists_ok=True)      # a name the file system cannot hold
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"folder {folder} does not exist (create it first)")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    creatable(folder / f".{path.name}.{os.getpid()}.tmp", text)   # the atomic writers' name
+    if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text} cannot be written: permission denied")
     return text
+
+
+def creatable(probe: Path, text: str, exists_ok: bool = False) -> None:
+    """Make and remove ``probe``: a read-only file system, a folder without write permission or
+    a name too long for the file system is said now, not after the work (``exists_ok``: only
+    look the name up)."""
+    try:
+        if exists_ok:
+            os.lstat(probe)
+            return
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        if exists_ok:
+            return
+        raise argparse.ArgumentTypeError(f"folder {probe.parent} does not exist (create it first)") from None
+    except OSError as e:
+        why = resource_message(e) or ("permission denied" if isinstance(e, PermissionError)
+                                       else e.strerror or type(e).__name__)
+        raise argparse.ArgumentTypeError(f"{text} cannot be written: {why}") from None
+    os.unlink(probe)
 
 
 def writable_dir(text: str) -> str:
     """A folder that exists and can be written, or can be made inside one that can."""
     path = Path(text)
+    creatable(path, text, exists_ok=True)                    # a name the file system cannot hold
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
         raise argparse.ArgumentTypeError(f"{probe} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text} cannot be written: permission denied on {probe}")
+    creatable(probe / f".nystream-probe.{os.getpid()}", text)   # read-only, no permission
+    longest = os.pathconf(probe, "PC_NAME_MAX")
+    for name in path.relative_to(probe).parts:              # the folders still to be made
+        if len(os.fsencode(name)) > longest:
+            raise argparse.ArgumentTypeError(f"{text} cannot be written: file name too long for "
+                                             f"the file system ({longest} bytes at most)")
     return text
 
 

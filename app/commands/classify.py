@@ -80,7 +80,7 @@ def csv_progress(args, source, limit: int | None):
 def run(args) -> int:
     from app.runtime.csv_rows import CsvRows
     from app.runtime.engine import Engine
-    from app.runtime.faults import exit_code, resource_message, signal_name
+    from app.runtime.faults import exit_code, resource_message, signal_name, stdout_gone
     from app.runtime.frontend_args import frontend_from_args
     from app.runtime.lineup import default_lineup
     from app.runtime.records import csv_row, human
@@ -125,6 +125,12 @@ def run(args) -> int:
         except KeyboardInterrupt as e:             # Ctrl+C, SIGTERM: a normal way to stop a live run
             print(f"# stopped by {signal_name(e)}", file=sys.stderr)
             code = exit_code(e)
+        except BrokenPipeError:                    # `classify ... | head`: the reader is gone
+            print("# stopped: the reader of the output closed it", file=sys.stderr)
+            code = stdout_gone()
+        except AudioError as e:                    # mid-stream: a device gone, a file changed
+            print(f"error: {e}", file=sys.stderr)   # the summary and verdict of what ran follow
+            code = 1
         except OSError as e:
             message = resource_message(e, args.csv)
             if message is None:

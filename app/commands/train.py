@@ -11,12 +11,12 @@ from app.offline.train import TrainError, train
 from audio.checksums import file_sha256
 from audio.frontends import frontend_of_tokens
 from audio.token_cache import TokenFileError, load_tokens
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from models.checkpoint import CheckpointError, checkpoint_bytes, load_checkpoint, save_checkpoint
 from models.sda import LANDMARK_MODES, VARIANTS
 from models.training import TrainConfig
 from models.transformer import ModelConfig
 
-from app.runtime.faults import exit_code, signal_name
+from app.runtime.faults import check_room, exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
 from . import command
@@ -84,6 +84,7 @@ def run(args) -> int:
                          epochs=args.epochs, patience=args.patience, seed=args.seed,
                          data_seed=args.data_seed, kmeans_tokens=args.kmeans_tokens,
                          crop_min=args.crop_min, device=args.device)
+        check_room(args.out, checkpoint_bytes(cfg), "the checkpoint")   # before an hour of training
         with output_lock(args.out, "train"):
             model, meta = train(tokens, cfg, tc, init=init, data_sha256=file_sha256(args.tokens),
                                 data_name=Path(args.tokens).name)

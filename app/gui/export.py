@@ -1,18 +1,21 @@
 """What the window exports: step records (CSV), the plots (PNG with a caption), and beside either
-a session summary (JSON) saying where the numbers came from. Qt only for the image."""
+a session summary (JSON) saying where the numbers came from. Qt only for the image. Every file
+is written whole or not at all (audio/files.py: a full disk leaves no part of a CSV or a PNG)."""
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 import time
 from pathlib import Path
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter
 
+from app.runtime.faults import asked_for, resource_message
 from app.runtime.records import csv_row
 from app.runtime.verdict import Tally
-from audio.files import atomic_write_json
+from audio.files import atomic_write, atomic_write_json
 
 from .table import weights_text
 
@@ -34,10 +37,14 @@ def write_csv(history: list, path: Path) -> int:
     fields: list[str] = []
     for row in rows:
         fields += [k for k in row if k not in fields]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
+    def write(f) -> None:
+        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+        w = csv.DictWriter(text, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
+        text.flush()
+        text.detach()                    # atomic_write closes the file
+    atomic_write(path, write)
     return len(rows)
 
 
@@ -96,8 +103,12 @@ def save_png(image: QImage, history: list, path: str) -> Path:
     out = with_suffix(path, ".png")
     if history:
         image = captioned(image, caption(history))
-    if not image.save(str(out)):
-        raise OSError(f"could not write {out} (folder missing or not writable?)")
+    data = QByteArray()
+    buffer = QBuffer(data)
+    buffer.open(QIODevice.OpenModeFlag.WriteOnly)
+    if not image.save(buffer, "PNG"):
+        raise OSError(f"could not encode the plots as PNG for {out}")
+    atomic_write(out, lambda f: f.write(bytes(data)))
     if history:
         write_summary(history, out)
     return out
@@ -149,13 +160,20 @@ def stacked(images: list[QImage]) -> QImage:
 # The window's export actions (MainWindow.export_csv / export_png): errors are said in the
 # window, successes in its status bar.
 
+def why(e: Exception, path: str) -> str:
+    """One line: the resource that ran out and its file, else the error's own words."""
+    if isinstance(e, OSError) and e.strerror:
+        return resource_message(e, path) or f"{e.strerror}: {asked_for(e.filename or path)}"
+    return str(e)
+
+
 def export_csv(window, path: str) -> int:
     """Every kept step record of ``window`` to ``path`` (.csv added if missing), a session summary
     (JSON) beside it. Returns the row count (0: nothing written)."""
     try:
         rows, out, summary = save_csv(list(window.history), path)
     except (NothingToExport, OSError) as e:
-        window.show_error(f"Could not export: {e}")
+        window.show_error(f"Could not export: {why(e, path)}")
         return 0
     window.statusBar().showMessage(f"Exported {rows} steps to {out} (and {summary.name})", 15000)
     return rows
@@ -169,7 +187,7 @@ def export_png(window, path: str) -> bool:
     try:
         out = save_png(stacked([w.grab().toImage() for w in panels]), list(window.history), path)
     except OSError as e:
-        window.show_error(f"Could not export: {e}")
+        window.show_error(f"Could not export: {why(e, path)}")
         return False
     window.statusBar().showMessage(f"Saved the plots to {out}", 15000)
     return True

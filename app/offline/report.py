@@ -16,6 +16,11 @@ from models.flops import paper_table_ii
 from models.paper import PAPER_ACCURACY, PAPER_TABLE_II, TABLE_ROWS
 
 
+def percent(a) -> str:
+    """A recall as a whole percentage; a class without test sequences has none (—, not 0 %)."""
+    return "—" if a is None or not np.isfinite(a) else f"{100 * a:.0f}"
+
+
 def _si(x: float) -> str:
     if x >= 1e6:
         return f"{x / 1e6:.3g}M"
@@ -164,7 +169,9 @@ def markdown(report: dict, title: str, commands: str | None, images: list[Path])
     L += ["", "## Per-class accuracy (%)", "", "| model | " + " | ".join(genres) + " |",
           "|" + " --- |" * (len(genres) + 1)]
     for m in models:
-        L.append(f"| {m['summary']['name']} | " + " | ".join(f"{100 * a:.0f}" for a in m["summary"]["per_class"]) + " |")
+        L.append(f"| {m['summary']['name']} | " + " | ".join(percent(a) for a in m["summary"]["per_class"]) + " |")
+    if any(percent(a) == "—" for m in models for a in m["summary"]["per_class"]):
+        L += ["", "—: the test set holds no sequence of this genre (no accuracy, not 0 %)."]
     L += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
     return "\n".join(L)
 

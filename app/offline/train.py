@@ -86,6 +86,11 @@ def train(tokens: TokenSet, cfg: ModelConfig, tc: TrainConfig, *, init=None, dat
                          f"{cfg.window}; use --window {tokens.X.shape[1]} or more")
     splits = make_splits(tokens, tc.data_seed)
     log(describe_setup(cfg, tokens, splits, data_name or "the given tokens"))
+    unseen = [g for g, c in zip(tokens.genres, np.bincount(tokens.labels[splits["train"]],
+                                                             minlength=len(tokens.genres))) if c == 0]
+    if unseen:
+        log(f"note: the training split holds no sequence of {', '.join(unseen)}: the model will "
+            f"not learn to predict {'it' if len(unseen) == 1 else 'them'}")
     X = torch.as_tensor(tokens.X).to(tc.device)
     labels = torch.as_tensor(tokens.labels)
     t0 = time.monotonic()

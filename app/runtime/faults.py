@@ -4,11 +4,17 @@ quota, a read-only folder, a name the file system cannot hold) and signals that 
 SIGINT and SIGTERM both raise ``Stopped`` (a KeyboardInterrupt) in the main thread, so every
 command ends a run the way Ctrl+C does: what is buffered is written, files are closed, the
 summary is printed, and the exit code is 128 + the signal's number (130, 143).
+A Stopped raised inside an import can come out as another exception (an extension module's
+init turns it into an ImportError), so the handler also remembers the signal: ``stop_received``.
 """
 from __future__ import annotations
 
 import errno
+import os
+import re
 import signal
+import sys
+from pathlib import Path
 
 RESOURCES = {
     errno.ENOSPC: "no space left on the device",
@@ -37,13 +43,23 @@ def exit_code(e: BaseException) -> int:
     return 128 + int(getattr(e, "signum", signal.SIGINT))
 
 
+_received: list[int] = []
+
+
 def raise_stopped(signum, _frame) -> None:
+    _received.append(signum)
     raise Stopped(signum)
+
+
+def stop_received() -> Stopped | None:
+    """A Stopped for the first stop signal since ``stop_on_signals``, or None if none came."""
+    return Stopped(_received[0]) if _received else None
 
 
 def stop_on_signals() -> dict:
     """SIGINT and SIGTERM raise Stopped in the main thread from now on; returns the handlers they
     had, for ``restore``. Call ``take_held_signals`` next, inside the code that handles Stopped."""
+    _received.clear()
     return {s: signal.signal(s, raise_stopped) for s in STOP_SIGNALS}
 
 
@@ -58,10 +74,42 @@ def restore(handlers: dict) -> None:
         signal.signal(s, h)
 
 
+def stdout_gone() -> int:
+    """The reader of stdout went away (``... | head``): point stdout at /dev/null so that nothing
+    more fails on it (not even the flush at exit); returns 141, 128 + SIGPIPE, as a shell reports a
+    command that a closed pipe ended."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
 def resource_message(e: BaseException, path=None) -> str | None:
     """'no space left on the device: out.csv' for an OSError of a resource that ran out (the
     path the error names, else ``path``); None for any other error."""
     if not isinstance(e, OSError) or e.errno not in RESOURCES:
         return None
-    where = e.filename if e.filename is not None else path
-    return RESOURCES[e.errno] + (f": {where}" if where is not None else "")
+    where = asked_for(e.filename if e.filename is not None else path)
+    detail = e.strerror if e.strerror and e.strerror != os.strerror(e.errno) else ""
+    return RESOURCES[e.errno] + (f": {where}" if where is not None else "") + (f" ({detail})" if detail else "")
+
+
+def asked_for(path):
+    """The file the user asked for, where ``path`` is an atomic writer's temporary beside it
+    (``.NAME.PID.tmp``); ``path`` otherwise."""
+    temporary = re.fullmatch(r"\.(.+)\.\d+\.tmp", Path(str(path)).name) if path is not None else None
+    return str(Path(str(path)).with_name(temporary[1])) if temporary else path
+
+
+def check_room(path, need: int, what: str) -> None:
+    """OSError(ENOSPC) now if the file system of ``path`` has less than ``need`` bytes free for
+    ``what`` (so a long run does not end at its last write)."""
+    st = os.statvfs(Path(path).resolve().parent)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise OSError(errno.ENOSPC, f"{what} needs about {megabytes(need)}, "
+                                    f"{megabytes(free)} are free", str(path))
+
+
+def megabytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"

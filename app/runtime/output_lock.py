@@ -1,7 +1,9 @@
 """One writer per output: `extract`, `train` and `sweep` hold a lock beside what they write
 (``.<name>.lock``, holding the process id and command), taken with ``flock`` so that a run that
 dies, even by SIGKILL, leaves a stale file that the next run detects and takes over. A second run
-on the same output refuses at once, naming the running one."""
+on the same output refuses at once, naming the running one. A file system without locks (some
+network and FUSE mounts answer ENOLCK or EOPNOTSUPP) gets a one-line note and no lock. The lock
+file is removed at the end; a run that locked a file just removed tries again on the new one."""
 from __future__ import annotations
 
 import fcntl
@@ -25,14 +27,11 @@ def output_lock(path, command: str):
     """Hold the lock of ``path`` (a file or folder to be written) while the block runs."""
     lock = lock_path(path)
     lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = take(lock, path)
+    if fd is None:
+        yield
+        return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise OutputLocked(f"{path} is being written by {holder}; wait for it to finish, or stop "
-                               f"it, then run this again") from None
         stale = os.pread(fd, 200, 0).decode(errors="replace").strip()
         if stale:
             print(f"# {lock}: a stale lock of {stale} (not running) was taken over", file=sys.stderr)
@@ -45,3 +44,28 @@ def output_lock(path, command: str):
             lock.unlink(missing_ok=True)
     finally:
         os.close(fd)
+
+
+def take(lock: Path, path) -> int | None:
+    """The lock file's descriptor, locked; None where the file system has no locks."""
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise OutputLocked(f"{path} is being written by {holder}; wait for it to finish, or stop "
+                               f"it, then run this again") from None
+        except OSError as e:                   # ENOLCK, EOPNOTSUPP: no locks on this file system
+            os.close(fd)
+            print(f"# {lock}: this file system does not lock files ({e.strerror}); two runs on "
+                  f"{path} at once would not be detected", file=sys.stderr)
+            return None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)                            # the run before removed it as we locked it

@@ -97,7 +97,7 @@ def test_a_model_of_another_front_end_is_refused():
 def test_checkpoints_record_their_front_end_and_refuse_another(tmp_path):
     model = small()
     fe = {"name": "musicnn", "token_dim": 50, "spacing_hops": 4, "weights": "x"}
-    save_checkpoint(model, tmp_path / "c.pt", classes=["g"] * 10, frontend=fe)
+    save_checkpoint(model, tmp_path / "c.pt", classes=[f"g{i}" for i in range(10)], frontend=fe)
     _, payload = load_checkpoint(tmp_path / "c.pt", frontend="musicnn")
     assert payload["frontend"] == fe
     with pytest.raises(CheckpointError, match="trained on musicnn tokens; run it with --frontend musicnn"):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,25 +18,6 @@ from app.runtime.faults import exit_code, resource_message, Stopped
 from audio_helpers import tone, write
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MB tmpfs (needs root, as CI runs), filled to all but ``room`` bytes by ``fill``."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (not root?)")
-
-    def fill(room: int) -> None:
-        free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
-        with open(mount / "filler", "wb") as f:
-            f.write(b"\0" * max(0, free - room))
-    try:
-        yield mount, fill
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def song(tmp_path, seconds=30.0) -> Path:
@@ -102,8 +84,35 @@ def test_a_signal_mid_stream_flushes_the_rows_and_prints_the_summary_and_verdict
     assert "# verdict over file:song.wav" in err and len(rows) >= 4
 
 
+def test_a_stop_that_an_import_turns_into_another_error_still_ends_as_a_stop(monkeypatch, capsys):
+    """numpy's C init turns a KeyboardInterrupt raised while it imports `datetime` into
+    ImportError('PyCapsule_Import could not import module "datetime"'), with no chained cause."""
+    from app import cli
+
+    def run(_args):
+        stopped = False
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)                              # the handler raises Stopped before this ends
+        except KeyboardInterrupt:
+            stopped = True
+        assert stopped
+        raise ImportError('PyCapsule_Import could not import module "datetime"')   # no __context__
+    command = SimpleNamespace(command="starting", run=run)
+    monkeypatch.setattr(cli, "build_parser", lambda: SimpleNamespace(parse_args=lambda argv: command))
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main([]) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "# stopped by SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) == before   # the handlers it had are back
+    def fails(_args):
+        raise ImportError("no module named x")
+    command.run = fails
+    with pytest.raises(ImportError):                    # without a stop, the error is the error
+        cli.main([])
+
+
 def test_a_signal_while_starting_ends_with_one_line(tmp_path):
-    for delay in (0.05, 0.6, 1.5):                      # interpreter start, imports, model loading
+    for delay in (0.05, 0.3, 0.6, 1.0, 1.5):            # interpreter start, imports, model loading
         p = main_py("classify", song(tmp_path, 5), "--csv", tmp_path / f"s{delay}.csv")
         time.sleep(delay)
         p.send_signal(signal.SIGTERM)
@@ -132,6 +141,8 @@ def test_csv_rows_are_cut_back_to_the_last_whole_row_when_a_write_fails(tmp_path
     assert (tmp_path / "r.csv").read_bytes() == b'a,b\r\n1,"x,y"\r\n2,z\r\n' and rows.rows == 2
     assert resource_message(e.value, "r.csv") == "no space left on the device: r.csv"
     assert resource_message(OSError(2, "missing")) is None
+    assert resource_message(OSError(28, "No space left on device", "/d/.m.pt.4242.tmp"),  # a temporary:
+                            "x") == "no space left on the device: /d/m.pt"               # the file asked for
     assert exit_code(Stopped(signal.SIGTERM)) == 143 and exit_code(KeyboardInterrupt()) == 130
 
 
@@ -162,3 +173,38 @@ def test_a_second_run_on_the_same_output_refuses_at_once_and_a_stale_lock_is_tak
     assert p.returncode == 0, err[-2000:]
     assert f"a stale lock of process {holder.pid} (extract) (not running) was taken over" in err
     assert out.exists() and not lock_path(out).exists()
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_run_like_a_stop():
+    """`classify --jsonl | head -1`: the reader leaves; the run ends with its summary and verdict
+    on stderr, exit 141 (128 + SIGPIPE, as a shell says it), no traceback."""
+    p = main_py("classify", "--demo", "--jsonl", "--seconds", "60")
+    first = p.stdout.readline()
+    assert first.startswith("{"), p.communicate()[1][-2000:]
+    p.stdout.close()                                     # as `head -1` exits
+    err = p.stderr.read()
+    p.wait(timeout=60)
+    assert p.returncode == 141 and "Traceback" not in err, err[-2000:]
+    assert "# stopped: the reader of the output closed it" in err and "# verdict over demo" in err
+
+
+def test_a_lock_file_removed_while_a_run_takes_it_is_taken_again(tmp_path, monkeypatch):
+    """The run before removes its lock file just as this one locks it: this run must lock the new
+    file, or a third run would lock the new file too and two would write at once."""
+    from app.runtime import output_lock as ol
+    out = tmp_path / "tokens.npz"
+    real_flock, removed = ol.fcntl.flock, []
+
+    def flock_then_the_run_before_ends(fd, op):
+        real_flock(fd, op)
+        if not removed:
+            removed.append(True)
+            ol.lock_path(out).unlink()                   # as the finishing run unlinks it
+    monkeypatch.setattr(ol.fcntl, "flock", flock_then_the_run_before_ends)
+    with ol.output_lock(out, "extract"):
+        held = os.stat(ol.lock_path(out)).st_ino
+        third = os.open(ol.lock_path(out), os.O_RDWR)    # a third run, on the file now there
+        with pytest.raises(BlockingIOError):
+            real_flock(third, ol.fcntl.LOCK_EX | ol.fcntl.LOCK_NB)
+        os.close(third)
+    assert removed and held and not ol.lock_path(out).exists()

@@ -230,13 +230,28 @@ def test_export_csv_rows_match_the_engine_records(make_window, qtbot, tmp_path):
     assert "Could not export" in w.banner.text() and not (tmp_path / "missing").exists()
 
 
+def test_exports_onto_a_full_disk_say_so_and_leave_no_part_of_a_file(make_window, qtbot, small_disk):
+    mount, fill = small_disk
+    w = make_window(source="demo")
+    wait_steps(qtbot, w, 6)
+    w.stop()
+    fill(3000)                                   # room for less than the CSV and the PNG
+    assert w.export_csv(str(mount / "steps.csv")) == 0
+    assert w.banner.text() == f"Could not export: no space left on the device: {mount / 'steps.csv'}"
+    assert not w.export_png(str(mount / "plots.png"))
+    assert w.banner.text() == f"Could not export: no space left on the device: {mount / 'plots.png'}"
+    assert sorted(os.listdir(mount)) == ["filler"]          # no part of a file, no temporary
+    (mount / "filler").unlink()
+    assert w.export_csv(str(mount / "steps.csv")) == len(w.history)   # room again: it works
+
+
 def test_errors_show_a_message_and_the_app_stays_usable(make_window, qtbot, tmp_path):
     w = make_window(source=f"file:{tmp_path / 'missing.wav'}")
     qtbot.waitUntil(lambda: w.banner.isVisible(), timeout=10000)
     assert "not found" in w.banner.text() and "Choose another file" in w.banner.text()
     # a checkpoint for other tokens (musicnn, 50-d) is refused with what to do
     model = build_model(ModelConfig(variant="continual", in_dim=50, d_model=32, heads=4, ff_dim=64, window=29))
-    save_checkpoint(model, tmp_path / "musicnn.pt", classes=["blues"] * 10)
+    save_checkpoint(model, tmp_path / "musicnn.pt", classes=[f"genre{i}" for i in range(10)])
     assert not w.load_checkpoint(str(tmp_path / "musicnn.pt"))
     assert "trained on musicnn tokens" in w.banner.text()
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
