@@ -42,6 +42,11 @@ class InterleavedStreams(nn.Module):
         return self.primary.has_fixed_landmarks
 
     @property
+    def switchable(self) -> bool:
+        """Whether the landmark mode can be switched (not for an exported graph)."""
+        return getattr(self.primary, "switchable", True)
+
+    @property
     def embed(self):
         return self.primary.embed
 

@@ -7,6 +7,7 @@ import torch
 
 from app.runtime.engine import NonFiniteOutputError
 from app.runtime.frontend_args import add_frontend_arguments
+from app.runtime.onnx_step import OnnxModelError
 from audio.errors import AudioError
 from audio.melspec import HOP_SECONDS
 from models.checkpoint import CheckpointError
@@ -33,6 +34,9 @@ def add_arguments(p) -> None:
     p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
                    help="trained models (default: the shipped ones in assets/models/ for the "
                         "front end)")
+    p.add_argument("--onnx", nargs="+", default=[], metavar="FILE",
+                   help="exported streaming steps (python main.py export) run by ONNX Runtime, "
+                        "named onnx:<variant> in the records, beside the other models")
     p.add_argument("--layers", type=int, choices=(1, 2), default=1, help="blocks of untrained models")
     p.add_argument("--window", type=WINDOW, default=None,
                    help="window n of untrained models in tokens (default 29 musicnn, 120 vggish)")
@@ -93,7 +97,7 @@ def run(args) -> int:
         source = source_spec(args).open(start=False)        # a bad file or device fails before the models load
         try:
             frontend = frontend_from_args(args, device)
-            entries = default_lineup(frontend, device, checkpoints=args.checkpoint,
+            entries = default_lineup(frontend, device, checkpoints=args.checkpoint, onnx=args.onnx,
                                      variants=args.variant, layers=args.layers, window=args.window,
                                      landmarks=args.landmarks, seed=args.seed)
         except BaseException:
@@ -151,6 +155,6 @@ def run(args) -> int:
             print(f"# verdict over {source.name}, per model (the genre most often on top):\n"
                   + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)
         return code
-    except (AudioError, CheckpointError, NonFiniteOutputError) as e:
+    except (AudioError, CheckpointError, NonFiniteOutputError, OnnxModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

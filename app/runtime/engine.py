@@ -43,6 +43,14 @@ from .records import ModelStep, StepResult
 CONTROL_BUDGET_MS = 20.0      # control requests applied before one live hop (of 250 ms) take at most this
 
 
+def device_of(model) -> torch.device:
+    """Where ``model`` computes: its first parameter's or buffer's device (the CPU for an
+    exported step, app/runtime/onnx_step.py)."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
 @dataclass
 class Slot:
     model: torch.nn.Module       # a GenreTransformer, or InterleavedStreams of one
@@ -116,7 +124,7 @@ class Engine:
             raise EngineError(f"{name} has {model.cfg.num_classes} outputs but {len(classes)} class names")
         if spacing > 1:
             model = InterleavedStreams(model, spacing)
-        model.use_fused(self.fused and default_fused(model.embed.weight.device))
+        model.use_fused(self.fused and default_fused(device_of(model)))
         return Slot(model.eval(), trained, spacing, classes)
 
     # ------------------------------------------------------------------ control (any thread)
@@ -215,7 +223,8 @@ class Engine:
             return [f"reset {name or 'all models'}"]
         if op == "fixed_all":
             targets = {n: "fixed" if arg else slot.model.cfg.home_landmark_mode
-                       for n, slot in self.slots.items() if slot.model.cfg.nystrom}
+                       for n, slot in self.slots.items()
+                       if slot.model.cfg.nystrom and getattr(slot.model, "switchable", True)}
             if not targets:
                 return ["no Nyström model to switch"]
         else:
@@ -258,6 +267,9 @@ class Engine:
         cfg = model.cfg
         if not cfg.nystrom:
             raise EngineError(f"{name} ({cfg.variant}) has no landmarks")
+        if not getattr(model, "switchable", True):
+            raise EngineError(f"{name} is an exported graph: it keeps the {model.landmark_mode} "
+                              f"landmarks it was exported with")
         if mode not in LANDMARK_MODES[cfg.variant]:
             raise EngineError(f"landmark mode {mode!r} is not one of {LANDMARK_MODES[cfg.variant]}")
 
@@ -294,7 +306,7 @@ class Engine:
         """(control thread) k-means landmarks of ``model`` on the ``recent`` tokens, per block
         (q, k) each (heads, m, d_head), fitted on a copy: the live model keeps streaming."""
         primary = getattr(model, "primary", model)
-        device = primary.embed.weight.device
+        device = device_of(primary)
         twin = build_model(primary.cfg).to(device)
         twin.load_state_dict(primary.state_dict())
         n = primary.cfg.window
@@ -331,7 +343,7 @@ class Engine:
         for name, slot in self.slots.items():
             model = slot.model
             t0 = time.perf_counter()
-            logits = model.step(token.to(model.embed.weight.device))
+            logits = model.step(token.to(device_of(model)))
             p = torch.softmax(logits[0].float(), dim=-1).cpu()      # .cpu() waits for CUDA
             latency = (time.perf_counter() - t0) * 1e3
             probabilities = [round(x, 6) for x in p.tolist()]

@@ -25,9 +25,12 @@ class ModelSpec:
     config: ModelConfig | None = None
     seed: int = 0
     device: str = "cpu"
+    onnx: str = ""                 # an exported step (app/runtime/onnx_step.py), CPU
 
     def build(self, frontend: str) -> torch.nn.Module:
         """The model; a checkpoint must have been trained on ``frontend`` (CheckpointError)."""
+        if self.onnx:
+            return load_onnx(self.onnx, frontend).model
         if self.checkpoint:
             return load_checkpoint(self.checkpoint, frontend=frontend, device=self.device)[0]
         return build_model(self.config, seed=self.seed).to(self.device)
@@ -44,7 +47,9 @@ class Entry:
     classes: tuple[str, ...] = field(default=GENRES)   # class names (a checkpoint's own)
 
     def spec(self, device) -> ModelSpec:
-        """How another process builds this trained model (from its checkpoint file)."""
+        """How another process builds this trained model (from its checkpoint or ONNX file)."""
+        if self.path.endswith(".onnx"):
+            return ModelSpec(onnx=self.path)
         return ModelSpec(checkpoint=self.path, device=str(device))
 
 
@@ -71,6 +76,19 @@ def load_trained(path, frontend: str, device, taken=()) -> Entry:
                  fe["name"], str(path), classes)
 
 
+def load_onnx(path, frontend: str, taken=()) -> Entry:
+    """An exported step (`main.py export`) as an Entry named ``onnx:<its key>``; OnnxModelError
+    if it is not one, CheckpointError if it was trained on another front end."""
+    from .onnx_step import OnnxStep
+    model = OnnxStep(path)
+    fe = model.frontend
+    if fe.get("name") != frontend:
+        raise CheckpointError(f"{path} was exported from a model trained on {fe.get('name')} "
+                              f"tokens; run it with --frontend {fe.get('name')} (this run uses {frontend})")
+    return Entry(unique(f"onnx:{model.cfg.key}", taken), model, True, int(fe.get("spacing_hops", 1)),
+                 fe["name"], str(path), model.classes)
+
+
 def untrained(variant: str, frontend, device, *, layers: int = 1, window: int | None = None,
               landmarks: int = 4, seed: int = 0, name: str | None = None) -> Entry:
     """A seeded, randomly initialised model for ``frontend``'s tokens at its native spacing."""
@@ -87,14 +105,16 @@ def untrained_config(variant: str, token_dim: int, *, layers: int, window: int,
                        num_landmarks=min(landmarks, window))
 
 
-def default_lineup(frontend, device, *, checkpoints=(), variants=None, **shape) -> list[Entry]:
+def default_lineup(frontend, device, *, checkpoints=(), variants=None, onnx=(), **shape) -> list[Entry]:
     """Given checkpoints, else the shipped ones for this front end; plus untrained ``variants``
-    (None: every variant when no trained model exists, else none)."""
+    (None: every variant when no trained model exists, else none); plus exported ``onnx`` steps."""
     from models.sda import VARIANTS
     paths = list(checkpoints) or shipped_checkpoints(frontend.name)
     entries: list[Entry] = []
     for p in paths:
         entries.append(load_trained(p, frontend.name, device, [e.name for e in entries]))
+    for p in onnx:
+        entries.append(load_onnx(p, frontend.name, [e.name for e in entries]))
     if variants is None:
         variants = [] if entries else list(VARIANTS)
     for v in variants:

@@ -1,0 +1,50 @@
+"""`python main.py export`: a checkpoint's streaming step as an ONNX graph with explicit state
+(models/onnx_export.py), run once by ONNX Runtime against the torch step before it is reported."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from models.checkpoint import CheckpointError
+
+from . import command
+from .argtypes import POSITIVE, writable_file
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--checkpoint", required=True, metavar="CKPT", help="a trained checkpoint (.pt)")
+    p.add_argument("--onnx", required=True, metavar="OUT.onnx", type=writable_file,
+                   help="the ONNX file to write")
+    p.add_argument("--check-steps", type=POSITIVE, default=300, metavar="N",
+                   help="steps of seeded random tokens run by ONNX Runtime and by the torch step, "
+                        "to report their largest logit difference")
+
+
+@command("export", "export a checkpoint's streaming step to ONNX (explicit state)", add_arguments)
+def run(args) -> int:
+    import torch
+
+    from app.runtime.onnx_step import OnnxModelError, OnnxStep
+    from models.checkpoint import load_checkpoint
+    from models.onnx_export import NotExportable, export_onnx
+    try:
+        model, payload = load_checkpoint(args.checkpoint, fused=False)
+        export_onnx(model, args.onnx, classes=payload["classes"], frontend=payload["frontend"],
+                    metadata={"checkpoint": Path(args.checkpoint).name})
+        exported = OnnxStep(args.onnx)
+        g = torch.Generator().manual_seed(0)
+        model.reset(1)
+        exported.reset(1)
+        worst = 0.0
+        for _ in range(args.check_steps):
+            token = torch.randn(1, model.cfg.in_dim, generator=g)
+            worst = max(worst, float((model.step(token) - exported.step(token)).abs().max()))
+    except (CheckpointError, NotExportable, OnnxModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"onnx": str(args.onnx), "bytes": Path(args.onnx).stat().st_size,
+                      "kind": exported.kind, "classes": len(exported.classes),
+                      "state": {n: list(s) for n, s, _ in exported.specs},
+                      "check_steps": args.check_steps, "max_logit_difference": worst}))
+    return 0

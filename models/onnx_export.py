@@ -1,0 +1,72 @@
+"""Export a continual model's streaming step to ONNX (models/stream_graph.py): one graph, inputs
+``token``, ``t`` and the state tensors, outputs ``logits``, ``t_next``, ``events`` and
+``next_<state>``,
+with the class names, the front end and the model's config as metadata.
+
+Feeding the ``next_*`` outputs back as the next step's inputs streams; zeros of the inputs'
+shapes with t = 0 start a stream (the graph replaces the state at t = 0).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+
+from .stream_graph import NotExportable, stream_graph
+
+OPSET = 18
+
+
+def export_onnx(model, path: str | Path, *, classes: list[str], frontend: dict,
+                metadata: dict | None = None) -> dict:
+    """Write ``model``'s step graph to ``path`` (written beside it, then renamed); returns the
+    metadata it carries. NotExportable for a model without an explicit-state step."""
+    path = Path(path)
+    graph = stream_graph(model.cpu().eval()).eval()
+    spec = graph.state_spec()
+    token = torch.zeros(1, model.cfg.in_dim)
+    args = (token, torch.tensor(0, dtype=torch.int64), *graph.initial_state())
+    names = ["token", "t"] + [s.name for s in spec]
+    outputs = ["logits", "t_next", "events"] + [f"next_{s.name}" for s in spec]
+    meta = {"nystream": "stream-step", "kind": graph.kind, "classes": json.dumps(list(classes)),
+            "frontend": json.dumps(frontend), "config": json.dumps(model.cfg.to_dict()),
+            "state": json.dumps([s.name for s in spec]),
+            "usage": "feed next_<state> back as <state>; t = 0 with zero state starts a stream",
+            **{k: json.dumps(v) for k, v in (metadata or {}).items()}}
+    torch._dynamo.reset()      # shapes of an earlier export in this process are not generalised
+    with torch.no_grad(), quiet():
+        program = torch.onnx.export(graph, args, dynamo=True, opset_version=OPSET,
+                                    input_names=names, output_names=outputs, verbose=False,
+                                    optimize=True)
+    program.model.metadata_props.update(meta)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        program.save(str(tmp))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return meta
+
+
+@contextlib.contextmanager
+def quiet():
+    """The exporter's progress lines, notes and warnings kept off the terminal (its errors
+    still raise)."""
+    log = logging.getLogger("torch")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        log.setLevel(level)
+
+
+__all__ = ["export_onnx", "NotExportable"]

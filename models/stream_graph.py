@@ -1,0 +1,431 @@
+"""A continual model's streaming step as a pure function of explicit state, for ONNX export.
+
+``stream_graph(model)`` is an nn.Module whose ``forward(token, t, *state)`` returns
+``(logits, t + 1, events, *next_state)``: one step of ``model.step`` with every piece of streaming state
+(ring buffers, cached scores, running sums, landmark segments, landmarks and their pseudo-inverse)
+an input and an output, and the data-dependent events of a step inside the graph: writes to a
+ring slot and the departure of the oldest key are masks (``where``); running-max rescaling is
+branch-free (a factor exp(0) = 1 leaves a row bit for bit); the rare events are ``torch.cond``
+(an ONNX ``If``): a stale row recomputed from its cached scores, a continual landmark replaced,
+the warm-up steps that rebuild everything from the partial window.
+
+Shapes (batch 1, heads H, head width dh, window n, m landmarks): token (1, in_dim) float32,
+t () int64, logits (1, classes), events (3,) int64: whether the step rebuilt everything (warm-up),
+replaced a landmark, and how many rows it recomputed (what the step's FLOPs depend on). At t = 0 every state input is replaced by the initial state, so
+a stream starts from zeros of the inputs' shapes (``initial_state``) and t = 0.
+
+Variants: ``continual`` (single-output SDA, Hedegaard et al.) and ``continual_nystrom`` with
+``continual`` or ``fixed`` landmarks (Carreto Picón et al.), one block. The arithmetic is the torch
+step's (models/sda/continual.py, continual_nystrom.py, running_sums.py): the running sums in
+float64, the pseudo-inverse from ``landmark_pinv`` rounded to float32 as the step keeps it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as nnf
+
+from .landmarks import segment_sizes
+from .running_sums import TAU
+from .sda.reference import landmark_pinv
+
+F64 = torch.float64
+EXPORTABLE = ("continual", "continual_nystrom")
+
+
+class NotExportable(ValueError):
+    """A model whose step has no explicit-state graph."""
+
+
+@dataclass(frozen=True)
+class StateTensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def stream_graph(model) -> "StreamGraph":
+    """The explicit-state step of ``model`` (a GenreTransformer in eval mode)."""
+    cfg = model.cfg
+    if cfg.variant not in EXPORTABLE:
+        raise NotExportable(f"a {cfg.variant!r} model recomputes its window each step and has no "
+                            f"streaming state to export; exportable: "
+                            f"continual, continual_nystrom (continual or fixed landmarks)")
+    if cfg.layers != 1:
+        raise NotExportable(f"a {cfg.layers}-block model (retroactive, then single-output) has no "
+                            f"explicit-state graph yet; exportable: 1-block models")
+    if cfg.variant == "continual":
+        return ContinualGraph(model)
+    if model.landmark_mode == "fixed":
+        return FixedNystromGraph(model)
+    return ContinualNystromGraph(model)
+
+
+class StreamGraph(nn.Module):
+    """Embedding, projections, block tail and head shared by the variants' graphs."""
+
+    kind = ""
+
+    def __init__(self, model):
+        super().__init__()
+        cfg, block = model.cfg, model.blocks[0]
+        self.cfg, self.block = cfg, block
+        self.n, self.H, self.dh = cfg.window, cfg.heads, cfg.d_model // cfg.heads
+        self.embed, self.head, self.attn = model.embed, model.head, block.attn
+        self.register_buffer("table", model.pos.table.detach().clone())
+        self.register_buffer("slots", torch.arange(self.n))
+        self.scale = 1.0 / math.sqrt(self.dh)
+
+    def state_spec(self) -> list[StateTensor]:
+        raise NotImplementedError
+
+    def initial_state(self) -> list[Tensor]:
+        """Zeros of every state input (the graph starts a stream at t = 0 whatever they hold)."""
+        return [torch.zeros(s.shape, dtype=s.dtype) for s in self.state_spec()]
+
+    def project(self, token: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """token (1, in_dim), t () -> h (1, d_model) and q, k, v (H, dh)."""
+        position = torch.index_select(self.table, 0, (t % self.table.shape[0]).view(1))     # (1, d)
+        h = nnf.linear(token, self.embed.weight, self.embed.bias) + position
+        qkv = nnf.linear(h, self.attn.in_proj.weight, self.attn.in_proj.bias).view(3, self.H, self.dh)
+        return h, qkv[0].clone(), qkv[1].clone(), qkv[2].clone()     # not views of one tensor
+
+    def finish(self, h: Tensor, a: Tensor) -> Tensor:
+        """Attention output a (H, dh) -> logits (1, classes): out-projection, tail, head."""
+        a = nnf.linear(a.reshape(1, -1), self.attn.out_proj.weight, self.attn.out_proj.bias)
+        return nnf.linear(self.block._tail(h, a), self.head.weight, self.head.bias)
+
+    def slot_mask(self, t: Tensor) -> Tensor:
+        """(n,) True at the ring slot the t-th token takes."""
+        return self.slots == t % self.n
+
+    @staticmethod
+    def fresh(t: Tensor, state: list[Tensor]) -> list[Tensor]:
+        """At t = 0, the initial state (zeros) whatever ``state`` holds."""
+        start = t == 0
+        return [torch.where(start, torch.zeros((), dtype=s.dtype), s) for s in state]
+
+
+class ContinualGraph(StreamGraph):
+    """Continual single-output SDA: the newest query over the cached keys and values."""
+
+    kind = "continual"
+
+    def state_spec(self) -> list[StateTensor]:
+        ring = (self.H, self.n, self.dh)
+        return [StateTensor("k_ring", ring, torch.float32), StateTensor("v_ring", ring, torch.float32)]
+
+    def forward(self, token: Tensor, t: Tensor, k_ring: Tensor, v_ring: Tensor):
+        k_ring, v_ring = self.fresh(t, [k_ring, v_ring])
+        h, q, k, v = self.project(token, t)
+        here = self.slot_mask(t).view(1, self.n, 1)
+        k_ring = torch.where(here, k.unsqueeze(1), k_ring)
+        v_ring = torch.where(here, v.unsqueeze(1), v_ring)
+        scores = torch.matmul(k_ring, (q * self.scale).unsqueeze(-1)).squeeze(-1)     # (H, n)
+        scores = scores.masked_fill((self.slots > t).view(1, self.n), float("-inf"))
+        a = torch.matmul(torch.softmax(scores, dim=-1).unsqueeze(1), v_ring).squeeze(1)
+        return self.finish(h, a), t + 1, torch.zeros(3, dtype=torch.int64), k_ring, v_ring
+
+
+# ----------------------------------------------------------------------------- Nyström
+
+def dense(*xs: Tensor) -> tuple[Tensor, ...]:
+    """Branch outputs as new, contiguous tensors: torch.cond needs both branches' strides to
+    agree and no output to alias an input (x + 0 is x, -inf included, and never an alias)."""
+    return tuple((x.reshape(-1) + torch.zeros((), dtype=x.dtype)).reshape(x.shape) for x in xs)
+
+
+def fresh_rows(scores: Tensor, valid: Tensor, v_ring: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Row sums from scratch (models/running_sums.fresh_sums) over the valid slots, float64.
+    scores: (H, R, n) float32 cached scaled scores; valid: (n,) bool; v_ring (H, n, dh)
+    -> ref (H, R), den (H, R), num (H, R, dh)."""
+    s = scores.to(F64).masked_fill(~valid.view(1, 1, -1), float("-inf"))
+    ref = s.amax(dim=-1)
+    e = torch.exp(s - ref.unsqueeze(-1))
+    return ref, e.sum(dim=-1), torch.matmul(e, v_ring.to(F64))
+
+
+def nystrom_output(q: Tensor, k_scaled_t: Tensor, z64: Tensor, den: Tensor, num: Tensor) -> Tensor:
+    """s(q K~^T) Z num / den for the newest query: (H, dh) float32."""
+    probs = torch.softmax(torch.matmul(q.unsqueeze(1), k_scaled_t), dim=-1).to(F64)    # (H, 1, m)
+    c = torch.matmul(probs, z64) / den.unsqueeze(1)
+    return torch.matmul(c, num).squeeze(1).to(torch.float32)
+
+
+class FixedNystromGraph(StreamGraph):
+    """Continual Nyström SDA with fixed (k-means) landmarks: the m rows of s(Q~ K^T) V as running
+    sums; a step costs O(m dh) per head, plus a row recomputed when it went stale."""
+
+    kind = "continual_nystrom/fixed"
+
+    def __init__(self, model):
+        super().__init__(model)
+        attn = self.attn
+        if not bool(attn.has_fixed):
+            raise NotExportable("this model's fixed landmarks are not fitted")
+        self.m = attn.num_landmarks
+        ql, kl = attn.fixed_q_land.detach(), attn.fixed_k_land.detach()
+        self.register_buffer("q_scaled", (ql * self.scale).contiguous())
+        self.register_buffer("k_scaled_t", (kl * self.scale).transpose(1, 2).contiguous())
+        self.register_buffer("z64", landmark_pinv(ql, kl, attn.pinv_iters).contiguous().to(F64))
+
+    def state_spec(self) -> list[StateTensor]:
+        H, n, m, dh = self.H, self.n, self.m, self.dh
+        return [StateTensor("v_ring", (H, n, dh), torch.float32),
+                StateTensor("key_scores", (H, n, m), torch.float32),
+                StateTensor("ref", (H, m), F64), StateTensor("den", (H, m), F64),
+                StateTensor("num", (H, m, dh), F64), StateTensor("peak", (H, m), F64)]
+
+    def forward(self, token, t, v_ring, key_scores, ref, den, num, peak):
+        v_ring, key_scores, den, num, peak = self.fresh(t, [v_ring, key_scores, den, num, peak])
+        ref = torch.where(t == 0, torch.full((), float("-inf"), dtype=F64), ref)
+        h, q, k, v = self.project(token, t)
+        here = self.slot_mask(t)
+        v_ring, key_scores, ref, den, num, peak = slide(
+            here, t >= self.n, torch.matmul(self.q_scaled, k.unsqueeze(-1)).squeeze(-1), v,
+            v_ring, key_scores, ref, den, num, peak)
+        ref, den, num, peak, stale = refresh(self.slots < t + 1, key_scores, v_ring, ref, den, num, peak)
+        a = nystrom_output(q, self.k_scaled_t, self.z64, den, num)
+        events = torch.stack([torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64), stale])
+        return self.finish(h, a), t + 1, events, v_ring, key_scores, ref, den, num, peak
+
+
+def slide(here: Tensor, full: Tensor, scores: Tensor, v: Tensor, v_ring, key_scores, ref, den,
+          num, peak):
+    """The departing key (if the window is full) leaves every row with the score it was added
+    with, the newest key joins (running-max rescale first), its scores are cached.
+    here: (n,) the slot; scores: (H, m) float32 of the newest key; v: (H, dh)."""
+    slot = torch.argmax(here.to(torch.int64)).view(1)
+    gone_scores = torch.index_select(key_scores, 1, slot).squeeze(1)                 # (H, m)
+    gone_v = torch.index_select(v_ring, 1, slot).squeeze(1)                          # (H, dh)
+    e = torch.where(full, torch.exp(gone_scores.to(F64) - ref), torch.zeros((), dtype=F64))
+    den = den - e
+    num = num - e.unsqueeze(-1) * gone_v.to(F64).unsqueeze(1)
+    v_ring = torch.where(here.view(1, -1, 1), v.unsqueeze(1), v_ring)
+    key_scores = torch.where(here.view(1, -1, 1), scores.unsqueeze(1), key_scores)
+    s = scores.to(F64)
+    top = torch.maximum(ref, s)
+    factor = torch.exp(ref - top)                        # 1 where the reference stays
+    den, peak, num, ref = den * factor, peak * factor, num * factor.unsqueeze(-1), top
+    e = torch.exp(s - ref)
+    den = den + e
+    num = num + e.unsqueeze(-1) * v.to(F64).unsqueeze(1)
+    return v_ring, key_scores, ref, den, num, torch.maximum(peak, den)
+
+
+def refresh(valid: Tensor, key_scores: Tensor, v_ring: Tensor, ref, den, num, peak):
+    """Rows whose denominator fell below TAU * peak (cancellation), recomputed from their cached
+    scores over the valid slots; an ONNX If, taken only when a row is stale. Returns the rows'
+    sums and how many were recomputed."""
+    stale = den < TAU * peak
+
+    def recompute(valid, key_scores, v_ring, ref, den, num, peak, stale):
+        r, d, nm = fresh_rows(key_scores.transpose(1, 2), valid, v_ring)
+        return dense(torch.where(stale, r, ref), torch.where(stale, d, den),
+                     torch.where(stale.unsqueeze(-1), nm, num), torch.where(stale, d, peak))
+
+    def keep(valid, key_scores, v_ring, ref, den, num, peak, stale):
+        return dense(ref, den, num, peak)
+
+    out = torch.cond(stale.any(), recompute, keep, (valid, key_scores, v_ring, ref, den, num, peak, stale))
+    return (*out, stale.sum().to(torch.int64))
+
+
+class ContinualNystromGraph(StreamGraph):
+    """Continual Nyström SDA with continual landmarks: stream-aligned segment means
+    (models/landmarks.py). Warm-up (t + 1 < n): everything from the partial window each step;
+    the step that completes the m-th segment: rebuilt from the m landmark slots; then one
+    landmark replaced every n/m steps (new pseudo-inverse, its row over the window)."""
+
+    kind = "continual_nystrom/continual"
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.m, self.iters = self.attn.num_landmarks, self.attn.pinv_iters
+        self.register_buffer("sizes", torch.tensor(segment_sizes(self.n, self.m)))
+        few = [TokensAsLandmarks(self, c) for c in range(1, self.m)]     # warm-up, n_t = c < m
+        chain = few[-1] if few else None
+        for c in range(self.m - 2, 0, -1):                 # n_t = 1, 2, ...: nested, static shapes
+            chain = Pick(c, few[c - 1], chain)
+        self.few_chain = chain
+
+    def state_spec(self) -> list[StateTensor]:
+        H, n, m, dh = self.H, self.n, self.m, self.dh
+        f32, i64 = torch.float32, torch.int64
+        return [StateTensor("q_ring", (H, n, dh), f32), StateTensor("k_ring", (H, n, dh), f32),
+                StateTensor("v_ring", (H, n, dh), f32), StateTensor("key_scores", (H, n, m), f32),
+                StateTensor("ref", (H, m), F64), StateTensor("den", (H, m), F64),
+                StateTensor("num", (H, m, dh), F64), StateTensor("peak", (H, m), F64),
+                StateTensor("seg_q", (H, dh), f32), StateTensor("seg_k", (H, dh), f32),
+                StateTensor("seg_count", (), i64), StateTensor("completed", (), i64),
+                StateTensor("q_land", (H, m, dh), f32), StateTensor("k_land", (H, m, dh), f32),
+                StateTensor("q_scaled", (H, m, dh), f32), StateTensor("k_scaled_t", (H, dh, m), f32),
+                StateTensor("z64", (H, m, m), F64)]
+
+    # -------------------------------------------------------------- landmarks
+    def install(self, ql: Tensor, kl: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Landmarks (H, m', dh) -> scaled q, scaled k transposed, pinv in float64 (rounded to
+        float32 first, as the step keeps it)."""
+        z = landmark_pinv(ql, kl, self.iters)
+        return ql * self.scale, (kl * self.scale).transpose(1, 2), z.to(F64)
+
+    def push(self, q, k, seg_q, seg_k, seg_count, completed, q_land, k_land):
+        """The segment tracker (ContinualLandmarks.push): returns its state and whether this
+        token completed a segment."""
+        seg_q, seg_k, seg_count = seg_q + q, seg_k + k, seg_count + 1
+        slot = completed % self.m
+        size = torch.index_select(self.sizes, 0, slot.view(1)).squeeze(0)
+        done = seg_count == size
+        mark = (torch.arange(self.m) == slot).view(1, self.m, 1) & done
+        q_land = torch.where(mark, (seg_q / size.to(seg_q.dtype)).unsqueeze(1), q_land)
+        k_land = torch.where(mark, (seg_k / size.to(seg_k.dtype)).unsqueeze(1), k_land)
+        zero = torch.zeros((), dtype=seg_q.dtype)
+        seg_q, seg_k = torch.where(done, zero, seg_q), torch.where(done, zero, seg_k)
+        seg_count = torch.where(done, torch.zeros_like(seg_count), seg_count)
+        return seg_q, seg_k, seg_count, completed + done.to(completed.dtype), q_land, k_land, done
+
+    def warmup_means(self, x: Tensor, n_t: Tensor) -> Tensor:
+        """Means of m segments of the first n_t >= m slots of x (H, n, dh) (segment_means)."""
+        m, j = self.m, self.slots
+        base, extra = n_t // m, n_t % m
+        bound = extra * (base + 1)
+        seg = torch.where(j < bound, j // (base + 1), extra + (j - bound) // torch.clamp(base, min=1))
+        member = ((seg.view(1, -1) == torch.arange(m).view(-1, 1)) & (j < n_t).view(1, -1)).to(x.dtype)
+        return torch.matmul(member, x) / member.sum(dim=-1, keepdim=True)
+
+    def rebuild(self, ql, kl, q, k_ring, v_ring, n_t):
+        """Landmarks, pseudo-inverse and every row from scratch over the window's n_t slots."""
+        q_scaled, k_scaled_t, z64 = self.install(ql, kl)
+        scores = torch.matmul(q_scaled, k_ring.transpose(1, 2))                         # (H, m, n)
+        ref, den, num = fresh_rows(scores, self.slots < n_t, v_ring)
+        a = nystrom_output(q, k_scaled_t, z64, den, num)
+        return a, scores.transpose(1, 2), ref, den, num, den, q_scaled, k_scaled_t, z64
+
+    # -------------------------------------------------------------- the step
+    def forward(self, token, t, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q,
+                seg_k, seg_count, completed, q_land, k_land, q_scaled, k_scaled_t, z64):
+        state = self.fresh(t, [q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q,
+                               seg_k, seg_count, completed, q_land, k_land, q_scaled,
+                               k_scaled_t, z64])
+        (q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q, seg_k, seg_count,
+         completed, q_land, k_land, q_scaled, k_scaled_t, z64) = state
+        h, q, k, v = self.project(token, t)
+        here = self.slot_mask(t)
+        seg_q, seg_k, seg_count, completed, q_land, k_land, done = self.push(
+            q, k, seg_q, seg_k, seg_count, completed, q_land, k_land)
+        n_t = torch.clamp(t + 1, max=self.n)
+        warm = completed >= self.m
+        just_warm = done & (completed == self.m)
+        operands = (t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
+                    q_land, k_land, q_scaled, k_scaled_t, z64, done, completed)
+        steady = warm & ~just_warm
+        out = torch.cond(steady, self.steady, self.rebuilt, operands)
+        a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64, stale = out
+        events = torch.stack([(~steady).to(torch.int64), (steady & done).to(torch.int64), stale])
+        return (self.finish(h, a), t + 1, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
+                seg_q, seg_k, seg_count, completed, q_land, k_land, q_scaled, k_scaled_t, z64)
+
+    def write(self, here, q, k, v, q_ring, k_ring, v_ring):
+        mask = here.view(1, -1, 1)
+        return (torch.where(mask, q.unsqueeze(1), q_ring), torch.where(mask, k.unsqueeze(1), k_ring),
+                torch.where(mask, v.unsqueeze(1), v_ring))
+
+    def rebuilt(self, t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num,
+                peak, q_land, k_land, q_scaled, k_scaled_t, z64, done, completed):
+        """Warm-up, or the step that completes the m-th segment: everything from scratch."""
+        q_ring, k_ring, v_ring = self.write(here, q, k, v, q_ring, k_ring, v_ring)
+        operands = (t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed)
+        out = torch.cond(completed >= self.m, self.from_slots, self.from_window, operands)
+        return dense(out[0], q_ring, k_ring, v_ring, *out[1:], torch.zeros((), dtype=torch.int64))
+
+    def from_slots(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
+        return dense(*self.rebuild(q_land, k_land, q, k_ring, v_ring, n_t))
+
+    def from_window(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
+        """Warm-up: the segment means of the t + 1 tokens seen (min(m, t + 1) segments)."""
+        if self.m == 1:
+            return self.from_means(n_t, q, q_ring, k_ring, v_ring)
+        return torch.cond(n_t >= self.m, self.from_means, self.few_tokens, (n_t, q, q_ring, k_ring, v_ring))
+
+    def from_means(self, n_t, q, q_ring, k_ring, v_ring):
+        ql, kl = self.warmup_means(q_ring, n_t), self.warmup_means(k_ring, n_t)
+        return dense(*self.rebuild(ql, kl, q, k_ring, v_ring, n_t))
+
+    def steady(self, t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num,
+               peak, q_land, k_land, q_scaled, k_scaled_t, z64, done, completed):
+        """Past warm-up: slide the rows; on a completed segment, replace its landmark."""
+        q_ring = torch.where(here.view(1, -1, 1), q.unsqueeze(1), q_ring)
+        k_ring = torch.where(here.view(1, -1, 1), k.unsqueeze(1), k_ring)
+        v_ring, key_scores, ref, den, num, peak = slide(
+            here, t >= self.n, torch.matmul(q_scaled, k.unsqueeze(-1)).squeeze(-1), v,
+            v_ring, key_scores, ref, den, num, peak)
+        operands = (n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
+                    q_scaled, k_scaled_t, z64, completed)
+        key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64 = torch.cond(
+            done, self.replace, self.unchanged, operands)
+        ref, den, num, peak, stale = refresh(self.slots < n_t, key_scores, v_ring, ref, den, num, peak)
+        a = nystrom_output(q, k_scaled_t, z64, den, num)
+        return dense(a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t,
+                     z64, stale)
+
+    def replace(self, n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
+                q_scaled, k_scaled_t, z64, completed):
+        """The landmark of the segment just completed: new pseudo-inverse, its row over the window."""
+        q_scaled, k_scaled_t, z64 = self.install(q_land, k_land)
+        row = (torch.arange(self.m) == (completed - 1) % self.m)                     # (m,)
+        scores = torch.matmul(q_scaled, k_ring.transpose(1, 2))                      # (H, m, n)
+        r, d, nm = fresh_rows(scores, self.slots < n_t, v_ring)
+        key_scores = torch.where(row.view(1, 1, -1) & (self.slots < n_t).view(1, -1, 1),
+                                 scores.transpose(1, 2), key_scores)
+        row2 = row.view(1, -1)
+        return dense(key_scores, torch.where(row2, r, ref), torch.where(row2, d, den),
+                     torch.where(row2.unsqueeze(-1), nm, num), torch.where(row2, d, peak),
+                     q_scaled, k_scaled_t, z64)
+
+    def unchanged(self, n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
+                  q_scaled, k_scaled_t, z64, completed):
+        return dense(key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64)
+
+    def few_tokens(self, n_t, q, q_ring, k_ring, v_ring):
+        """Fewer tokens than landmarks: each token is a landmark (m' = n_t < m), one branch per
+        n_t; the state's landmark tensors are left zero (the next step rebuilds them)."""
+        return self.few_chain(n_t, q, q_ring, k_ring, v_ring)
+
+
+class Pick(nn.Module):
+    """cond(n_t <= c, small, large): the static c of a nested branch kept as a module attribute
+    (a closure's int would be traced as a symbolic size)."""
+
+    def __init__(self, c: int, small, large):
+        super().__init__()
+        self.c, self.small, self.large = c, small, large
+
+    def forward(self, n_t, q, q_ring, k_ring, v_ring):
+        return torch.cond(n_t <= self.c, self.small, self.large, (n_t, q, q_ring, k_ring, v_ring))
+
+
+class TokensAsLandmarks(nn.Module):
+    """Warm-up with c < m tokens: the c tokens are the landmarks (segment means of one token)."""
+
+    def __init__(self, graph: "ContinualNystromGraph", c: int):
+        super().__init__()
+        self.c, self.H, self.n, self.m, self.dh = c, graph.H, graph.n, graph.m, graph.dh
+        self.scale, self.iters = graph.scale, graph.iters
+        self.register_buffer("first", torch.eye(graph.n)[:c].clone())               # (c, n)
+        self.register_buffer("valid", torch.arange(graph.n) < c)
+
+    def forward(self, n_t, q, q_ring, k_ring, v_ring):
+        H, n, m, dh = self.H, self.n, self.m, self.dh
+        ql, kl = torch.matmul(self.first, q_ring), torch.matmul(self.first, k_ring)   # (H, c, dh)
+        z64 = landmark_pinv(ql, kl, self.iters).to(F64)
+        kst = (kl * self.scale).transpose(1, 2)
+        scores = torch.matmul(ql * self.scale, k_ring.transpose(1, 2))               # (H, c, n)
+        _, den, num = fresh_rows(scores, self.valid, v_ring)
+        a = nystrom_output(q, kst, z64, den, num)
+        zeros = lambda *s, dtype=torch.float32: torch.zeros(s, dtype=dtype)  # noqa: E731
+        return dense(a, zeros(H, n, m), zeros(H, m, dtype=F64), zeros(H, m, dtype=F64),
+                     zeros(H, m, dh, dtype=F64), zeros(H, m, dtype=F64), zeros(H, m, dh),
+                     zeros(H, dh, m), zeros(H, m, m, dtype=F64))

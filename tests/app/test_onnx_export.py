@@ -1,0 +1,164 @@
+"""The exported streaming step (`main.py export`, models/stream_graph.py) run by ONNX Runtime equals
+the torch step: 1,000 steps of the shipped trained models on real musicnn tokens and on a stream
+whose scale swings 20x, each step against the float64 model with the suite's error model
+(tests/error_model.py); the events it reports are the torch step's; the docs' example runs
+without torch; `classify --onnx` runs it beside the others."""
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from app.cli import main
+from app.runtime.onnx_step import OnnxModelError, OnnxStep
+from models.checkpoint import load_checkpoint
+from error_model import model_scores, relative_tol
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "assets" / "models"
+STEPS = 1000
+STAGES = 6      # float32 stages chained in a block (as tests/models/test_fused.py): embedding,
+                # q/k/v projection, scores, softmax sums, output projection, feed-forward
+
+
+def export(checkpoint: Path, out: Path, capsys) -> dict:
+    assert main(["export", "--checkpoint", str(checkpoint), "--onnx", str(out), "--check-steps", "50"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def swinging_stream(steps: int, dim: int, seed: int) -> torch.Tensor:
+    """(steps, 1, dim) tokens of the musicnn taggrams' scale (0..1), their scale swinging between
+    1x and 20x: flat, a rise, 20x held for two windows, a fall."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(steps, dtype=torch.float64)
+    scale = 1 + 19 * torch.clamp(torch.minimum((t - 200) / 100, (700 - t) / 100), 0, 1)
+    return (torch.rand(steps, 1, dim, generator=g, dtype=torch.float64) * scale.view(-1, 1, 1)).float()
+
+
+def musicnn_stream(shared: Path, steps: int) -> torch.Tensor:
+    with np.load(shared / "gtzan_musicnn_tokens" / "evaluation_data_GTZAN_MSDmusicnn_taggram.npz") as d:
+        X = d["X"][:steps]
+    assert len(X) == steps
+    return torch.as_tensor(X, dtype=torch.float32).unsqueeze(1)
+
+
+def events_of(model) -> tuple[int, int]:
+    """(rebuilt, landmark replaced) of the torch step just taken."""
+    report = model.blocks[0].attn.sda.report
+    return int(report.event == "rebuild"), int(report.event == "landmark")
+
+
+@pytest.mark.parametrize("name", ["musicnn-continual", "musicnn-continual_nystrom",
+                                  "musicnn-continual_nystrom-fixed"])
+def test_the_exported_step_equals_the_torch_step_for_1000_steps(name, tmp_path, capsys, errors, request):
+    out = export(MODELS / f"{name}.pt", tmp_path / "m.onnx", capsys)
+    model, payload = load_checkpoint(MODELS / f"{name}.pt", fused=False)
+    exact = copy.deepcopy(model).double()
+    onnx = OnnxStep(tmp_path / "m.onnx")
+    assert (list(onnx.classes), onnx.frontend, onnx.cfg) == (payload["classes"], payload["frontend"], model.cfg)
+    assert out["kind"] == onnx.kind and out["max_logit_difference"] < 1e-3
+    streams = {"20x swing": swinging_stream(STEPS, model.cfg.in_dim, 0)}
+    shared = ROOT.parent / "shared" / "data"
+    if shared.is_dir():
+        streams["musicnn tokens"] = musicnn_stream(shared, STEPS)
+    elif request.config.getoption("--margins") is None:
+        print("shared data absent: the musicnn-token stream is not run")
+    for label, tokens in streams.items():
+        for m in (model, exact, onnx):
+            m.reset(1)
+        worst, replaced = {"onnx": (0.0, 1.0), "torch": (0.0, 1.0)}, 0
+        for t, x in enumerate(tokens):
+            want = exact.step(x.double())
+            # the error model: float32 stages against float64, relative to the output's scale,
+            # with this window's largest score and its n terms
+            window = tokens[max(0, t + 1 - model.cfg.window):t + 1].transpose(0, 1).double()
+            tol = relative_tol(model_scores(exact, window, exact.window_start()), model.cfg.window, STAGES)
+            scale = max(1.0, want.abs().max().item())
+            for path, got in (("onnx", onnx.step(x)), ("torch", model.step(x))):
+                err = (got.double() - want).abs().max().item() / scale
+                if err / tol > worst[path][0] / worst[path][1]:
+                    worst[path] = (err, tol)
+            rebuilt, landmark = events_of(model)
+            if onnx.landmark_mode == "continual":     # warm-up rebuilds and replacements, as torch
+                assert (int(onnx._events[0]), int(onnx._events[1])) == (rebuilt, landmark), (label, t)
+            else:                                     # fixed: no event (torch sets its rows up at t = 0)
+                assert int(onnx._events[0]) == int(onnx._events[1]) == landmark == 0, (label, t)
+            replaced += landmark
+        for path, (err, tol) in worst.items():
+            errors(f"{name} {label}: {path} vs float64", err, tol)
+        if onnx.landmark_mode == "continual":                        # one landmark every n/m tokens
+            assert replaced >= (STEPS - model.cfg.window) // (model.cfg.window // model.cfg.num_landmarks + 1)
+
+
+def test_export_refuses_what_has_no_explicit_state_step_with_one_line(tmp_path, capsys):
+    for name, says in (("musicnn-regular", "a 'regular' model recomputes its window each step"),
+                       ("musicnn-nystrom", "a 'nystrom' model recomputes its window each step")):
+        assert main(["export", "--checkpoint", str(MODELS / f"{name}.pt"), "--onnx", str(tmp_path / "x.onnx")]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0] and "exportable: continual, continual_nystrom" in err[0]
+    assert main(["export", "--checkpoint", str(tmp_path / "missing.pt"), "--onnx", str(tmp_path / "x.onnx")]) == 1
+    assert capsys.readouterr().err.strip() == f"error: checkpoint not found: {tmp_path / 'missing.pt'}"
+    assert not (tmp_path / "x.onnx").exists()
+    (tmp_path / "not.onnx").write_bytes(b"\x08\x01garbage")
+    with pytest.raises(OnnxModelError, match="is not a readable ONNX model"):
+        OnnxStep(tmp_path / "not.onnx")
+
+
+def example() -> str:
+    text = (ROOT / "docs" / "onnx.md").read_text()
+    block = re.search(r"<!-- example: begin -->\n```python\n(.*?)```\n<!-- example: end -->", text, re.S)
+    assert block, "the example's markers are missing from docs/onnx.md"
+    return block.group(1)
+
+
+BLOCK_IMPORTS = """import builtins, sys
+_real = builtins.__import__
+def _only_onnxruntime_and_numpy(name, *args, **kw):
+    if name.split(".")[0] in {"torch", "onnx", "onnxscript", "app", "models", "audio", "librosa", "sklearn"}:
+        raise ImportError(f"{name} is not available to this example")
+    return _real(name, *args, **kw)
+builtins.__import__ = _only_onnxruntime_and_numpy
+sys.argv = sys.argv[1:]
+exec(compile(open(sys.argv[0]).read(), sys.argv[0], "exec"))
+"""
+
+
+def test_the_docs_example_streams_an_export_without_torch(tmp_path, capsys):
+    code = example()
+    assert len(code.strip().splitlines()) <= 30
+    export(MODELS / "musicnn-continual_nystrom-fixed.pt", tmp_path / "m.onnx", capsys)
+    tokens = np.random.default_rng(0).random((40, 50)).astype(np.float32)
+    np.savez(tmp_path / "tokens.npz", X=tokens)
+    (tmp_path / "example.py").write_text(code)
+    (tmp_path / "guard.py").write_text(BLOCK_IMPORTS)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "guard.py", "example.py", "m.onnx", "tokens.npz"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    printed = [line.split() for line in r.stdout.splitlines()]
+    # the same hops through the app's interleaved ONNX step: the same genres
+    from models.interleaved import InterleavedStreams
+    onnx = OnnxStep(tmp_path / "m.onnx")
+    app = InterleavedStreams(onnx, onnx.frontend["spacing_hops"])
+    app.reset(1)
+    genres = [onnx.classes[int(app.step(torch.from_numpy(x[None])).argmax())] for x in tokens]
+    assert [int(p[0]) for p in printed] == list(range(40)) and [p[1] for p in printed] == genres
+
+
+def test_classify_runs_an_export_beside_the_torch_models(tmp_path, capsys):
+    export(MODELS / "musicnn-continual_nystrom-fixed.pt", tmp_path / "m.onnx", capsys)
+    assert main(["classify", "--demo", "--seconds", "5", "--jsonl", "--checkpoint",
+                 str(MODELS / "musicnn-continual_nystrom-fixed.pt"), "--onnx", str(tmp_path / "m.onnx")]) == 0
+    records = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert len(records) == 20
+    for r in records:
+        torch_model, onnx_model = r["models"]["continual_nystrom/fixed"], r["models"]["onnx:continual_nystrom/fixed"]
+        # the same weights and tokens: probabilities within the float32 error of two paths
+        assert np.abs(np.subtract(torch_model["probabilities"], onnx_model["probabilities"])).max() < 1e-4
+        assert onnx_model["flops"]["sda"] > 0 and onnx_model["latency_ms"] > 0
