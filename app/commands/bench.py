@@ -1,6 +1,7 @@
 """`python main.py bench`: per-step latency and FLOPs of every variant against torch's recompute
 (app/offline/bench.py); `--gui` the live window (app/gui/bench.py); `--control` a control storm on a
-live stream (app/offline/bench_control.py); `--evaluate` evaluation speed."""
+live stream (app/offline/bench_control.py); `--evaluate` evaluation speed; `--onnx` the exported
+step against the torch and fused steps (app/offline/bench_onnx.py)."""
 from __future__ import annotations
 
 from . import command
@@ -27,6 +28,8 @@ def add_arguments(p) -> None:
     p.add_argument("--scale", metavar="DIR",
                    help="instead: extract the GTZAN-named files in DIR in one process and on a local "
                         "Ray instance with 1 and 2 workers; tracks per minute, start-up, worker memory")
+    p.add_argument("--onnx", action="store_true",
+                   help="instead: the exported step (ONNX Runtime) vs the torch and fused steps of the same models")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -113,7 +116,12 @@ def run(args) -> int:
         r = scale(args.scale, fe)
         print_scale(r)
         page("scale", r)
-    if args.evaluate or args.gui or args.soak or args.control or args.scale:
+    if args.onnx:
+        from app.offline.bench_onnx import onnx_bench, print_onnx
+        r = onnx_bench(args.steps, args.budget, only=args.only)
+        print_onnx(r)
+        page("onnx", r)
+    if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx:
         return 0
     from app.offline import bench
     data = bench.run(args.windows, steps=args.steps, budget_s=args.budget,

@@ -15,7 +15,9 @@ def add_arguments(p) -> None:
     p.add_argument("--variant", nargs="+", choices=VARIANTS,
                    help="variants to run (default: all): the shipped trained model where one exists "
                         "for the front end, else an untrained one")
-    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE", help="more trained models to run")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
+                   help="more trained models to run: checkpoints (.pt) or exported steps (.onnx, "
+                        "python main.py export), these run by ONNX Runtime")
     p.add_argument("--screenshot", metavar="PNG", type=writable_file, help="save a screenshot of the window before quitting")
     p.add_argument("--quit-after", type=SECONDS, metavar="SECONDS", help="quit after this long")
     p.add_argument("--settings", metavar="INI", help="settings file (default: the user's Qt settings)")

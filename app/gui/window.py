@@ -15,7 +15,8 @@ from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QVBoxLayout, QWi
 
 from app.runtime.engine_process import EngineProcess, FrontEndFacts
 from app.runtime.frontend_args import FrontEndSpec
-from app.runtime.lineup import Entry, ModelSpec, ShippedLineup, load_trained
+from app.runtime.lineup import Entry, ModelSpec, ShippedLineup, load_onnx, load_trained
+from app.runtime.onnx_step import OnnxModelError
 from app.runtime.sources import SourceKind, SourceSpec
 from app.runtime.steplog import StepLog
 from audio.errors import with_hint
@@ -184,18 +185,23 @@ class MainWindow(QMainWindow):
             self.start()
 
     def open_checkpoint_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Load checkpoint", "", "Checkpoints (*.pt);;All files (*)")
+        path, _ = QFileDialog.getOpenFileName(self, "Load checkpoint", "",
+                                              "Checkpoints and ONNX exports (*.pt *.onnx);;All files (*)")
         if path:
             self.load_checkpoint(path)
 
     def load_checkpoint(self, path: str) -> bool:
-        """Add a trained model; it must have been trained on the chosen front end's tokens."""
+        """Add a trained model (a checkpoint, or an exported step: `main.py export`, run by ONNX
+        Runtime); it must have been trained on the chosen front end's tokens."""
         try:
-            entry = load_trained(path, self.frontend_name, self.device)
-        except CheckpointError as e:
+            if path.endswith(".onnx"):
+                entry = load_onnx(path, self.frontend_name)
+            else:
+                entry = load_trained(path, self.frontend_name, self.device)
+        except (CheckpointError, OnnxModelError) as e:
             self.show_error(f"Cannot load checkpoint: {with_hint(e)}")
             return False
-        entry.name = f"{entry.model.cfg.key} [{Path(path).stem}]"
+        entry.name = f"{entry.name if path.endswith('.onnx') else entry.model.cfg.key} [{Path(path).stem}]"
         self.checkpoint_models[entry.name] = entry
         if self.running:
             self._add(entry.name, entry)

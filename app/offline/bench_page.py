@@ -182,6 +182,24 @@ def evaluate_body(runs: dict) -> str:
             f"{r['threads']} threads (goal < 120 s).\n")
 
 
+def onnx_body(runs: dict) -> str:
+    from .bench_onnx import onnx_table
+    e = runs["onnx"]
+    rows = e["data"]["rows"]
+    vs_fused = [r["onnx"]["median_us"] / r["fused"]["median_us"] for r in rows]
+    vs_torch = [r["torch"]["median_us"] / r["onnx"]["median_us"] for r in rows]
+    return (provenance(e) + "\n\n" + "\n".join(onnx_table(e["data"])) + "\n\n"
+            f"In this run ONNX Runtime took {min(vs_fused):.1f} to {max(vs_fused):.1f} times the fused "
+            f"step's time, and ran {min(vs_torch):.2f} to {max(vs_torch):.2f} times as fast as the torch "
+            "step. Why: the exported graph is functional, so each step writes every state tensor anew "
+            "(a ring write is a `Where` over all n slots, O(n d) memory per ring and step, where the fused "
+            "step writes one slot in place, O(d)) and dispatches 40 to 95 nodes plus its `If` branches at "
+            "about a microsecond each; the fused step is one compiled call on state it updates in place. "
+            "The continual-landmark graph carries three rings and the cached scores, so its copies grow "
+            "with n and it is the slowest at n = 120. The exported file pays for portability (C++, mobile, "
+            "the browser, no Python), not for speed on this CPU.\n")
+
+
 SECTIONS = [
     ("Attention and model steps", ["attention"],
      "Per-step latency, batch 1, CPU, window full, of every variant's SDA (16 heads of d = 12 folded "
@@ -214,6 +232,12 @@ SECTIONS = [
      "`bench --scale DIR`: `extract` of the GTZAN-named files in DIR in one process, then on a local Ray "
      "instance with 1 and 2 workers.",
      scale_body),
+    ("The exported step (ONNX Runtime)", ["onnx"],
+     "`bench --onnx`: each model's step exported by `main.py export` and run by ONNX Runtime (CPU "
+     "execution provider, one thread, batch 1), beside the torch reference step and the fused step of the "
+     "same model (one thread), window full; FLOPs per step of the whole model (all three compute the same "
+     "step); the file's size. The shipped trained musicnn models and untrained models of the papers' size.",
+     onnx_body),
     ("Evaluation speed", ["evaluate"],
      "`bench --evaluate`: `evaluate` on 300 synthetic sequences x 120 steps x 6 checkpoints.",
      evaluate_body),

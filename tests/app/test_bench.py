@@ -53,6 +53,22 @@ def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
     assert "| 500 | 20 | 3 | 6 |" in page.read_text() and page.read_text().count("## Live control") == 1
 
 
+def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_path):
+    from app.offline import bench_page
+    from app.offline.bench_onnx import onnx_bench
+    r = onnx_bench(steps=20, budget_s=0.2, only="musicnn-continual (")
+    (row,) = r["rows"]
+    assert row["model"] == "musicnn-continual (trained, n = 29)" and row["bytes"] > 1e6
+    for path in ("torch", "fused", "onnx"):
+        assert row[path]["median_us"] > 0 and row[path]["p95_us"] >= row[path]["median_us"]
+    assert row["onnx"]["flops"] == row["torch"]["flops"] == row["fused"]["flops"]   # the same step
+    page = tmp_path / "benchmarks.md"
+    bench_page.record("onnx", r, ["bench", "--onnx", "--page"], store=tmp_path / "runs", page=page)
+    ratio = row["torch"]["median_us"] / row["onnx"]["median_us"]
+    assert f"| musicnn-continual (trained, n = 29) | {row['torch']['flops']['model'] / 1e3:.0f}k |" in page.read_text()
+    assert f"{ratio:.2f}x / " in page.read_text()
+
+
 def test_paired_medians_time_each_function_in_alternating_blocks():
     import time
     from app.offline.bench_timing import paired_medians

@@ -108,6 +108,14 @@ def test_export_refuses_what_has_no_explicit_state_step_with_one_line(tmp_path, 
     (tmp_path / "not.onnx").write_bytes(b"\x08\x01garbage")
     with pytest.raises(OnnxModelError, match="is not a readable ONNX model"):
         OnnxStep(tmp_path / "not.onnx")
+    import onnx
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    other = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]))
+    onnx.save(other, tmp_path / "other.onnx")
+    with pytest.raises(OnnxModelError, match="is not a Nystream streaming-step export"):
+        OnnxStep(tmp_path / "other.onnx")
 
 
 def example() -> str:
@@ -153,6 +161,8 @@ def test_the_docs_example_streams_an_export_without_torch(tmp_path, capsys):
 
 def test_classify_runs_an_export_beside_the_torch_models(tmp_path, capsys):
     export(MODELS / "musicnn-continual_nystrom-fixed.pt", tmp_path / "m.onnx", capsys)
+    assert main(["classify", "--demo", "--seconds", "1", "--random-vggish", "--onnx", str(tmp_path / "m.onnx")]) == 1
+    assert "was exported from a model trained on musicnn tokens; run it with --frontend musicnn" in capsys.readouterr().err
     assert main(["classify", "--demo", "--seconds", "5", "--jsonl", "--checkpoint",
                  str(MODELS / "musicnn-continual_nystrom-fixed.pt"), "--onnx", str(tmp_path / "m.onnx")]) == 0
     records = [json.loads(x) for x in capsys.readouterr().out.splitlines()]

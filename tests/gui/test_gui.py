@@ -485,3 +485,22 @@ def test_a_settings_file_with_bad_values_never_stops_the_window(make_window, qtb
     again = make_window(source=None, variants=None, start=False, random_vggish=None)
     assert again.statusBar().currentMessage() == ""             # the defaults were written back
     assert again.layers_box.value() == 1 and again.loop_box.isChecked()
+
+
+def test_an_exported_step_runs_in_the_window_beside_its_torch_model(make_window, qtbot, tmp_path):
+    """`--checkpoint OUT.onnx`: the engine process runs the ONNX Runtime step next to the shipped
+    torch model it was exported from; the same tokens give the same probabilities (float32)."""
+    from models.checkpoint import load_checkpoint
+    from models.onnx_export import export_onnx
+    ckpt = Path(__file__).resolve().parents[2] / "assets" / "models" / "musicnn-continual_nystrom-fixed.pt"
+    model, payload = load_checkpoint(ckpt, fused=False)
+    export_onnx(model, tmp_path / "m.onnx", classes=payload["classes"], frontend=payload["frontend"])
+    w = make_window(source="demo", variants=("continual_nystrom",), random_vggish=None,
+                    checkpoints=[str(tmp_path / "m.onnx")])
+    wait_steps(qtbot, w, 8)
+    for r in list(w.history)[-4:]:
+        exported, torch_model = r.models["onnx:continual_nystrom/fixed [m]"], r.models["continual_nystrom/fixed"]
+        assert exported.trained and exported.flops["sda"] > 0
+        assert np.abs(np.subtract(exported.probabilities, torch_model.probabilities)).max() < 1e-4
+    assert not w.load_checkpoint(str(tmp_path / "missing.onnx"))
+    assert "ONNX model not found" in w.banner.text()
