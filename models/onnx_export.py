@@ -17,9 +17,27 @@ from pathlib import Path
 
 import torch
 
-from .stream_graph import NotExportable, stream_graph
+from .stream_graph import EXPORTABLE, ContinualGraph, FixedNystromGraph, NotExportable, StreamGraph
+from .stream_graph_landmarks import ContinualNystromGraph
 
 OPSET = 18
+
+
+def stream_graph(model) -> "StreamGraph":
+    """The explicit-state step of ``model`` (a GenreTransformer in eval mode)."""
+    cfg = model.cfg
+    if cfg.variant not in EXPORTABLE:
+        raise NotExportable(f"a {cfg.variant!r} model recomputes its window each step and has no "
+                            f"streaming state to export; exportable: "
+                            f"continual, continual_nystrom (continual or fixed landmarks)")
+    if cfg.layers != 1:
+        raise NotExportable(f"a {cfg.layers}-block model (retroactive, then single-output) has no "
+                            f"explicit-state graph yet; exportable: 1-block models")
+    if cfg.variant == "continual":
+        return ContinualGraph(model)
+    if model.landmark_mode == "fixed":
+        return FixedNystromGraph(model)
+    return ContinualNystromGraph(model)
 
 
 def export_onnx(model, path: str | Path, *, classes: list[str], frontend: dict,
@@ -69,4 +87,4 @@ def quiet():
         log.setLevel(level)
 
 
-__all__ = ["export_onnx", "NotExportable"]
+__all__ = ["export_onnx", "stream_graph", "NotExportable", "EXPORTABLE"]

@@ -1,0 +1,209 @@
+"""The explicit-state step of a continual Nyström model with continual landmarks (stream-aligned
+segment means, models/landmarks.py), for ONNX export; the shared parts are in
+models/stream_graph.py."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .landmarks import segment_sizes
+from .sda.reference import landmark_pinv
+from .stream_graph import (F64, StateTensor, StreamGraph, dense, fresh_rows, nystrom_output,
+                           refresh, slide)
+
+
+class ContinualNystromGraph(StreamGraph):
+    """Continual Nyström SDA with continual landmarks: stream-aligned segment means
+    (models/landmarks.py). Warm-up (t + 1 < n): everything from the partial window each step;
+    the step that completes the m-th segment: rebuilt from the m landmark slots; then one
+    landmark replaced every n/m steps (new pseudo-inverse, its row over the window)."""
+
+    kind = "continual_nystrom/continual"
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.m, self.iters = self.attn.num_landmarks, self.attn.pinv_iters
+        self.register_buffer("sizes", torch.tensor(segment_sizes(self.n, self.m)))
+        few = [TokensAsLandmarks(self, c) for c in range(1, self.m)]     # warm-up, n_t = c < m
+        chain = few[-1] if few else None
+        for c in range(self.m - 2, 0, -1):                 # n_t = 1, 2, ...: nested, static shapes
+            chain = Pick(c, few[c - 1], chain)
+        self.few_chain = chain
+
+    def state_spec(self) -> list[StateTensor]:
+        H, n, m, dh = self.H, self.n, self.m, self.dh
+        f32, i64 = torch.float32, torch.int64
+        return [StateTensor("q_ring", (H, n, dh), f32), StateTensor("k_ring", (H, n, dh), f32),
+                StateTensor("v_ring", (H, n, dh), f32), StateTensor("key_scores", (H, n, m), f32),
+                StateTensor("ref", (H, m), F64), StateTensor("den", (H, m), F64),
+                StateTensor("num", (H, m, dh), F64), StateTensor("peak", (H, m), F64),
+                StateTensor("seg_q", (H, dh), f32), StateTensor("seg_k", (H, dh), f32),
+                StateTensor("seg_count", (), i64), StateTensor("completed", (), i64),
+                StateTensor("q_land", (H, m, dh), f32), StateTensor("k_land", (H, m, dh), f32),
+                StateTensor("q_scaled", (H, m, dh), f32), StateTensor("k_scaled_t", (H, dh, m), f32),
+                StateTensor("z64", (H, m, m), F64)]
+
+    # -------------------------------------------------------------- landmarks
+    def install(self, ql: Tensor, kl: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Landmarks (H, m', dh) -> scaled q, scaled k transposed, pinv in float64 (rounded to
+        float32 first, as the step keeps it)."""
+        z = landmark_pinv(ql, kl, self.iters)
+        return ql * self.scale, (kl * self.scale).transpose(1, 2), z.to(F64)
+
+    def push(self, q, k, seg_q, seg_k, seg_count, completed, q_land, k_land):
+        """The segment tracker (ContinualLandmarks.push): returns its state and whether this
+        token completed a segment."""
+        seg_q, seg_k, seg_count = seg_q + q, seg_k + k, seg_count + 1
+        slot = completed % self.m
+        size = torch.index_select(self.sizes, 0, slot.view(1)).squeeze(0)
+        done = seg_count == size
+        mark = (torch.arange(self.m) == slot).view(1, self.m, 1) & done
+        q_land = torch.where(mark, (seg_q / size.to(seg_q.dtype)).unsqueeze(1), q_land)
+        k_land = torch.where(mark, (seg_k / size.to(seg_k.dtype)).unsqueeze(1), k_land)
+        zero = torch.zeros((), dtype=seg_q.dtype)
+        seg_q, seg_k = torch.where(done, zero, seg_q), torch.where(done, zero, seg_k)
+        seg_count = torch.where(done, torch.zeros_like(seg_count), seg_count)
+        return seg_q, seg_k, seg_count, completed + done.to(completed.dtype), q_land, k_land, done
+
+    def warmup_means(self, x: Tensor, n_t: Tensor) -> Tensor:
+        """Means of m segments of the first n_t >= m slots of x (H, n, dh) (segment_means)."""
+        m, j = self.m, self.slots
+        base, extra = n_t // m, n_t % m
+        bound = extra * (base + 1)
+        seg = torch.where(j < bound, j // (base + 1), extra + (j - bound) // torch.clamp(base, min=1))
+        member = ((seg.view(1, -1) == torch.arange(m).view(-1, 1)) & (j < n_t).view(1, -1)).to(x.dtype)
+        return torch.matmul(member, x) / member.sum(dim=-1, keepdim=True)
+
+    def rebuild(self, ql, kl, q, k_ring, v_ring, n_t):
+        """Landmarks, pseudo-inverse and every row from scratch over the window's n_t slots."""
+        q_scaled, k_scaled_t, z64 = self.install(ql, kl)
+        scores = torch.matmul(q_scaled, k_ring.transpose(1, 2))                         # (H, m, n)
+        ref, den, num = fresh_rows(scores, self.slots < n_t, v_ring)
+        a = nystrom_output(q, k_scaled_t, z64, den, num)
+        return a, scores.transpose(1, 2), ref, den, num, den, q_scaled, k_scaled_t, z64
+
+    # -------------------------------------------------------------- the step
+    def forward(self, token, t, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q,
+                seg_k, seg_count, completed, q_land, k_land, q_scaled, k_scaled_t, z64):
+        state = self.fresh(t, [q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q,
+                               seg_k, seg_count, completed, q_land, k_land, q_scaled,
+                               k_scaled_t, z64])
+        (q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q, seg_k, seg_count,
+         completed, q_land, k_land, q_scaled, k_scaled_t, z64) = state
+        h, q, k, v = self.project(token, t)
+        here = self.slot_mask(t)
+        seg_q, seg_k, seg_count, completed, q_land, k_land, done = self.push(
+            q, k, seg_q, seg_k, seg_count, completed, q_land, k_land)
+        n_t = torch.clamp(t + 1, max=self.n)
+        warm = completed >= self.m
+        just_warm = done & (completed == self.m)
+        operands = (t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
+                    q_land, k_land, q_scaled, k_scaled_t, z64, done, completed)
+        steady = warm & ~just_warm
+        out = torch.cond(steady, self.steady, self.rebuilt, operands)
+        a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64, stale = out
+        events = torch.stack([(~steady).to(torch.int64), (steady & done).to(torch.int64), stale])
+        return (self.finish(h, a), t + 1, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
+                seg_q, seg_k, seg_count, completed, q_land, k_land, q_scaled, k_scaled_t, z64)
+
+    def write(self, here, q, k, v, q_ring, k_ring, v_ring):
+        mask = here.view(1, -1, 1)
+        return (torch.where(mask, q.unsqueeze(1), q_ring), torch.where(mask, k.unsqueeze(1), k_ring),
+                torch.where(mask, v.unsqueeze(1), v_ring))
+
+    def rebuilt(self, t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num,
+                peak, q_land, k_land, q_scaled, k_scaled_t, z64, done, completed):
+        """Warm-up, or the step that completes the m-th segment: everything from scratch."""
+        q_ring, k_ring, v_ring = self.write(here, q, k, v, q_ring, k_ring, v_ring)
+        operands = (t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed)
+        out = torch.cond(completed >= self.m, self.from_slots, self.from_window, operands)
+        return dense(out[0], q_ring, k_ring, v_ring, *out[1:], torch.zeros((), dtype=torch.int64))
+
+    def from_slots(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
+        return dense(*self.rebuild(q_land, k_land, q, k_ring, v_ring, n_t))
+
+    def from_window(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
+        """Warm-up: the segment means of the t + 1 tokens seen (min(m, t + 1) segments)."""
+        if self.m == 1:
+            return self.from_means(n_t, q, q_ring, k_ring, v_ring)
+        return torch.cond(n_t >= self.m, self.from_means, self.few_tokens, (n_t, q, q_ring, k_ring, v_ring))
+
+    def from_means(self, n_t, q, q_ring, k_ring, v_ring):
+        ql, kl = self.warmup_means(q_ring, n_t), self.warmup_means(k_ring, n_t)
+        return dense(*self.rebuild(ql, kl, q, k_ring, v_ring, n_t))
+
+    def steady(self, t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num,
+               peak, q_land, k_land, q_scaled, k_scaled_t, z64, done, completed):
+        """Past warm-up: slide the rows; on a completed segment, replace its landmark."""
+        q_ring = torch.where(here.view(1, -1, 1), q.unsqueeze(1), q_ring)
+        k_ring = torch.where(here.view(1, -1, 1), k.unsqueeze(1), k_ring)
+        v_ring, key_scores, ref, den, num, peak = slide(
+            here, t >= self.n, torch.matmul(q_scaled, k.unsqueeze(-1)).squeeze(-1), v,
+            v_ring, key_scores, ref, den, num, peak)
+        operands = (n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
+                    q_scaled, k_scaled_t, z64, completed)
+        key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64 = torch.cond(
+            done, self.replace, self.unchanged, operands)
+        ref, den, num, peak, stale = refresh(self.slots < n_t, key_scores, v_ring, ref, den, num, peak)
+        a = nystrom_output(q, k_scaled_t, z64, den, num)
+        return dense(a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t,
+                     z64, stale)
+
+    def replace(self, n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
+                q_scaled, k_scaled_t, z64, completed):
+        """The landmark of the segment just completed: new pseudo-inverse, its row over the window."""
+        q_scaled, k_scaled_t, z64 = self.install(q_land, k_land)
+        row = (torch.arange(self.m) == (completed - 1) % self.m)                     # (m,)
+        scores = torch.matmul(q_scaled, k_ring.transpose(1, 2))                      # (H, m, n)
+        r, d, nm = fresh_rows(scores, self.slots < n_t, v_ring)
+        key_scores = torch.where(row.view(1, 1, -1) & (self.slots < n_t).view(1, -1, 1),
+                                 scores.transpose(1, 2), key_scores)
+        row2 = row.view(1, -1)
+        return dense(key_scores, torch.where(row2, r, ref), torch.where(row2, d, den),
+                     torch.where(row2.unsqueeze(-1), nm, num), torch.where(row2, d, peak),
+                     q_scaled, k_scaled_t, z64)
+
+    def unchanged(self, n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
+                  q_scaled, k_scaled_t, z64, completed):
+        return dense(key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64)
+
+    def few_tokens(self, n_t, q, q_ring, k_ring, v_ring):
+        """Fewer tokens than landmarks: each token is a landmark (m' = n_t < m), one branch per
+        n_t; the state's landmark tensors are left zero (the next step rebuilds them)."""
+        return self.few_chain(n_t, q, q_ring, k_ring, v_ring)
+
+
+class Pick(nn.Module):
+    """cond(n_t <= c, small, large): the static c of a nested branch kept as a module attribute
+    (a closure's int would be traced as a symbolic size)."""
+
+    def __init__(self, c: int, small, large):
+        super().__init__()
+        self.c, self.small, self.large = c, small, large
+
+    def forward(self, n_t, q, q_ring, k_ring, v_ring):
+        return torch.cond(n_t <= self.c, self.small, self.large, (n_t, q, q_ring, k_ring, v_ring))
+
+
+class TokensAsLandmarks(nn.Module):
+    """Warm-up with c < m tokens: the c tokens are the landmarks (segment means of one token)."""
+
+    def __init__(self, graph: "ContinualNystromGraph", c: int):
+        super().__init__()
+        self.c, self.H, self.n, self.m, self.dh = c, graph.H, graph.n, graph.m, graph.dh
+        self.scale, self.iters = graph.scale, graph.iters
+        self.register_buffer("first", torch.eye(graph.n)[:c].clone())               # (c, n)
+        self.register_buffer("valid", torch.arange(graph.n) < c)
+
+    def forward(self, n_t, q, q_ring, k_ring, v_ring):
+        H, n, m, dh = self.H, self.n, self.m, self.dh
+        ql, kl = torch.matmul(self.first, q_ring), torch.matmul(self.first, k_ring)   # (H, c, dh)
+        z64 = landmark_pinv(ql, kl, self.iters).to(F64)
+        kst = (kl * self.scale).transpose(1, 2)
+        scores = torch.matmul(ql * self.scale, k_ring.transpose(1, 2))               # (H, c, n)
+        _, den, num = fresh_rows(scores, self.valid, v_ring)
+        a = nystrom_output(q, kst, z64, den, num)
+        zeros = lambda *s, dtype=torch.float32: torch.zeros(s, dtype=dtype)  # noqa: E731
+        return dense(a, zeros(H, n, m), zeros(H, m, dtype=F64), zeros(H, m, dtype=F64),
+                     zeros(H, m, dh, dtype=F64), zeros(H, m, dtype=F64), zeros(H, m, dh),
+                     zeros(H, dh, m), zeros(H, m, m, dtype=F64))
