@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import warnings
 from pathlib import Path
 
@@ -62,7 +63,7 @@ def export_onnx(model, path: str | Path, *, classes: list[str], frontend: dict,
                                     input_names=names, output_names=outputs, verbose=False,
                                     optimize=True)
     program.model.metadata_props.update(meta)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         program.save(str(tmp))
         tmp.replace(path)

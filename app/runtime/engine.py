@@ -16,6 +16,7 @@ falls behind (counted in ``source.stats.dropped``, reported in every StepResult)
 """
 from __future__ import annotations
 
+import itertools
 import math
 import queue
 import threading
@@ -46,7 +47,7 @@ CONTROL_BUDGET_MS = 20.0      # control requests applied before one live hop (of
 def device_of(model) -> torch.device:
     """Where ``model`` computes: its first parameter's or buffer's device (the CPU for an
     exported step, app/runtime/onnx_step.py)."""
-    for t in (*model.parameters(), *model.buffers()):
+    for t in itertools.chain(model.parameters(), model.buffers()):     # the first one only
         return t.device
     return torch.device("cpu")
 

@@ -118,7 +118,9 @@ def test_table_flops_are_means_since_the_last_landmark_switch_with_min_max(make_
                     timeout=10000)
     wait_steps(qtbot, w, len(w.history) + 6)
     cell, run = table_now()
-    assert cell == expected(run) and run[-1] == max(run)   # steady fixed steps (after the switch's)
+    # the fixed steps since the switch (a step's FLOPs vary with its data: a running-max rescale
+    # adds to some steps and not others, so only the mean and the range are checked)
+    assert cell == expected(run) and len(run) >= 6
     w.mode_continual.setChecked(True)
     qtbot.waitUntil(lambda: w.history[-1].models[name].landmark_mode == "continual", timeout=10000)
     wait_steps(qtbot, w, len(w.history) + 13)              # three landmark cycles (n = 8, m = 2)
