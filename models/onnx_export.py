@@ -62,6 +62,7 @@ def export_onnx(model, path: str | Path, *, classes: list[str], frontend: dict,
         program = torch.onnx.export(graph, args, dynamo=True, opset_version=OPSET,
                                     input_names=names, output_names=outputs, verbose=False,
                                     optimize=True)
+    drop_stack_traces(program.model)
     program.model.metadata_props.update(meta)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -70,6 +71,15 @@ def export_onnx(model, path: str | Path, *, classes: list[str], frontend: dict,
     finally:
         tmp.unlink(missing_ok=True)
     return meta
+
+
+def drop_stack_traces(model) -> None:
+    """The exporter records each node's torch source and stack trace in the node's metadata:
+    dropped, they made up 60 % of a continual-landmark file (3.5 MB -> 1.5 MB)."""
+    import onnx_ir as ir            # the IR of torch's ONNX exporter (installed with onnxscript)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        node.metadata_props.clear()
+        node.doc_string = None
 
 
 @contextlib.contextmanager

@@ -1,23 +1,25 @@
 """A continual model's streaming step as a pure function of explicit state, for ONNX export.
 
-``stream_graph(model)`` (models/onnx_export.py) is an nn.Module whose ``forward(token, t, *state)`` returns
-``(logits, t + 1, events, *next_state)``: one step of ``model.step`` with every piece of streaming state
-(ring buffers, cached scores, running sums, landmark segments, landmarks and their pseudo-inverse)
-an input and an output, and the data-dependent events of a step inside the graph: writes to a
-ring slot and the departure of the oldest key are masks (``where``); running-max rescaling is
-branch-free (a factor exp(0) = 1 leaves a row bit for bit); the rare events are ``torch.cond``
-(an ONNX ``If``): a stale row recomputed from its cached scores, a continual landmark replaced,
-the warm-up steps that rebuild everything from the partial window.
+``stream_graph(model)`` (models/onnx_export.py) is an nn.Module whose ``forward(token, t, *state)``
+returns ``(logits, t + 1, events, *next_state)``: one step of ``model.step`` with every piece of
+streaming state (ring buffers, cached scores, running sums, landmark segments, landmarks and their
+pseudo-inverse) an input and an output, and the data-dependent events of a step inside the graph:
+writes to a ring slot and the departure of the oldest key are masks (``where``); running-max
+rescaling is branch-free (a factor exp(0) = 1 leaves a row bit for bit); the rare events are
+``torch.cond`` (an ONNX ``If``): a stale row recomputed from its cached scores, a continual
+landmark replaced, the warm-up steps that rebuild everything from the partial window.
 
 Shapes (batch 1, heads H, head width dh, window n, m landmarks): token (1, in_dim) float32,
 t () int64, logits (1, classes), events (3,) int64: whether the step rebuilt everything (warm-up),
-replaced a landmark, and how many rows it recomputed (what the step's FLOPs depend on). At t = 0 every state input is replaced by the initial state, so
-a stream starts from zeros of the inputs' shapes (``initial_state``) and t = 0.
+replaced a landmark, and how many rows it recomputed (what the step's FLOPs depend on). At t = 0
+every state input is replaced by the initial state, so a stream starts from zeros of the inputs'
+shapes (``initial_state``) and t = 0.
 
-Variants: ``continual`` (single-output SDA, Hedegaard et al.) and ``continual_nystrom`` with
-``continual`` or ``fixed`` landmarks (Carreto Picón et al.), one block. The arithmetic is the torch
-step's (models/sda/continual.py, continual_nystrom.py, running_sums.py): the running sums in
-float64, the pseudo-inverse from ``landmark_pinv`` rounded to float32 as the step keeps it.
+Here: ``continual`` (single-output SDA, Hedegaard et al.) and ``continual_nystrom`` with fixed
+landmarks; continual landmarks (Carreto Picón et al.) are in models/stream_graph_landmarks.py. One
+block. The arithmetic is the torch step's (models/sda/continual.py, continual_nystrom.py,
+running_sums.py): the running sums in float64, the pseudo-inverse from ``landmark_pinv`` rounded
+to float32 as the step keeps it.
 """
 from __future__ import annotations
 
