@@ -1,7 +1,6 @@
 """Export a continual model's streaming step to ONNX (models/stream_graph.py): one graph, inputs
 ``token``, ``t`` and the state tensors, outputs ``logits``, ``t_next``, ``events`` and
-``next_<state>``,
-with the class names, the front end and the model's config as metadata.
+``next_<state>``, with the class names, the front end and the model's config as metadata.
 
 Feeding the ``next_*`` outputs back as the next step's inputs streams; zeros of the inputs'
 shapes with t = 0 start a stream (the graph replaces the state at t = 0).

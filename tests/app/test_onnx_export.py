@@ -102,6 +102,13 @@ def test_export_refuses_what_has_no_explicit_state_step_with_one_line(tmp_path, 
         assert main(["export", "--checkpoint", str(MODELS / f"{name}.pt"), "--onnx", str(tmp_path / "x.onnx")]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0] and "exportable: continual, continual_nystrom" in err[0]
+    from models.checkpoint import save_checkpoint
+    from tiny import tiny_model
+    two = tiny_model("continual", n=8, in_dim=50, layers=2)
+    save_checkpoint(two, tmp_path / "two.pt", classes=[f"g{i}" for i in range(two.cfg.num_classes)])
+    assert main(["export", "--checkpoint", str(tmp_path / "two.pt"), "--onnx", str(tmp_path / "x.onnx")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a 2-block model (retroactive, then single-output) has no explicit-state graph" in err[0]
     assert main(["export", "--checkpoint", str(tmp_path / "missing.pt"), "--onnx", str(tmp_path / "x.onnx")]) == 1
     assert capsys.readouterr().err.strip() == f"error: checkpoint not found: {tmp_path / 'missing.pt'}"
     assert not (tmp_path / "x.onnx").exists()
