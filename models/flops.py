@@ -217,6 +217,14 @@ def block_tail(d: int, d_ff: int, tokens: int) -> Flops:
 
 # ----------------------------------------------------------------------------- paper comparison
 
+def one_block_step(sda: Flops, d: int, d_ff: int, in_dim: int, classes: int) -> dict[str, Flops]:
+    """A 1-block continual model's step for one stream, around its SDA: 'sda', 'attention' (with
+    the q/k/v and output projections of the newest token), 'model' (embedding, block tail, head)."""
+    attention = sda + linear(d, 3 * d, 1) + linear(d, d, 1)
+    model = attention + block_tail(d, d_ff, 1) + linear(in_dim, d, 1) + ew(d) + linear(d, classes, 1)
+    return {"sda": sda, "attention": attention, "model": model}
+
+
 def paper_table_ii(n: int = 120, d: int = 192, m: int = 4, iters: int = 6) -> dict[str, float]:
     """Our formulas in the paper's setting and convention: one head, full window, newest output.
 

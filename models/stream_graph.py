@@ -1,6 +1,6 @@
 """A continual model's streaming step as a pure function of explicit state, for ONNX export.
 
-``stream_graph(model)`` (models/onnx_export.py) is an nn.Module whose ``forward(token, t, *state)``
+``stream_graph(model)`` (app/offline/onnx_export.py) is an nn.Module whose ``forward(token, t, *state)``
 returns ``(logits, t + 1, events, *next_state)``: one step of ``model.step`` with every piece of
 streaming state (ring buffers, cached scores, running sums, landmark segments, landmarks and their
 pseudo-inverse) an input and an output, and the data-dependent events of a step inside the graph:
@@ -23,6 +23,7 @@ to float32 as the step keeps it.
 """
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
 
-from .running_sums import TAU
+from .running_sums import TAU, fresh_sums
 from .sda.reference import landmark_pinv
 
 F64 = torch.float64
@@ -48,7 +49,7 @@ class StateTensor:
     dtype: torch.dtype
 
 
-class StreamGraph(nn.Module):
+class StreamGraph(nn.Module, abc.ABC):
     """Embedding, projections, block tail and head shared by the variants' graphs."""
 
     kind = ""
@@ -63,8 +64,9 @@ class StreamGraph(nn.Module):
         self.register_buffer("slots", torch.arange(self.n))
         self.scale = 1.0 / math.sqrt(self.dh)
 
+    @abc.abstractmethod
     def state_spec(self) -> list[StateTensor]:
-        raise NotImplementedError
+        """Name, shape and dtype of every state input, in the order ``forward`` takes them."""
 
     def initial_state(self) -> list[Tensor]:
         """Zeros of every state input (the graph starts a stream at t = 0 whatever they hold)."""
@@ -123,13 +125,11 @@ def dense(*xs: Tensor) -> tuple[Tensor, ...]:
 
 
 def fresh_rows(scores: Tensor, valid: Tensor, v_ring: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Row sums from scratch (models/running_sums.fresh_sums) over the valid slots, float64.
+    """Row sums from scratch (running_sums.fresh_sums) over the valid slots, float64.
     scores: (H, R, n) float32 cached scaled scores; valid: (n,) bool; v_ring (H, n, dh)
     -> ref (H, R), den (H, R), num (H, R, dh)."""
-    s = scores.to(F64).masked_fill(~valid.view(1, 1, -1), float("-inf"))
-    ref = s.amax(dim=-1)
-    e = torch.exp(s - ref.unsqueeze(-1))
-    return ref, e.sum(dim=-1), torch.matmul(e, v_ring.to(F64))
+    sums = fresh_sums(scores.to(F64).masked_fill(~valid.view(1, 1, -1), float("-inf")), v_ring.to(F64))
+    return sums.ref, sums.den, sums.num                  # exp(-inf) = 0: invalid slots add nothing
 
 
 def nystrom_output(q: Tensor, k_scaled_t: Tensor, z64: Tensor, den: Tensor, num: Tensor) -> Tensor:

@@ -279,8 +279,7 @@ class GenreTransformer(nn.Module):
                 total = total + b.attn.sda.last_step
             sda = F.Flops(total.matmul // B, total.other // B)
             if L == 1:
-                proj = F.linear(d, 3 * d, 1) + F.linear(d, d, 1)
-                tail = F.block_tail(d, cfg.ff_dim, 1)
+                return F.one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)
             else:   # retroactive block (out-proj and tail over n_t tokens), then window-fed block
                 marks = self.blocks[1].attn.sda.landmarks()  # with folded keys and values
                 rows = cfg.heads * (marks[0].shape[1] if marks is not None else 1)

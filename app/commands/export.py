@@ -1,5 +1,5 @@
 """`python main.py export`: a checkpoint's streaming step as an ONNX graph with explicit state
-(models/onnx_export.py), run once by ONNX Runtime against the torch step before it is reported."""
+(app/offline/onnx_export.py), run once by ONNX Runtime against the torch step before it is reported."""
 from __future__ import annotations
 
 import json
@@ -27,7 +27,7 @@ def run(args) -> int:
 
     from app.runtime.onnx_step import OnnxModelError, OnnxStep
     from models.checkpoint import load_checkpoint
-    from models.onnx_export import NotExportable, export_onnx
+    from app.offline.onnx_export import NotExportable, export_onnx
     try:
         model, payload = load_checkpoint(args.checkpoint, fused=False)
         export_onnx(model, args.onnx, classes=payload["classes"], frontend=payload["frontend"],

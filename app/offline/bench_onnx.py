@@ -13,7 +13,7 @@ import torch
 from app.runtime.onnx_step import OnnxStep
 from models.checkpoint import load_checkpoint
 from models.landmarks import fit_fixed_landmarks
-from models.onnx_export import export_onnx
+from .onnx_export import export_onnx
 from models.transformer import ModelConfig, build_model
 
 from .bench_timing import time_steps

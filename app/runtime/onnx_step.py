@@ -1,4 +1,4 @@
-"""An exported streaming step (`python main.py export`, models/onnx_export.py) run by ONNX Runtime,
+"""An exported streaming step (`python main.py export`, app/offline/onnx_export.py) run by ONNX Runtime,
 with the streaming interface of GenreTransformer (reset / step / step_flops / state_nbytes /
 landmark_mode / landmark_updated / window_full), so that the engine, `classify --onnx` and the
 window run it beside the torch models. One intra-op thread, the CPU execution provider, batch 1.
@@ -128,7 +128,4 @@ class OnnxStep(nn.Module):
                 warmup_landmarks=bool(rebuilt) and self._t < cfg.window,
                 segment_sums=self.landmark_mode == "continual", rescaled=True)
         sda = H * per_head + F.refresh(1, n_t, dh) * refreshed
-        attention = sda + F.linear(d, 3 * d, 1) + F.linear(d, d, 1)
-        model = (attention + F.block_tail(d, cfg.ff_dim, 1) + F.linear(cfg.in_dim, d, 1) + F.ew(d)
-                 + F.linear(d, cfg.num_classes, 1))
-        return {"sda": sda, "attention": attention, "model": model}
+        return F.one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)

@@ -493,7 +493,7 @@ def test_an_exported_step_runs_in_the_window_beside_its_torch_model(make_window,
     """`--checkpoint OUT.onnx`: the engine process runs the ONNX Runtime step next to the shipped
     torch model it was exported from; the same tokens give the same probabilities (float32)."""
     from models.checkpoint import load_checkpoint
-    from models.onnx_export import export_onnx
+    from app.offline.onnx_export import export_onnx
     ckpt = Path(__file__).resolve().parents[2] / "assets" / "models" / "musicnn-continual_nystrom-fixed.pt"
     model, payload = load_checkpoint(ckpt, fused=False)
     export_onnx(model, tmp_path / "m.onnx", classes=payload["classes"], frontend=payload["frontend"])

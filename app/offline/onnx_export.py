@@ -1,4 +1,5 @@
-"""Export a continual model's streaming step to ONNX (models/stream_graph.py): one graph, inputs
+"""Export a continual model's streaming step to ONNX (the graphs: models/stream_graph.py and
+stream_graph_landmarks.py; here the file, through torch's exporter and its IR): one graph, inputs
 ``token``, ``t`` and the state tensors, outputs ``logits``, ``t_next``, ``events`` and
 ``next_<state>``, with the class names, the front end and the model's config as metadata.
 
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from .stream_graph import EXPORTABLE, ContinualGraph, FixedNystromGraph, NotExportable, StreamGraph
-from .stream_graph_landmarks import ContinualNystromGraph
+from models.stream_graph import EXPORTABLE, ContinualGraph, FixedNystromGraph, NotExportable, StreamGraph
+from models.stream_graph_landmarks import ContinualNystromGraph
 
 OPSET = 18
 
