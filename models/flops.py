@@ -225,6 +225,26 @@ def one_block_step(sda: Flops, d: int, d_ff: int, in_dim: int, classes: int) -> 
     return {"sda": sda, "attention": attention, "model": model}
 
 
+def two_block_step(sda: Flops, n_t: int, d: int, d_ff: int, in_dim: int, classes: int, heads: int,
+                   *, factored: int, window_rows: int, segment_landmarks: int) -> dict[str, Flops]:
+    """A 2-block continual model's step for one stream around its two SDAs. Block 0 projects the
+    newest token; its n_t outputs take the out-projection, folded into the ``factored`` rows
+    of each head when a Nyström block leaves them factored (m', else 0), and the tail. Block 1
+    folds its key and value projections into its ``window_rows`` query rows (heads x m'
+    landmarks, or heads); continual landmarks are ``segment_landmarks`` segment means of the
+    window, projected (m', else 0)."""
+    dh = d // heads
+    out0 = folded_out(n_t, heads, factored, dh, d) if factored else linear(d, d, n_t)
+    proj = (linear(d, 3 * d, 1) + out0 + linear(d, d, 1) + folded_kv(window_rows, n_t, d, dh)
+            + linear(d, d, 1))
+    if segment_landmarks:
+        proj = proj + ew(n_t * d) + linear(d, 2 * d, segment_landmarks)
+    attention = sda + proj
+    tail = block_tail(d, d_ff, n_t) + block_tail(d, d_ff, 1)
+    model = attention + tail + linear(in_dim, d, 1) + ew(d) + linear(d, classes, 1)
+    return {"sda": sda, "attention": attention, "model": model}
+
+
 def paper_table_ii(n: int = 120, d: int = 192, m: int = 4, iters: int = 6) -> dict[str, float]:
     """Our formulas in the paper's setting and convention: one head, full window, newest output.
 

@@ -15,11 +15,16 @@ replaced a landmark, and how many rows it recomputed (what the step's FLOPs depe
 every state input is replaced by the initial state, so a stream starts from zeros of the inputs'
 shapes (``initial_state``) and t = 0.
 
-Here: ``continual`` (single-output SDA, Hedegaard et al.) and ``continual_nystrom`` with fixed
-landmarks; continual landmarks (Carreto Picón et al.) are in models/stream_graph_landmarks.py. One
-block. The arithmetic is the torch step's (models/sda/continual.py, continual_nystrom.py,
-running_sums.py): the running sums in float64, the pseudo-inverse from ``landmark_pinv`` rounded
-to float32 as the step keeps it.
+Each graph is one block's attention (``attend``: the newest token's q, k, v and the state -> the
+attention output and the next state) and, as ``forward``, a 1-block model around it. With
+``retroactive`` (block 0 of a 2-block model, models/stream_graph_two_block.py) ``attend`` returns
+the outputs of every ring slot, (H, n, dh), instead of the newest token's (H, dh).
+
+Here: ``continual`` (single-output and retroactive SDA, Hedegaard et al.) and ``continual_nystrom``
+with fixed landmarks; continual landmarks (Carreto Picón et al.) are in
+models/stream_graph_landmarks.py. The arithmetic is the torch step's (models/sda/continual.py,
+continual_nystrom.py, running_sums.py): Nyström rows in float64, retroactive rows in float32, the
+pseudo-inverse from ``landmark_pinv`` rounded to float32 as the step keeps it.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from .running_sums import TAU, fresh_sums
-from .sda.reference import landmark_pinv
+from .sda.reference import landmark_pinv, pinv
 
 F64 = torch.float64
 EXPORTABLE = ("continual", "continual_nystrom")
@@ -50,14 +55,15 @@ class StateTensor:
 
 
 class StreamGraph(nn.Module, abc.ABC):
-    """Embedding, projections, block tail and head shared by the variants' graphs."""
+    """One block's streaming attention with explicit state; embedding, projections, block tail
+    and head around it make a 1-block model's step."""
 
     kind = ""
 
-    def __init__(self, model):
+    def __init__(self, model, block: int = 0):
         super().__init__()
-        cfg, block = model.cfg, model.blocks[0]
-        self.cfg, self.block = cfg, block
+        cfg, block = model.cfg, model.blocks[block]
+        self.cfg, self.block, self.retroactive = cfg, block, block.retroactive
         self.n, self.H, self.dh = cfg.window, cfg.heads, cfg.d_model // cfg.heads
         self.embed, self.head, self.attn = model.embed, model.head, block.attn
         self.register_buffer("table", model.pos.table.detach().clone())
@@ -71,6 +77,17 @@ class StreamGraph(nn.Module, abc.ABC):
     def initial_state(self) -> list[Tensor]:
         """Zeros of every state input (the graph starts a stream at t = 0 whatever they hold)."""
         return [torch.zeros(s.shape, dtype=s.dtype) for s in self.state_spec()]
+
+    @abc.abstractmethod
+    def attend(self, t: Tensor, q: Tensor, k: Tensor, v: Tensor, *state: Tensor):
+        """The t-th token's q, k, v (H, dh) and the state -> (attention output, events (3,),
+        *next state); the output is (H, dh), or (H, n, dh) in ring order when retroactive."""
+
+    def forward(self, token: Tensor, t: Tensor, *state: Tensor):
+        """A 1-block model's step: token (1, in_dim), t (), state -> logits, t + 1, events, state."""
+        h, q, k, v = self.project(token, t)
+        a, events, *state = self.attend(t, q, k, v, *state)
+        return (self.finish(h, a), t + 1, events, *state)
 
     def project(self, token: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """token (1, in_dim), t () -> h (1, d_model) and q, k, v (H, dh)."""
@@ -104,16 +121,53 @@ class ContinualGraph(StreamGraph):
         ring = (self.H, self.n, self.dh)
         return [StateTensor("k_ring", ring, torch.float32), StateTensor("v_ring", ring, torch.float32)]
 
-    def forward(self, token: Tensor, t: Tensor, k_ring: Tensor, v_ring: Tensor):
+    def attend(self, t, q, k, v, k_ring, v_ring):
         k_ring, v_ring = self.fresh(t, [k_ring, v_ring])
-        h, q, k, v = self.project(token, t)
         here = self.slot_mask(t).view(1, self.n, 1)
         k_ring = torch.where(here, k.unsqueeze(1), k_ring)
         v_ring = torch.where(here, v.unsqueeze(1), v_ring)
         scores = torch.matmul(k_ring, (q * self.scale).unsqueeze(-1)).squeeze(-1)     # (H, n)
         scores = scores.masked_fill((self.slots > t).view(1, self.n), float("-inf"))
         a = torch.matmul(torch.softmax(scores, dim=-1).unsqueeze(1), v_ring).squeeze(1)
-        return self.finish(h, a), t + 1, torch.zeros(3, dtype=torch.int64), k_ring, v_ring
+        return a, torch.zeros(3, dtype=torch.int64), k_ring, v_ring
+
+
+class RetroactiveGraph(StreamGraph):
+    """Continual retroactive SDA: every query of the window as a running-sum row (float32, as
+    the torch step keeps them), the departing key removed with the scores it was added with,
+    the newest key added to every row, the newest query's row from scratch. ``key_scores``
+    (H, n keys, n rows) caches every score, key-major as the Nyström rows' cache."""
+
+    kind = "continual"
+
+    def state_spec(self) -> list[StateTensor]:
+        H, n, dh, f32 = self.H, self.n, self.dh, torch.float32
+        return [StateTensor("q_ring", (H, n, dh), f32), StateTensor("k_ring", (H, n, dh), f32),
+                StateTensor("v_ring", (H, n, dh), f32), StateTensor("key_scores", (H, n, n), f32),
+                StateTensor("ref", (H, n), f32), StateTensor("den", (H, n), f32),
+                StateTensor("num", (H, n, dh), f32), StateTensor("peak", (H, n), f32)]
+
+    def attend(self, t, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak):
+        q_ring, k_ring, v_ring, key_scores, den, num, peak = self.fresh(
+            t, [q_ring, k_ring, v_ring, key_scores, den, num, peak])
+        ref = torch.where(t == 0, torch.full((), float("-inf")), ref)
+        here = self.slot_mask(t)
+        valid = self.slots < t + 1                          # (n,) filled slots, keys and rows alike
+        q_ring = torch.where(here.view(1, -1, 1), q.unsqueeze(1), q_ring)
+        k_ring = torch.where(here.view(1, -1, 1), k.unsqueeze(1), k_ring)
+        column = torch.matmul(q_ring, k.unsqueeze(-1)).squeeze(-1) * self.scale        # (H, n)
+        v_ring, key_scores, ref, den, num, peak = slide(
+            here, t >= self.n, column, v, v_ring, key_scores, ref, den, num, peak)
+        row = torch.matmul(k_ring, q.unsqueeze(-1)).squeeze(-1) * self.scale           # (H, n)
+        key_scores = torch.where(here.view(1, 1, -1), row.unsqueeze(-1), key_scores)
+        r, d, nm = fresh_rows(row.unsqueeze(1), valid, v_ring, torch.float32)
+        ref, den = torch.where(here, r, ref), torch.where(here, d, den)
+        num, peak = torch.where(here.view(1, -1, 1), nm, num), torch.where(here, d, peak)
+        ref, den, num, peak, stale = refresh(valid, key_scores, v_ring, ref, den, num, peak,
+                                             rows=valid & (t > 0))
+        a = torch.where(valid.view(1, -1, 1), num / den.unsqueeze(-1), torch.zeros(()))
+        events = torch.stack([torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64), stale])
+        return a, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak
 
 
 # ----------------------------------------------------------------------------- Nyström
@@ -124,19 +178,57 @@ def dense(*xs: Tensor) -> tuple[Tensor, ...]:
     return tuple((x.reshape(-1) + torch.zeros((), dtype=x.dtype)).reshape(x.shape) for x in xs)
 
 
-def fresh_rows(scores: Tensor, valid: Tensor, v_ring: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Row sums from scratch (running_sums.fresh_sums) over the valid slots, float64.
+def fresh_rows(scores: Tensor, valid: Tensor, v_ring: Tensor, dtype=F64) -> tuple[Tensor, Tensor, Tensor]:
+    """Row sums from scratch (running_sums.fresh_sums) over the valid slots, in ``dtype``.
     scores: (H, R, n) float32 cached scaled scores; valid: (n,) bool; v_ring (H, n, dh)
     -> ref (H, R), den (H, R), num (H, R, dh)."""
-    sums = fresh_sums(scores.to(F64).masked_fill(~valid.view(1, 1, -1), float("-inf")), v_ring.to(F64))
+    sums = fresh_sums(scores.to(dtype).masked_fill(~valid.view(1, 1, -1), float("-inf")), v_ring.to(dtype))
     return sums.ref, sums.den, sums.num                  # exp(-inf) = 0: invalid slots add nothing
 
 
-def nystrom_output(q: Tensor, k_scaled_t: Tensor, z64: Tensor, den: Tensor, num: Tensor) -> Tensor:
+def present_pinv(ql: Tensor, kl: Tensor, present: Tensor, iters: int) -> Tensor:
+    """``landmark_pinv`` of the present landmarks (present: (m,) bool), the absent ones padded:
+    their columns of s(Q~ K~^T) masked, their rows the identity's. pinv(blockdiag(A, I)) is
+    blockdiag(pinv(A), I) through the same iteration on A (its scaling takes A's norms: A's
+    rows sum to 1, its largest column sum is >= 1), with exact zeros off the block, so an
+    output whose softmax over landmarks masks the absent ones (``masked``) equals the one with
+    the present landmarks alone. (H, m, dh) x 2 -> (H, m, m) float32."""
+    s = 1.0 / math.sqrt(ql.shape[-1])
+    logits = torch.matmul(ql.to(F64) * s, kl.to(F64).transpose(-1, -2))
+    kernel = torch.softmax(masked(logits, present), dim=-1)
+    eye = torch.eye(ql.shape[1], dtype=F64)
+    return pinv(torch.where(present.view(1, -1, 1), kernel, eye), iters).to(ql.dtype)
+
+
+def masked(logits: Tensor, present: Tensor | None) -> Tensor:
+    """-inf in the columns of absent landmarks (present: (m,) bool, or None: all present)."""
+    return logits if present is None else logits.masked_fill(~present, float("-inf"))
+
+
+def nystrom_output(q: Tensor, k_scaled_t: Tensor, z64: Tensor, den: Tensor, num: Tensor,
+                   present: Tensor | None = None) -> Tensor:
     """s(q K~^T) Z num / den for the newest query: (H, dh) float32."""
-    probs = torch.softmax(torch.matmul(q.unsqueeze(1), k_scaled_t), dim=-1).to(F64)    # (H, 1, m)
+    logits = masked(torch.matmul(q.unsqueeze(1), k_scaled_t), present)
+    probs = torch.softmax(logits, dim=-1).to(F64)                                       # (H, 1, m)
     c = torch.matmul(probs, z64) / den.unsqueeze(1)
     return torch.matmul(c, num).squeeze(1).to(torch.float32)
+
+
+def retroactive_output(q_ring: Tensor, k_scaled_t: Tensor, z64: Tensor, den: Tensor, num: Tensor,
+                       present: Tensor | None = None) -> Tensor:
+    """s(Q K~^T) (Z num / den) for every ring slot's query: (H, n, dh) float32, the torch step's
+    factors (its cached s(q_i K~^T) rows equal these: same queries, same landmarks)."""
+    p = torch.softmax(masked(torch.matmul(q_ring, k_scaled_t), present), dim=-1)        # (H, n, m)
+    zw = torch.matmul(z64, num / den.unsqueeze(-1)).to(torch.float32)                   # (H, m, dh)
+    return torch.matmul(p, zw)
+
+
+def landmark_output(graph, q: Tensor, q_ring: Tensor, k_scaled_t: Tensor, z64: Tensor, den: Tensor,
+                    num: Tensor, present: Tensor | None = None) -> Tensor:
+    """The newest query's Nyström output (H, dh), or every slot's (H, n, dh) when retroactive."""
+    if graph.retroactive:
+        return retroactive_output(q_ring, k_scaled_t, z64, den, num, present)
+    return nystrom_output(q, k_scaled_t, z64, den, num, present)
 
 
 class FixedNystromGraph(StreamGraph):
@@ -145,8 +237,8 @@ class FixedNystromGraph(StreamGraph):
 
     kind = "continual_nystrom/fixed"
 
-    def __init__(self, model):
-        super().__init__(model)
+    def __init__(self, model, block: int = 0):
+        super().__init__(model, block)
         attn = self.attn
         if not bool(attn.has_fixed):
             raise NotExportable("this model's fixed landmarks are not fitted")
@@ -158,56 +250,67 @@ class FixedNystromGraph(StreamGraph):
 
     def state_spec(self) -> list[StateTensor]:
         H, n, m, dh = self.H, self.n, self.m, self.dh
-        return [StateTensor("v_ring", (H, n, dh), torch.float32),
-                StateTensor("key_scores", (H, n, m), torch.float32),
-                StateTensor("ref", (H, m), F64), StateTensor("den", (H, m), F64),
-                StateTensor("num", (H, m, dh), F64), StateTensor("peak", (H, m), F64)]
+        queries = [StateTensor("q_ring", (H, n, dh), torch.float32)] if self.retroactive else []
+        return queries + [StateTensor("v_ring", (H, n, dh), torch.float32),
+                          StateTensor("key_scores", (H, n, m), torch.float32),
+                          StateTensor("ref", (H, m), F64), StateTensor("den", (H, m), F64),
+                          StateTensor("num", (H, m, dh), F64), StateTensor("peak", (H, m), F64)]
 
-    def forward(self, token, t, v_ring, key_scores, ref, den, num, peak):
-        v_ring, key_scores, den, num, peak = self.fresh(t, [v_ring, key_scores, den, num, peak])
+    def attend(self, t, q, k, v, *state):
+        state = self.fresh(t, list(state))
+        q_ring = None
+        if self.retroactive:
+            q_ring, *state = state
+            q_ring = torch.where(self.slot_mask(t).view(1, -1, 1), q.unsqueeze(1), q_ring)
+        v_ring, key_scores, ref, den, num, peak = state
         ref = torch.where(t == 0, torch.full((), float("-inf"), dtype=F64), ref)
-        h, q, k, v = self.project(token, t)
         here = self.slot_mask(t)
         v_ring, key_scores, ref, den, num, peak = slide(
             here, t >= self.n, torch.matmul(self.q_scaled, k.unsqueeze(-1)).squeeze(-1), v,
             v_ring, key_scores, ref, den, num, peak)
         ref, den, num, peak, stale = refresh(self.slots < t + 1, key_scores, v_ring, ref, den, num, peak)
-        a = nystrom_output(q, self.k_scaled_t, self.z64, den, num)
+        a = landmark_output(self, q, q_ring, self.k_scaled_t, self.z64, den, num)
         events = torch.stack([torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64), stale])
-        return self.finish(h, a), t + 1, events, v_ring, key_scores, ref, den, num, peak
+        queries = [q_ring] if self.retroactive else []
+        return (a, events, *queries, v_ring, key_scores, ref, den, num, peak)
 
 
 def slide(here: Tensor, full: Tensor, scores: Tensor, v: Tensor, v_ring, key_scores, ref, den,
           num, peak):
     """The departing key (if the window is full) leaves every row with the score it was added
     with, the newest key joins (running-max rescale first), its scores are cached.
-    here: (n,) the slot; scores: (H, m) float32 of the newest key; v: (H, dh)."""
+    here: (n,) the slot; scores: (H, R) float32 of the newest key against the R rows; v: (H, dh);
+    key_scores (H, n, R); the rows' sums in their dtype (float64 Nyström rows, float32
+    retroactive rows)."""
+    dt = ref.dtype
     slot = torch.argmax(here.to(torch.int64)).view(1)
-    gone_scores = torch.index_select(key_scores, 1, slot).squeeze(1)                 # (H, m)
+    gone_scores = torch.index_select(key_scores, 1, slot).squeeze(1)                 # (H, R)
     gone_v = torch.index_select(v_ring, 1, slot).squeeze(1)                          # (H, dh)
-    e = torch.where(full, torch.exp(gone_scores.to(F64) - ref), torch.zeros((), dtype=F64))
+    e = torch.where(full, torch.exp(gone_scores.to(dt) - ref), torch.zeros((), dtype=dt))
     den = den - e
-    num = num - e.unsqueeze(-1) * gone_v.to(F64).unsqueeze(1)
+    num = num - e.unsqueeze(-1) * gone_v.to(dt).unsqueeze(1)
     v_ring = torch.where(here.view(1, -1, 1), v.unsqueeze(1), v_ring)
     key_scores = torch.where(here.view(1, -1, 1), scores.unsqueeze(1), key_scores)
-    s = scores.to(F64)
+    s = scores.to(dt)
     top = torch.maximum(ref, s)
     factor = torch.exp(ref - top)                        # 1 where the reference stays
     den, peak, num, ref = den * factor, peak * factor, num * factor.unsqueeze(-1), top
     e = torch.exp(s - ref)
     den = den + e
-    num = num + e.unsqueeze(-1) * v.to(F64).unsqueeze(1)
+    num = num + e.unsqueeze(-1) * v.to(dt).unsqueeze(1)
     return v_ring, key_scores, ref, den, num, torch.maximum(peak, den)
 
 
-def refresh(valid: Tensor, key_scores: Tensor, v_ring: Tensor, ref, den, num, peak):
+def refresh(valid: Tensor, key_scores: Tensor, v_ring: Tensor, ref, den, num, peak, rows=None):
     """Rows whose denominator fell below TAU * peak (cancellation), recomputed from their cached
-    scores over the valid slots; an ONNX If, taken only when a row is stale. Returns the rows'
-    sums and how many were recomputed."""
+    scores over the valid slots; an ONNX If, taken only when a row is stale. ``rows``: (R,) the
+    rows that may be (default all). Returns the rows' sums and how many were recomputed."""
     stale = den < TAU * peak
+    if rows is not None:
+        stale = stale & rows.view(1, -1)
 
     def recompute(valid, key_scores, v_ring, ref, den, num, peak, stale):
-        r, d, nm = fresh_rows(key_scores.transpose(1, 2), valid, v_ring)
+        r, d, nm = fresh_rows(key_scores.transpose(1, 2), valid, v_ring, ref.dtype)
         return dense(torch.where(stale, r, ref), torch.where(stale, d, den),
                      torch.where(stale.unsqueeze(-1), nm, num), torch.where(stale, d, peak))
 

@@ -4,31 +4,28 @@ models/stream_graph.py."""
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .landmarks import segment_sizes
 from .sda.reference import landmark_pinv
-from .stream_graph import (F64, StateTensor, StreamGraph, dense, fresh_rows, nystrom_output,
-                           refresh, slide)
+from .stream_graph import (F64, StateTensor, StreamGraph, dense, fresh_rows, landmark_output,
+                           present_pinv, refresh, slide)
 
 
 class ContinualNystromGraph(StreamGraph):
     """Continual Nyström SDA with continual landmarks: stream-aligned segment means
-    (models/landmarks.py). Warm-up (t + 1 < n): everything from the partial window each step;
-    the step that completes the m-th segment: rebuilt from the m landmark slots; then one
-    landmark replaced every n/m steps (new pseudo-inverse, its row over the window)."""
+    (models/landmarks.py). Warm-up (t + 1 < n): everything from the partial window each step
+    (fewer than m tokens: the absent landmarks padded, stream_graph.present_pinv); the step that
+    completes the m-th segment: rebuilt from the m landmark slots; then one landmark replaced
+    every n/m steps (new pseudo-inverse, its row over the window)."""
 
     kind = "continual_nystrom/continual"
 
-    def __init__(self, model):
-        super().__init__(model)
+    def __init__(self, model, block: int = 0):
+        super().__init__(model, block)
         self.m, self.iters = self.attn.num_landmarks, self.attn.pinv_iters
         self.register_buffer("sizes", torch.tensor(segment_sizes(self.n, self.m)))
-        few = [TokensAsLandmarks(self, c) for c in range(1, self.m)]     # warm-up, n_t = c < m
-        chain = few[-1] if few else None
-        for c in range(self.m - 2, 0, -1):                 # n_t = 1, 2, ...: nested, static shapes
-            chain = Pick(c, few[c - 1], chain)
-        self.few_chain = chain
+        self.register_buffer("landmark_slots", torch.arange(self.m))
 
     def state_spec(self) -> list[StateTensor]:
         H, n, m, dh = self.H, self.n, self.m, self.dh
@@ -44,10 +41,10 @@ class ContinualNystromGraph(StreamGraph):
                 StateTensor("z64", (H, m, m), F64)]
 
     # -------------------------------------------------------------- landmarks
-    def install(self, ql: Tensor, kl: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Landmarks (H, m', dh) -> scaled q, scaled k transposed, pinv in float64 (rounded to
-        float32 first, as the step keeps it)."""
-        z = landmark_pinv(ql, kl, self.iters)
+    def install(self, ql: Tensor, kl: Tensor, present: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Landmarks (H, m, dh) -> scaled q, scaled k transposed, pinv in float64 (rounded to
+        float32 first, as the step keeps it); ``present`` (m,): the landmarks in use."""
+        z = landmark_pinv(ql, kl, self.iters) if present is None else present_pinv(ql, kl, present, self.iters)
         return ql * self.scale, (kl * self.scale).transpose(1, 2), z.to(F64)
 
     def push(self, q, k, seg_q, seg_k, seg_count, completed, q_land, k_land):
@@ -66,31 +63,31 @@ class ContinualNystromGraph(StreamGraph):
         return seg_q, seg_k, seg_count, completed + done.to(completed.dtype), q_land, k_land, done
 
     def warmup_means(self, x: Tensor, n_t: Tensor) -> Tensor:
-        """Means of m segments of the first n_t >= m slots of x (H, n, dh) (segment_means)."""
+        """Means of min(m, n_t) segments of the first n_t slots of x (H, n, dh) (segment_means),
+        zeros in the rows of the landmarks not yet there (n_t < m: one token each)."""
         m, j = self.m, self.slots
         base, extra = n_t // m, n_t % m
         bound = extra * (base + 1)
         seg = torch.where(j < bound, j // (base + 1), extra + (j - bound) // torch.clamp(base, min=1))
         member = ((seg.view(1, -1) == torch.arange(m).view(-1, 1)) & (j < n_t).view(1, -1)).to(x.dtype)
-        return torch.matmul(member, x) / member.sum(dim=-1, keepdim=True)
+        return torch.matmul(member, x) / torch.clamp(member.sum(dim=-1, keepdim=True), min=1)
 
-    def rebuild(self, ql, kl, q, k_ring, v_ring, n_t):
+    def rebuild(self, ql, kl, q, q_ring, k_ring, v_ring, n_t, present=None):
         """Landmarks, pseudo-inverse and every row from scratch over the window's n_t slots."""
-        q_scaled, k_scaled_t, z64 = self.install(ql, kl)
+        q_scaled, k_scaled_t, z64 = self.install(ql, kl, present)
         scores = torch.matmul(q_scaled, k_ring.transpose(1, 2))                         # (H, m, n)
         ref, den, num = fresh_rows(scores, self.slots < n_t, v_ring)
-        a = nystrom_output(q, k_scaled_t, z64, den, num)
+        a = landmark_output(self, q, q_ring, k_scaled_t, z64, den, num, present)
         return a, scores.transpose(1, 2), ref, den, num, den, q_scaled, k_scaled_t, z64
 
     # -------------------------------------------------------------- the step
-    def forward(self, token, t, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q,
-                seg_k, seg_count, completed, q_land, k_land, q_scaled, k_scaled_t, z64):
+    def attend(self, t, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q,
+               seg_k, seg_count, completed, q_land, k_land, q_scaled, k_scaled_t, z64):
         state = self.fresh(t, [q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q,
                                seg_k, seg_count, completed, q_land, k_land, q_scaled,
                                k_scaled_t, z64])
         (q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, seg_q, seg_k, seg_count,
          completed, q_land, k_land, q_scaled, k_scaled_t, z64) = state
-        h, q, k, v = self.project(token, t)
         here = self.slot_mask(t)
         seg_q, seg_k, seg_count, completed, q_land, k_land, done = self.push(
             q, k, seg_q, seg_k, seg_count, completed, q_land, k_land)
@@ -103,7 +100,7 @@ class ContinualNystromGraph(StreamGraph):
         out = torch.cond(steady, self.steady, self.rebuilt, operands)
         a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64, stale = out
         events = torch.stack([(~steady).to(torch.int64), (steady & done).to(torch.int64), stale])
-        return (self.finish(h, a), t + 1, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
+        return (a, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
                 seg_q, seg_k, seg_count, completed, q_land, k_land, q_scaled, k_scaled_t, z64)
 
     def write(self, here, q, k, v, q_ring, k_ring, v_ring):
@@ -120,17 +117,14 @@ class ContinualNystromGraph(StreamGraph):
         return dense(out[0], q_ring, k_ring, v_ring, *out[1:], torch.zeros((), dtype=torch.int64))
 
     def from_slots(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
-        return dense(*self.rebuild(q_land, k_land, q, k_ring, v_ring, n_t))
+        return dense(*self.rebuild(q_land, k_land, q, q_ring, k_ring, v_ring, n_t))
 
     def from_window(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
-        """Warm-up: the segment means of the t + 1 tokens seen (min(m, t + 1) segments)."""
-        if self.m == 1:
-            return self.from_means(n_t, q, q_ring, k_ring, v_ring)
-        return torch.cond(n_t >= self.m, self.from_means, self.few_tokens, (n_t, q, q_ring, k_ring, v_ring))
-
-    def from_means(self, n_t, q, q_ring, k_ring, v_ring):
+        """Warm-up: the segment means of the t + 1 tokens seen, min(m, t + 1) of them; while
+        fewer than m, the others are absent (present_pinv)."""
         ql, kl = self.warmup_means(q_ring, n_t), self.warmup_means(k_ring, n_t)
-        return dense(*self.rebuild(ql, kl, q, k_ring, v_ring, n_t))
+        present = self.landmark_slots < n_t
+        return dense(*self.rebuild(ql, kl, q, q_ring, k_ring, v_ring, n_t, present))
 
     def steady(self, t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num,
                peak, q_land, k_land, q_scaled, k_scaled_t, z64, done, completed):
@@ -145,7 +139,7 @@ class ContinualNystromGraph(StreamGraph):
         key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64 = torch.cond(
             done, self.replace, self.unchanged, operands)
         ref, den, num, peak, stale = refresh(self.slots < n_t, key_scores, v_ring, ref, den, num, peak)
-        a = nystrom_output(q, k_scaled_t, z64, den, num)
+        a = landmark_output(self, q, q_ring, k_scaled_t, z64, den, num)
         return dense(a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t,
                      z64, stale)
 
@@ -166,44 +160,3 @@ class ContinualNystromGraph(StreamGraph):
     def unchanged(self, n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
                   q_scaled, k_scaled_t, z64, completed):
         return dense(key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64)
-
-    def few_tokens(self, n_t, q, q_ring, k_ring, v_ring):
-        """Fewer tokens than landmarks: each token is a landmark (m' = n_t < m), one branch per
-        n_t; the state's landmark tensors are left zero (the next step rebuilds them)."""
-        return self.few_chain(n_t, q, q_ring, k_ring, v_ring)
-
-
-class Pick(nn.Module):
-    """cond(n_t <= c, small, large): the static c of a nested branch kept as a module attribute
-    (a closure's int would be traced as a symbolic size)."""
-
-    def __init__(self, c: int, small, large):
-        super().__init__()
-        self.c, self.small, self.large = c, small, large
-
-    def forward(self, n_t, q, q_ring, k_ring, v_ring):
-        return torch.cond(n_t <= self.c, self.small, self.large, (n_t, q, q_ring, k_ring, v_ring))
-
-
-class TokensAsLandmarks(nn.Module):
-    """Warm-up with c < m tokens: the c tokens are the landmarks (segment means of one token)."""
-
-    def __init__(self, graph: "ContinualNystromGraph", c: int):
-        super().__init__()
-        self.c, self.H, self.n, self.m, self.dh = c, graph.H, graph.n, graph.m, graph.dh
-        self.scale, self.iters = graph.scale, graph.iters
-        self.register_buffer("first", torch.eye(graph.n)[:c].clone())               # (c, n)
-        self.register_buffer("valid", torch.arange(graph.n) < c)
-
-    def forward(self, n_t, q, q_ring, k_ring, v_ring):
-        H, n, m, dh = self.H, self.n, self.m, self.dh
-        ql, kl = torch.matmul(self.first, q_ring), torch.matmul(self.first, k_ring)   # (H, c, dh)
-        z64 = landmark_pinv(ql, kl, self.iters).to(F64)
-        kst = (kl * self.scale).transpose(1, 2)
-        scores = torch.matmul(ql * self.scale, k_ring.transpose(1, 2))               # (H, c, n)
-        _, den, num = fresh_rows(scores, self.valid, v_ring)
-        a = nystrom_output(q, kst, z64, den, num)
-        zeros = lambda *s, dtype=torch.float32: torch.zeros(s, dtype=dtype)  # noqa: E731
-        return dense(a, zeros(H, n, m), zeros(H, m, dtype=F64), zeros(H, m, dtype=F64),
-                     zeros(H, m, dh, dtype=F64), zeros(H, m, dtype=F64), zeros(H, m, dh),
-                     zeros(H, dh, m), zeros(H, m, m, dtype=F64))

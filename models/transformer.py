@@ -280,20 +280,15 @@ class GenreTransformer(nn.Module):
             sda = F.Flops(total.matmul // B, total.other // B)
             if L == 1:
                 return F.one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)
-            else:   # retroactive block (out-proj and tail over n_t tokens), then window-fed block
-                marks = self.blocks[1].attn.sda.landmarks()  # with folded keys and values
-                rows = cfg.heads * (marks[0].shape[1] if marks is not None else 1)
-                first = self.blocks[0].attn.sda          # factored: W_o folded in (mha.py)
-                marks1 = getattr(first.st, "marks", None) if getattr(first, "factored", False) else None
-                out1 = (F.folded_out(n_t, cfg.heads, marks1.q.shape[1], d // cfg.heads, d)
-                        if marks1 is not None else F.linear(d, d, n_t))
-                proj = (F.linear(d, 3 * d, 1) + out1
-                        + F.linear(d, d, 1) + F.folded_kv(rows, n_t, d, d // cfg.heads)
-                        + F.linear(d, d, 1))
-                if self.landmark_mode == "continual":   # block 2's landmarks: segment means, projected
-                    proj = proj + F.ew(n_t * d) + F.linear(d, 2 * d, min(cfg.num_landmarks, n_t))
-                tail = F.block_tail(d, cfg.ff_dim, n_t) + F.block_tail(d, cfg.ff_dim, 1)
-            embed = F.linear(cfg.in_dim, d, 1) + F.ew(d)
+            # retroactive block (out-proj and tail over n_t tokens), then window-fed block
+            marks = self.blocks[1].attn.sda.landmarks()  # with folded keys and values
+            first = self.blocks[0].attn.sda          # factored: W_o folded in (mha.py)
+            marks0 = getattr(first.st, "marks", None) if getattr(first, "factored", False) else None
+            return F.two_block_step(
+                sda, n_t, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes, cfg.heads,
+                factored=marks0.q.shape[1] if marks0 is not None else 0,
+                window_rows=cfg.heads * (marks[0].shape[1] if marks is not None else 1),
+                segment_landmarks=min(cfg.num_landmarks, n_t) if self.landmark_mode == "continual" else 0)
         head = F.linear(d, cfg.num_classes, 1)
         attention = sda + proj
         return {"sda": sda, "attention": attention, "model": attention + tail + embed + head}

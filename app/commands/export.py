@@ -44,7 +44,7 @@ def run(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(json.dumps({"onnx": str(args.onnx), "bytes": Path(args.onnx).stat().st_size,
-                      "kind": exported.kind, "classes": len(exported.classes),
+                      "kind": exported.kind, "blocks": exported.cfg.layers, "classes": len(exported.classes),
                       "state": {n: list(s) for n, s, _ in exported.specs},
                       "check_steps": args.check_steps, "max_logit_difference": worst}))
     return 0

@@ -1,7 +1,7 @@
 """`bench --onnx`: the exported step (ONNX Runtime, CPU provider, one thread) against the torch
 step and the fused step of the same model, batch 1, window full, with the FLOPs of a step and the
 exported file's size: the shipped musicnn models (n = 29) and untrained models of the papers'
-size (d = 192, 16 heads, n = 120, m = 4)."""
+size (d = 192, 16 heads, n = 120, m = 4), with 1 and 2 blocks."""
 from __future__ import annotations
 
 import copy
@@ -22,8 +22,8 @@ ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
 SHIPPED = ("musicnn-continual", "musicnn-continual_nystrom", "musicnn-continual_nystrom-fixed")
 
 
-def paper_model(variant: str, fixed: bool) -> torch.nn.Module:
-    cfg = ModelConfig(variant=variant, in_dim=50, window=120, num_landmarks=4)
+def paper_model(variant: str, fixed: bool, layers: int = 1) -> torch.nn.Module:
+    cfg = ModelConfig(variant=variant, in_dim=50, window=120, num_landmarks=4, layers=layers)
     model = build_model(cfg, seed=0, fused=False).eval()
     if fixed:
         fit_fixed_landmarks(model, torch.randn(4, 120, 50, generator=torch.Generator().manual_seed(0)))
@@ -38,13 +38,15 @@ def models() -> list[tuple[str, object]]:
             return model, payload["classes"], payload["frontend"]
         return build
 
-    def paper(variant, fixed):
-        return lambda: (paper_model(variant, fixed), [str(i) for i in range(10)],
+    def paper(variant, fixed, layers):
+        return lambda: (paper_model(variant, fixed, layers), [str(i) for i in range(10)],
                         {"name": "musicnn", "token_dim": 50, "spacing_hops": 1})
     out = [(f"{name} (trained, n = 29)", shipped(name)) for name in SHIPPED]
-    for variant, fixed in (("continual", False), ("continual_nystrom", False), ("continual_nystrom", True)):
-        label = variant + ("/fixed" if fixed else "/continual" if variant != "continual" else "")
-        out.append((f"{label} (d = 192, n = 120)", paper(variant, fixed)))
+    for layers in (1, 2):
+        for variant, fixed in (("continual", False), ("continual_nystrom", False), ("continual_nystrom", True)):
+            label = variant + ("/fixed" if fixed else "/continual" if variant != "continual" else "")
+            blocks = ", 2 blocks" if layers == 2 else ""
+            out.append((f"{label} (d = 192, n = 120{blocks})", paper(variant, fixed, layers)))
     return out
 
 
@@ -62,7 +64,8 @@ def onnx_bench(steps: int = 2000, budget_s: float = 6.0, only: str = "") -> dict
             paths = {"torch": model, "fused": copy.deepcopy(model).use_fused(True), "onnx": OnnxStep(path)}
             g = torch.Generator().manual_seed(1)
             tokens = torch.rand(4096, 1, model.cfg.in_dim, generator=g)
-            row = {"model": label, "bytes": path.stat().st_size, "window": model.cfg.window}
+            row = {"model": label, "bytes": path.stat().st_size, "window": model.cfg.window,
+                   "blocks": model.cfg.layers, "nodes": graph_nodes(path)}
             for name, m in paths.items():
                 m.reset(1)
                 index = iter(range(10 ** 9))
@@ -72,6 +75,13 @@ def onnx_bench(steps: int = 2000, budget_s: float = 6.0, only: str = "") -> dict
                 row[name] = {"median_us": median, "p95_us": p95, "flops": m.step_flops()}
             rows.append(row)
     return {"rows": rows, "threads": 1, "steps": steps}
+
+
+def graph_nodes(path: Path) -> int:
+    """Nodes of the exported graph's top level (ONNX Runtime dispatches each every step; the
+    nodes inside an If run only when it takes that branch)."""
+    import onnx
+    return len(onnx.load(str(path)).graph.node)
 
 
 def onnx_table(r: dict) -> list[str]:

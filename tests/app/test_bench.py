@@ -59,6 +59,7 @@ def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_
     r = onnx_bench(steps=20, budget_s=0.2, only="musicnn-continual (")
     (row,) = r["rows"]
     assert row["model"] == "musicnn-continual (trained, n = 29)" and row["bytes"] > 1e6
+    assert row["blocks"] == 1 and 20 < row["nodes"] < 200      # the graph's top level
     for path in ("torch", "fused", "onnx"):
         assert row[path]["median_us"] > 0 and row[path]["p95_us"] >= row[path]["median_us"]
     assert row["onnx"]["flops"] == row["torch"]["flops"] == row["fused"]["flops"]   # the same step
@@ -67,6 +68,7 @@ def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_
     ratio = row["torch"]["median_us"] / row["onnx"]["median_us"]
     assert f"| musicnn-continual (trained, n = 29) | {row['torch']['flops']['model'] / 1e3:.0f}k |" in page.read_text()
     assert f"{ratio:.2f}x / " in page.read_text()
+    assert f"with one block, it took {row['onnx']['median_us'] / row['fused']['median_us']:.1f} to " in page.read_text()
 
 
 def test_paired_medians_time_each_function_in_alternating_blocks():

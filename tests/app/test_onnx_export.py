@@ -48,27 +48,52 @@ def musicnn_stream(shared: Path, steps: int) -> torch.Tensor:
     return torch.as_tensor(X, dtype=torch.float32).unsqueeze(1)
 
 
-def events_of(model) -> tuple[int, int]:
-    """(rebuilt, landmark replaced) of the torch step just taken."""
+def events_of(model) -> tuple[int, int, int]:
+    """(rebuilt, landmark replaced, rows refreshed) of the torch step just taken (block 0)."""
     report = model.blocks[0].attn.sda.report
-    return int(report.event == "rebuild"), int(report.event == "landmark")
+    return int(report.event == "rebuild"), int(report.event == "landmark"), report.rows_refreshed
 
 
 @pytest.mark.parametrize("name", ["musicnn-continual", "musicnn-continual_nystrom",
                                   "musicnn-continual_nystrom-fixed"])
 def test_the_exported_step_equals_the_torch_step_for_1000_steps(name, tmp_path, capsys, errors, request):
-    out = export(MODELS / f"{name}.pt", tmp_path / "m.onnx", capsys)
-    model, payload = load_checkpoint(MODELS / f"{name}.pt", fused=False)
+    check_parity(name, MODELS / f"{name}.pt", tmp_path, capsys, errors, request)
+
+
+@pytest.mark.parametrize("variant", ["continual", "continual_nystrom", "continual_nystrom-fixed"])
+def test_a_2_block_export_equals_the_torch_step_for_1000_steps(variant, tmp_path, capsys, errors, request):
+    """Block 0 retroactive, block 1 fed its whole window: the shipped models' shape with 2
+    blocks, seeded weights; fixed landmarks fitted (k-means) on a stream of the same scale."""
+    from models.checkpoint import save_checkpoint
+    from models.landmarks import fit_fixed_landmarks
+    from models.transformer import build_model
+    shipped, payload = load_checkpoint(MODELS / "musicnn-continual_nystrom.pt", fused=False)
+    cfg = shipped.cfg.replace(variant=variant.split("-")[0], layers=2)
+    model = build_model(cfg, seed=0, fused=False).eval()
+    if variant.endswith("fixed"):
+        n = cfg.window
+        fit_fixed_landmarks(model, swinging_stream(n * 34, cfg.in_dim, 1).view(34, n, cfg.in_dim))
+    save_checkpoint(model, tmp_path / "two.pt", classes=payload["classes"], frontend=payload["frontend"])
+    check_parity(f"2-block {variant}", tmp_path / "two.pt", tmp_path, capsys, errors, request)
+
+
+def check_parity(name: str, checkpoint: Path, tmp_path, capsys, errors, request) -> None:
+    """ONNX Runtime and the float32 torch step against the float64 torch step, every step of
+    both streams; the events and the FLOPs the exported step reports are the torch step's."""
+    out = export(checkpoint, tmp_path / "m.onnx", capsys)
+    model, payload = load_checkpoint(checkpoint, fused=False)
     exact = copy.deepcopy(model).double()
     onnx = OnnxStep(tmp_path / "m.onnx")
-    assert (list(onnx.classes), onnx.frontend, onnx.cfg) == (payload["classes"], payload["frontend"], model.cfg)
-    assert out["kind"] == onnx.kind and out["max_logit_difference"] < 1e-3
-    streams = {"20x swing": swinging_stream(STEPS, model.cfg.in_dim, 0)}
+    cfg = model.cfg
+    assert (list(onnx.classes), onnx.frontend, onnx.cfg) == (payload["classes"], payload["frontend"], cfg)
+    assert out["kind"] == onnx.kind and out["blocks"] == cfg.layers and out["max_logit_difference"] < 1e-3
+    streams = {"20x swing": swinging_stream(STEPS, cfg.in_dim, 0)}
     shared = ROOT.parent / "shared" / "data"
     if shared.is_dir():
         streams["musicnn tokens"] = musicnn_stream(shared, STEPS)
     elif request.config.getoption("--margins") is None:
         print("shared data absent: the musicnn-token stream is not run")
+    stages = STAGES * cfg.layers
     for label, tokens in streams.items():
         for m in (model, exact, onnx):
             m.reset(1)
@@ -77,23 +102,39 @@ def test_the_exported_step_equals_the_torch_step_for_1000_steps(name, tmp_path, 
             want = exact.step(x.double())
             # the error model: float32 stages against float64, relative to the output's scale,
             # with this window's largest score and its n terms
-            window = tokens[max(0, t + 1 - model.cfg.window):t + 1].transpose(0, 1).double()
-            tol = relative_tol(model_scores(exact, window, exact.window_start()), model.cfg.window, STAGES)
+            window = tokens[max(0, t + 1 - cfg.window):t + 1].transpose(0, 1).double()
+            tol = relative_tol(model_scores(exact, window, exact.window_start()), cfg.window, stages)
             scale = max(1.0, want.abs().max().item())
             for path, got in (("onnx", onnx.step(x)), ("torch", model.step(x))):
                 err = (got.double() - want).abs().max().item() / scale
                 if err / tol > worst[path][0] / worst[path][1]:
                     worst[path] = (err, tol)
-            rebuilt, landmark = events_of(model)
+            rebuilt, landmark, refreshed = events_of(model)
             if onnx.landmark_mode == "continual":     # warm-up rebuilds and replacements, as torch
                 assert (int(onnx._events[0]), int(onnx._events[1])) == (rebuilt, landmark), (label, t)
-            else:                                     # fixed: no event (torch sets its rows up at t = 0)
+            else:                                     # no event (torch sets its rows up at t = 0)
                 assert int(onnx._events[0]) == int(onnx._events[1]) == landmark == 0, (label, t)
+            assert int(onnx._events[2]) == refreshed, (label, t)       # the same stale rows
+            assert flops_apart(onnx, model) in (0, rescale_flops(model)), (label, t)
             replaced += landmark
         for path, (err, tol) in worst.items():
             errors(f"{name} {label}: {path} vs float64", err, tol)
         if onnx.landmark_mode == "continual":                        # one landmark every n/m tokens
-            assert replaced >= (STEPS - model.cfg.window) // (model.cfg.window // model.cfg.num_landmarks + 1)
+            assert replaced >= (STEPS - cfg.window) // (cfg.window // cfg.num_landmarks + 1)
+
+
+def flops_apart(onnx, model) -> int:
+    return onnx.step_flops()["model"] - model.step_flops()["model"]
+
+
+def rescale_flops(model) -> int:
+    """What the exported step's branch-free rescale adds where the torch step skipped it: the
+    running-max rescale of every row of block 0 (none in single-output continual SDA)."""
+    from models import flops as F
+    cfg = model.cfg
+    dh, n_t = cfg.d_model // cfg.heads, min(model._t, cfg.window)
+    rows = cfg.num_landmarks if cfg.variant == "continual_nystrom" else n_t if cfg.layers == 2 else 0
+    return cfg.heads * (F._add_key(rows, dh, True).total - F._add_key(rows, dh, False).total)
 
 
 def test_export_refuses_what_has_no_explicit_state_step_with_one_line(tmp_path, capsys):
@@ -102,13 +143,6 @@ def test_export_refuses_what_has_no_explicit_state_step_with_one_line(tmp_path, 
         assert main(["export", "--checkpoint", str(MODELS / f"{name}.pt"), "--onnx", str(tmp_path / "x.onnx")]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0] and "exportable: continual, continual_nystrom" in err[0]
-    from models.checkpoint import save_checkpoint
-    from tiny import tiny_model
-    two = tiny_model("continual", n=8, in_dim=50, layers=2)
-    save_checkpoint(two, tmp_path / "two.pt", classes=[f"g{i}" for i in range(two.cfg.num_classes)])
-    assert main(["export", "--checkpoint", str(tmp_path / "two.pt"), "--onnx", str(tmp_path / "x.onnx")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "a 2-block model (retroactive, then single-output) has no explicit-state graph" in err[0]
     assert main(["export", "--checkpoint", str(tmp_path / "missing.pt"), "--onnx", str(tmp_path / "x.onnx")]) == 1
     assert capsys.readouterr().err.strip() == f"error: checkpoint not found: {tmp_path / 'missing.pt'}"
     assert not (tmp_path / "x.onnx").exists()
