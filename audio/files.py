@@ -11,15 +11,32 @@ from pathlib import Path
 from typing import BinaryIO
 
 
+def temporary_path(path: Path) -> Path:
+    """The name a write to ``path`` goes through (``.NAME.PID.tmp`` beside it; an error that
+    names it is reported with ``path``, app/runtime/faults.asked_for)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     """``write(f)`` into a temporary file, then make it ``path`` atomically and durably."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
+    def save(tmp: Path) -> None:
         with open(tmp, "wb") as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
+    return atomic_save(path, save)
+
+
+def atomic_save(path: str | Path, save: Callable[[Path], None]) -> Path:
+    """``save(tmp)`` writes the file at a temporary path (a library that takes a file name),
+    which is then fsynced and renamed to ``path``; nothing is left of a failed write."""
+    path = Path(path)
+    tmp = temporary_path(path)
+    try:
+        save(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

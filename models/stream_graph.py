@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
 
+from .landmarks import aligned_segments
 from .running_sums import TAU, fresh_sums
 from .sda.reference import landmark_pinv, pinv
 
@@ -198,6 +199,33 @@ def present_pinv(ql: Tensor, kl: Tensor, present: Tensor, iters: int) -> Tensor:
     kernel = torch.softmax(masked(logits, present), dim=-1)
     eye = torch.eye(ql.shape[1], dtype=F64)
     return pinv(torch.where(present.view(1, -1, 1), kernel, eye), iters).to(ql.dtype)
+
+
+class SegmentMeans(nn.Module):
+    """Means of the stream-aligned segments of a window kept in ring order (slot t % n holds
+    the t-th token): models/landmarks.aligned_segments, mapped once, at export, to the ring slot
+    of every window position for every count of tokens seen (while the window fills, position
+    = slot; after, the pattern repeats every n tokens)."""
+
+    def __init__(self, n: int, m: int):
+        super().__init__()
+        self.n = n
+        table = torch.full((2 * n, n), -1, dtype=torch.int64)          # -1: in no segment
+        for seen in range(1, 2 * n):
+            row = seen if seen < n else n + seen % n
+            for i, (a, b) in enumerate(aligned_segments(seen, n, m)):
+                for w in range(a, b):
+                    table[row, (seen + w) % n if seen >= n else w] = i
+        self.register_buffer("table", table)
+        self.register_buffer("rows", torch.arange(m).view(m, 1))
+
+    def forward(self, x: Tensor, seen: Tensor) -> tuple[Tensor, Tensor]:
+        """x (..., n, d) in ring order, ``seen`` () tokens -> means (..., m, d), zero rows for
+        the landmarks not there yet (fewer than m tokens seen), and present (m,)."""
+        row = torch.where(seen < self.n, seen, self.n + seen % self.n)
+        member = (torch.index_select(self.table, 0, row.view(1)) == self.rows).to(x.dtype)   # (m, n)
+        count = member.sum(dim=-1, keepdim=True)
+        return torch.matmul(member, x) / torch.clamp(count, min=1), count.view(-1) > 0
 
 
 def masked(logits: Tensor, present: Tensor | None) -> Tensor:

@@ -8,8 +8,8 @@ from torch import Tensor
 
 from .landmarks import segment_sizes
 from .sda.reference import landmark_pinv
-from .stream_graph import (F64, StateTensor, StreamGraph, dense, fresh_rows, landmark_output,
-                           present_pinv, refresh, slide)
+from .stream_graph import (F64, SegmentMeans, StateTensor, StreamGraph, dense, fresh_rows,
+                           landmark_output, present_pinv, refresh, slide)
 
 
 class ContinualNystromGraph(StreamGraph):
@@ -25,7 +25,7 @@ class ContinualNystromGraph(StreamGraph):
         super().__init__(model, block)
         self.m, self.iters = self.attn.num_landmarks, self.attn.pinv_iters
         self.register_buffer("sizes", torch.tensor(segment_sizes(self.n, self.m)))
-        self.register_buffer("landmark_slots", torch.arange(self.m))
+        self.warmup_means = SegmentMeans(self.n, self.m)
 
     def state_spec(self) -> list[StateTensor]:
         H, n, m, dh = self.H, self.n, self.m, self.dh
@@ -61,16 +61,6 @@ class ContinualNystromGraph(StreamGraph):
         seg_q, seg_k = torch.where(done, zero, seg_q), torch.where(done, zero, seg_k)
         seg_count = torch.where(done, torch.zeros_like(seg_count), seg_count)
         return seg_q, seg_k, seg_count, completed + done.to(completed.dtype), q_land, k_land, done
-
-    def warmup_means(self, x: Tensor, n_t: Tensor) -> Tensor:
-        """Means of min(m, n_t) segments of the first n_t slots of x (H, n, dh) (segment_means),
-        zeros in the rows of the landmarks not yet there (n_t < m: one token each)."""
-        m, j = self.m, self.slots
-        base, extra = n_t // m, n_t % m
-        bound = extra * (base + 1)
-        seg = torch.where(j < bound, j // (base + 1), extra + (j - bound) // torch.clamp(base, min=1))
-        member = ((seg.view(1, -1) == torch.arange(m).view(-1, 1)) & (j < n_t).view(1, -1)).to(x.dtype)
-        return torch.matmul(member, x) / torch.clamp(member.sum(dim=-1, keepdim=True), min=1)
 
     def rebuild(self, ql, kl, q, q_ring, k_ring, v_ring, n_t, present=None):
         """Landmarks, pseudo-inverse and every row from scratch over the window's n_t slots."""
@@ -122,8 +112,7 @@ class ContinualNystromGraph(StreamGraph):
     def from_window(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
         """Warm-up: the segment means of the t + 1 tokens seen, min(m, t + 1) of them; while
         fewer than m, the others are absent (present_pinv)."""
-        ql, kl = self.warmup_means(q_ring, n_t), self.warmup_means(k_ring, n_t)
-        present = self.landmark_slots < n_t
+        (ql, present), (kl, _) = self.warmup_means(q_ring, n_t), self.warmup_means(k_ring, n_t)
         return dense(*self.rebuild(ql, kl, q, q_ring, k_ring, v_ring, n_t, present))
 
     def steady(self, t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num,

@@ -4,8 +4,8 @@ query of the window updated each step, models/stream_graph.py and stream_graph_l
 
 Block 0's window lives in ring order: slot t % n holds the t-th token. Block 1's attention needs
 no order of its keys (a softmax over them, sums weighted by it); its continual landmarks do: the
-stream-aligned segments of models/landmarks.aligned_segments, which ``LandmarkWindow`` maps from
-window positions to ring slots once, for every phase of the stream, at export. Block 1's keys
+stream-aligned segments of models/landmarks.aligned_segments, mapped to ring slots at export
+(stream_graph.SegmentMeans). Block 1's keys
 and values are never formed: its products go through the window with the projections folded in,
 as models/sda/window.FoldedKeyValues does. Its only state is block 0's: the window of inputs for
 the residuals (``x_ring``) is the one piece this module adds.
@@ -16,9 +16,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
 
-from .landmarks import aligned_segments
 from .sda.reference import landmark_pinv
-from .stream_graph import NotExportable, StateTensor, StreamGraph, masked, present_pinv
+from .stream_graph import (NotExportable, SegmentMeans, StateTensor, StreamGraph, masked,
+                           present_pinv)
 
 
 class TwoBlockGraph(nn.Module):
@@ -134,28 +134,13 @@ class LandmarkWindow(WindowAttention):
 
     def __init__(self, model):
         super().__init__(model)
-        n, m = self.n, self.attn.num_landmarks
-        self.m, self.iters = m, self.attn.pinv_iters
-        # segment of every ring slot (-1: none), for t + 1 tokens seen: row t + 1 while the
-        # window fills (ring slot = window position), row n + (t + 1) % n after
-        table = torch.full((2 * n, n), -1, dtype=torch.int64)
-        for seen in range(1, 2 * n):
-            row = seen if seen < n else n + seen % n
-            for i, (a, b) in enumerate(aligned_segments(seen, n, m)):
-                for w in range(a, b):
-                    table[row, (seen + w) % n if seen >= n else w] = i
-        self.register_buffer("segments", table)
-        self.register_buffer("rows", torch.arange(m).view(m, 1))
+        self.m, self.iters = self.attn.num_landmarks, self.attn.pinv_iters
+        self.segment_means = SegmentMeans(self.n, self.m)
 
     def forward(self, t: Tensor, xw: Tensor, x_new: Tensor) -> Tensor:
         """Fewer than m tokens seen: one landmark each, the others absent (present_pinv)."""
         seen = t + 1
-        row = torch.where(seen < self.n, seen, self.n + seen % self.n)
-        seg = torch.index_select(self.segments, 0, row.view(1))                 # (1, n)
-        member = (seg == self.rows).to(xw.dtype)                               # (m, n)
-        count = member.sum(dim=-1, keepdim=True)
-        means = torch.matmul(member, xw) / torch.clamp(count, min=1)           # (m, d)
-        present = count.view(-1) > 0
+        means, present = self.segment_means(xw, seen)                          # (m, d), (m,)
         H, dh, d = self.H, self.dh, self.d
         qk = nnf.linear(means, self.attn.in_proj.weight[:2 * d], self.attn.in_proj.bias[:2 * d])
         ql = qk[:, :d].reshape(self.m, H, dh).transpose(0, 1)                   # (H, m, dh)

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from app.runtime.faults import resource_message
+from audio.files import temporary_path
 from models.config import MAX_WINDOW
 
 
@@ -54,7 +55,7 @@ def writable_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file name")
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"folder {folder} does not exist (create it first)")
-    creatable(folder / f".{path.name}.{os.getpid()}.tmp", text)   # the atomic writers' name
+    creatable(temporary_path(folder / path.name), text)      # the name atomic writes go through
     if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text} cannot be written: permission denied")
     return text

@@ -195,13 +195,14 @@ class MainWindow(QMainWindow):
         Runtime); it must have been trained on the chosen front end's tokens."""
         try:
             if path.endswith(".onnx"):
-                entry = load_onnx(path, self.frontend_name)
+                entry = load_onnx(path, self.frontend_name)              # named onnx:<key>
             else:
                 entry = load_trained(path, self.frontend_name, self.device)
+                entry.name = entry.model.cfg.key
         except (CheckpointError, OnnxModelError) as e:
             self.show_error(f"Cannot load checkpoint: {with_hint(e)}")
             return False
-        entry.name = f"{entry.name if path.endswith('.onnx') else entry.model.cfg.key} [{Path(path).stem}]"
+        entry.name = f"{entry.name} [{Path(path).stem}]"
         self.checkpoint_models[entry.name] = entry
         if self.running:
             self._add(entry.name, entry)

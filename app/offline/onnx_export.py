@@ -12,12 +12,12 @@ import contextlib
 import io
 import json
 import logging
-import os
 import warnings
 from pathlib import Path
 
 import torch
 
+from audio.files import atomic_save
 from models.stream_graph import (EXPORTABLE, ContinualGraph, FixedNystromGraph, NotExportable,
                                  RetroactiveGraph, StreamGraph)
 from models.stream_graph_landmarks import ContinualNystromGraph
@@ -47,8 +47,8 @@ def stream_graph(model) -> "StreamGraph | TwoBlockGraph":
 
 def export_onnx(model, path: str | Path, *, classes: list[str], frontend: dict,
                 metadata: dict | None = None) -> dict:
-    """Write ``model``'s step graph to ``path`` (written beside it, then renamed); returns the
-    metadata it carries. NotExportable for a model without an explicit-state step."""
+    """Write ``model``'s step graph to ``path`` (audio.files.atomic_save: beside it, fsynced,
+    renamed); returns the metadata it carries. NotExportable for a model without an explicit-state step."""
     path = Path(path)
     graph = stream_graph(model.cpu().eval()).eval()
     spec = graph.state_spec()
@@ -68,12 +68,7 @@ def export_onnx(model, path: str | Path, *, classes: list[str], frontend: dict,
                                     optimize=True)
     drop_stack_traces(program.model)
     program.model.metadata_props.update(meta)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        program.save(str(tmp))
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic_save(path, lambda tmp: program.save(str(tmp)))
     return meta
 
 

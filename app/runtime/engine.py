@@ -58,6 +58,7 @@ class Slot:
     trained: bool                # weights from a trained checkpoint
     spacing: int = 1             # hops between the tokens the model is fed
     classes: tuple[str, ...] = GENRES   # class names (a checkpoint's own)
+    device: torch.device = torch.device("cpu")   # where the model computes (its tokens go there)
 
 
 class NonFiniteOutputError(ArithmeticError):
@@ -125,8 +126,9 @@ class Engine:
             raise EngineError(f"{name} has {model.cfg.num_classes} outputs but {len(classes)} class names")
         if spacing > 1:
             model = InterleavedStreams(model, spacing)
-        model.use_fused(self.fused and default_fused(device_of(model)))
-        return Slot(model.eval(), trained, spacing, classes)
+        device = device_of(model)
+        model.use_fused(self.fused and default_fused(device))
+        return Slot(model.eval(), trained, spacing, classes, device)
 
     # ------------------------------------------------------------------ control (any thread)
     def add_model(self, name: str, model, trained: bool = False, *, spacing: int | None = 1,
@@ -344,7 +346,7 @@ class Engine:
         for name, slot in self.slots.items():
             model = slot.model
             t0 = time.perf_counter()
-            logits = model.step(token.to(device_of(model)))
+            logits = model.step(token.to(slot.device))
             p = torch.softmax(logits[0].float(), dim=-1).cpu()      # .cpu() waits for CUDA
             latency = (time.perf_counter() - t0) * 1e3
             probabilities = [round(x, 6) for x in p.tolist()]

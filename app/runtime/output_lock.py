@@ -6,6 +6,7 @@ network and FUSE mounts answer ENOLCK or EOPNOTSUPP) gets a one-line note and no
 file is removed at the end; a run that locked a file just removed tries again on the new one."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sys
@@ -57,8 +58,10 @@ def take(lock: Path, path) -> int | None:
             os.close(fd)
             raise OutputLocked(f"{path} is being written by {holder}; wait for it to finish, or stop "
                                f"it, then run this again") from None
-        except OSError as e:                   # ENOLCK, EOPNOTSUPP: no locks on this file system
+        except OSError as e:
             os.close(fd)
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):
+                raise
             print(f"# {lock}: this file system does not lock files ({e.strerror}); two runs on "
                   f"{path} at once would not be detected", file=sys.stderr)
             return None
