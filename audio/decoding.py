@@ -27,6 +27,11 @@ from .errors import AudioFileError
 from .melspec import SAMPLE_RATE
 
 BLOCK_SECONDS = 2.0         # read this much of the file at a time
+BLOCK_SAMPLES = 1 << 22     # and at most this many samples (all channels) a block
+MIN_RATE, MAX_RATE = 1_000, 768_000      # Hz a header may claim
+MAX_CHANNELS = 64
+MAX_SECONDS = 24 * 3600     # a file streamed hop by hop (classify, the window): its length costs no memory
+MAX_WHOLE_SECONDS = 3600    # a file held whole (offline tokens, accuracy, formats only librosa reads)
 
 
 @dataclass
@@ -100,7 +105,7 @@ def probe(path: str | Path) -> AudioFile:
     if size == 0:
         raise AudioFileError(f"{path} is empty (0 bytes)")
     try:
-        with sf.SoundFile(str(path)) as f:
+        with sf.SoundFile(os.fsencode(path)) as f:     # bytes: a name need not be UTF-8
             found = AudioFile(path, int(f.samplerate), int(f.channels), int(f.frames))
     except Exception as sf_error:  # noqa: BLE001 - soundfile raises several types
         data, rate = _decode_with_librosa(path, sf_error)
@@ -108,9 +113,26 @@ def probe(path: str | Path) -> AudioFile:
     found.stamp = stamp(st)
     if found.frames == 0:
         raise AudioFileError(f"{path} contains no audio samples")
-    if found.input_rate < 1:
-        raise AudioFileError(f"{path} declares a sample rate of {found.input_rate} Hz")
+    check_claims(path, found.input_rate, found.channels, found.frames, MAX_SECONDS)
     return found
+
+
+def check_claims(path, rate: int, channels: int, frames: int, max_seconds: float) -> None:
+    """What a header claims, within what any real recording has; AudioFileError otherwise (a
+    crafted header would otherwise size buffers of gigabytes)."""
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioFileError(f"{path} declares a sample rate of {rate:,} Hz; audio here is "
+                             f"{MIN_RATE:,}..{MAX_RATE:,} Hz")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise AudioFileError(f"{path} declares {channels:,} channels; at most {MAX_CHANNELS} are read")
+    if frames > max_seconds * rate:
+        raise AudioFileError(f"{path} declares {frames / rate / 3600:,.1f} hours of audio, over the "
+                             f"{max_seconds / 3600:g} h read here")
+
+
+def block_frames(audio: "AudioFile") -> int:
+    """Frames a read takes: BLOCK_SECONDS of audio, at most BLOCK_SAMPLES samples."""
+    return max(1, min(int(audio.input_rate * BLOCK_SECONDS), BLOCK_SAMPLES // audio.channels))
 
 
 def stamp(st: os.stat_result) -> tuple:
@@ -143,11 +165,10 @@ def modified_in_place(audio: AudioFile) -> bool:
 def stream(audio: AudioFile, stats: SourceStats) -> Iterator[np.ndarray]:
     """The file as consecutive 16 kHz mono float32 chunks (about BLOCK_SECONDS each);
     AudioFileError if the file is not the one ``probe`` checked, or changes while it is read."""
-    import soundfile as sf
 
     rs = (soxr.ResampleStream(audio.input_rate, SAMPLE_RATE, 1, dtype="float32")
           if audio.input_rate != SAMPLE_RATE else None)
-    block = max(1, int(audio.input_rate * BLOCK_SECONDS))
+    block = block_frames(audio)
     if audio.whole is not None:
         blocks = (audio.whole[i:i + block] for i in range(0, len(audio.whole), block))
         yield from _resampled(blocks, rs, stats)
@@ -177,7 +198,7 @@ def _open_checked(audio: AudioFile):
     change = changed_since_probe(audio)
     if change is None:
         try:
-            f = sf.SoundFile(str(audio.path))
+            f = sf.SoundFile(os.fsencode(audio.path))
         except Exception as e:  # noqa: BLE001 - soundfile raises several types
             change = f"it can no longer be read ({reason(e)})"
         else:
@@ -207,12 +228,38 @@ def decode_file(path: str | Path, stats: SourceStats | None = None) -> tuple[np.
     """A whole file -> (16 kHz mono float32, info), for the offline paths (token files): the
     result is held, the file's native samples are not."""
     audio = probe(path)
-    out = np.empty(audio.samples, dtype=np.float32)
-    n = 0
+    check_claims(path, audio.input_rate, audio.channels, audio.frames, MAX_WHOLE_SECONDS)
+    chunks, n, limit = [], 0, audio.samples           # sized from what is read, never from the claim
     for chunk in stream(audio, stats if stats is not None else SourceStats()):
-        out[n:n + len(chunk)] = chunk[:len(out) - n]
-        n += len(chunk)
-    return out[:n], audio.info()
+        chunks.append(chunk[:limit - n])
+        n += len(chunks[-1])
+        if n >= limit:
+            break
+    return (np.concatenate(chunks) if chunks else np.zeros(0, np.float32)), audio.info()
+
+
+def read_native(path: str | Path) -> tuple[np.ndarray, int]:
+    """A whole file at its own rate, (frames, channels) float32, and the rate: blocks read and
+    joined (memory from what is read, at most MAX_WHOLE_SECONDS), for the offline musicnn grid."""
+    audio = probe(path)
+    check_claims(path, audio.input_rate, audio.channels, audio.frames, MAX_WHOLE_SECONDS)
+    if audio.whole is not None:
+        return audio.whole, audio.input_rate
+    blocks, n = [], 0
+    with _open_checked(audio) as f:
+        while n < audio.frames:
+            try:
+                x = f.read(min(block_frames(audio), audio.frames - n), dtype="float32", always_2d=True)
+            except Exception as e:  # noqa: BLE001 - a file damaged after its header
+                raise AudioFileError(f"{audio.path} is corrupt or truncated after "
+                                     f"{n / audio.input_rate:.1f} s ({reason(e)})") from e
+            if len(x) == 0:
+                break
+            blocks.append(x)
+            n += len(x)
+    if not blocks:
+        raise AudioFileError(f"{path} contains no audio samples")
+    return np.concatenate(blocks), audio.input_rate
 
 
 def _decode_with_librosa(path: Path, first_error: Exception):
@@ -223,7 +270,11 @@ def _decode_with_librosa(path: Path, first_error: Exception):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            data, rate = librosa.load(str(path), sr=None, mono=False)
+            rate = int(librosa.get_samplerate(str(path)))
+            check_claims(path, rate, 1, 0, MAX_WHOLE_SECONDS)
+            data, rate = librosa.load(str(path), sr=None, mono=False, duration=MAX_WHOLE_SECONDS)
+    except AudioFileError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise AudioFileError(f"cannot decode {path}: not audio, corrupt or truncated, or a "
                              f"format without a decoder here (soundfile: {reason(first_error)}; "

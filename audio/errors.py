@@ -3,8 +3,22 @@ what to do next in the window (the CLI's messages already name the option to use
 
 
 class AudioError(Exception):
-    """Base class: anything wrong with an audio source or the embedding model."""
+    """Base class: anything wrong with an audio source or the embedding model. The message is
+    made printable: a file name that is not UTF-8 shows its bytes as ``\\xff``, control
+    characters as escapes, so it prints, logs and saves anywhere."""
     hint = ""
+
+    def __init__(self, *args):
+        super().__init__(*(printable(a) if isinstance(a, str) else a for a in args))
+
+
+def printable(text: str) -> str:
+    """``text`` with undecodable bytes (surrogates) and control characters as backslash escapes."""
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class AudioFileError(AudioError):

@@ -3,12 +3,31 @@ directory fsynced, so that a crash or a full disk leaves the old file or the new
 part of one. Used for token files and parts, manifests and reports (checkpoints: models/checkpoint.py)."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from .errors import AudioError
+
+
+class UnsafePathError(AudioError):
+    """A folder the app writes into that is a link (it would write through it elsewhere)."""
+
+
+def own_folder(folder: Path) -> Path:
+    """``folder`` made if absent; refused (UnsafePathError) if it is a link or not a folder."""
+    if folder.is_symlink():
+        raise UnsafePathError(f"{folder} is a link; the app writes its parts only into a folder of "
+                              f"its own: remove the link, then run this again")
+    folder.mkdir(parents=True, exist_ok=True)
+    if not folder.is_dir() or folder.is_symlink():
+        raise UnsafePathError(f"{folder} is not a folder: remove it, then run this again")
+    return folder
 
 
 def temporary_path(path: Path) -> Path:
@@ -17,23 +36,50 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()      # what the finished file gets (the temporary is 0600)
+
+
+def exclusive(tmp: Path) -> int:
+    """Create ``tmp`` for writing: a new regular file (O_EXCL: never one that exists, O_NOFOLLOW:
+    never through a link), mode 0600 while it is written. A leftover of a crashed run with the
+    same process id, or a link planted in its place, is removed (the link, not its target) first."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(tmp, flags, 0o600)
+    except FileExistsError:
+        os.unlink(tmp)
+        return os.open(tmp, flags, 0o600)
+
+
 def atomic_write(path: str | Path, write: Callable[[BinaryIO], None]) -> Path:
     """``write(f)`` into a temporary file, then make it ``path`` atomically and durably."""
     def save(tmp: Path) -> None:
-        with open(tmp, "wb") as f:
+        with os.fdopen(exclusive(tmp), "wb") as f:
             write(f)
-    return atomic_save(path, save)
+    return atomic_save(path, save, created=True)
 
 
-def atomic_save(path: str | Path, save: Callable[[Path], None]) -> Path:
-    """``save(tmp)`` writes the file at a temporary path (a library that takes a file name),
-    which is then fsynced and renamed to ``path``; nothing is left of a failed write."""
+def atomic_save(path: str | Path, save: Callable[[Path], None], created: bool = False) -> Path:
+    """``save(tmp)`` writes the file at a temporary path (a library that takes a file name; the
+    temporary is created here first, see ``exclusive``, unless ``created``), which is then
+    fsynced, given the usual mode and renamed to ``path``; nothing is left of a failed write."""
     path = Path(path)
     tmp = temporary_path(path)
     try:
+        if not created:
+            os.close(exclusive(tmp))
         save(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, f"{tmp} is not a regular file")
+            os.fchmod(fd, FILE_MODE)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -46,7 +92,8 @@ def atomic_save(path: str | Path, save: Callable[[Path], None]) -> Path:
 
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    return atomic_write(path, lambda f: f.write(text.encode()))
+    """UTF-8; a name that is not UTF-8 (surrogates from the file system) keeps its bytes."""
+    return atomic_write(path, lambda f: f.write(text.encode("utf-8", "surrogateescape")))
 
 
 def atomic_write_json(path: str | Path, data, indent: int | None = 1) -> Path:

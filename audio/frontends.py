@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from . import melspec, musicnn_mel
-from .errors import AudioFileError
 
 FRONTENDS = ("musicnn", "vggish")
 DEFAULT_FRONTEND = "musicnn"
@@ -162,18 +161,8 @@ class _MusicnnStream:
 def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:
     """(mono float32 at the file's own rate, rate, info), as librosa.load(sr=None) gave it:
     channels averaged in float32. Non-finite samples are zeroed (counted in info)."""
-    import soundfile as sf
-    path = Path(path)
-    if not path.is_file():
-        raise AudioFileError(f"{path}: no such file")
-    try:
-        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
-    except Exception:  # noqa: BLE001 - formats soundfile lacks: the general decoder
-        from .decoding import decode_file
-        signal, info = decode_file(path)
-        return signal, melspec.SAMPLE_RATE, info
-    if len(data) == 0:
-        raise AudioFileError(f"{path} contains no audio samples")
+    from .decoding import read_native
+    data, rate = read_native(path)                    # header claims checked, sized from what is read
     mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0].copy()
     bad = ~np.isfinite(mono)
     mono[bad] = 0.0

@@ -8,6 +8,8 @@ skipped files, source). The musicnn GTZAN taggrams convert to the same format.
 from __future__ import annotations
 
 import json
+import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +19,11 @@ from .errors import AudioError
 from .files import atomic_write
 
 KEYS = ("X", "lengths", "labels", "ids", "genres", "split", "metadata")
+MAX_BYTES = 2 << 30         # every array of a token file, as declared (GTZAN's VGGish tokens: 61 MB)
+MAX_CLASSES = 1000          # labels of a file that names no genres must lie below this
+MAX_TEXT = {"ids": 1024, "genres": 64, "split": 8, "metadata": 1 << 22}    # characters per entry
+KINDS = {"X": "f", "lengths": "iu", "labels": "iuf", "ids": "U", "genres": "U", "split": "U", "metadata": "U"}
+NDIM = {"X": 3, "lengths": 1, "labels": 1, "ids": 1, "genres": 1, "split": 1, "metadata": 0}
 
 
 class TokenFileError(AudioError):
@@ -72,6 +79,8 @@ def check_names(what: str, names, unique: bool) -> None:
             raise TokenFileError(f"{what}[{i}] is not valid UTF-8: {ascii(name)}") from None
         if not name.strip():
             raise TokenFileError(f"{what}[{i}] is empty")
+        if not name.isprintable():
+            raise TokenFileError(f"{what}[{i}] holds control characters: {ascii(name)[:60]}")
     if unique and len(set(names)) != len(names):
         twice = next(n for n in names if list(names).count(n) > 1)
         raise TokenFileError(f"{what} names {twice!r} twice")
@@ -109,11 +118,56 @@ def save_tokens(path: str | Path, tokens: TokenSet) -> None:
         metadata=np.array(metadata)))
 
 
+def array_headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """name -> (shape, dtype) of each array of an .npz, read from the .npy headers alone (no data)."""
+    headers = {}
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version not in ((1, 0), (2, 0)):
+                    raise TokenFileError(f"array {info.filename[:40]!r} has .npy format {version}, not 1.0 or 2.0")
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+            if math.prod(shape) * dtype.itemsize > info.file_size:
+                raise TokenFileError(f"array {info.filename[:40]!r} declares shape {shape} of {dtype}, "
+                                     f"more than its {info.file_size:,} bytes")
+            headers[info.filename[:-4]] = (tuple(shape), dtype)
+    return headers
+
+
+def check_headers(headers: dict) -> None:
+    """Shapes, dtypes and sizes a token file may declare; TokenFileError (one line) else."""
+    for key, (shape, dtype) in headers.items():
+        if key not in KINDS:
+            continue
+        if dtype.kind not in KINDS[key] or len(shape) != NDIM[key]:
+            what = ("(N, T, D) token sequences of floats" if key == "X" else f"a {NDIM[key]}-d array of "
+                    + dict(f="floats", iu="integers", iuf="numbers", U="text")[KINDS[key]])
+            raise TokenFileError(f"{key} must be {what}, got shape {shape} of {dtype}")
+        if dtype.kind == "U" and dtype.itemsize // 4 > MAX_TEXT[key]:
+            raise TokenFileError(f"{key} holds text of up to {dtype.itemsize // 4:,} characters an entry, "
+                                 f"over the {MAX_TEXT[key]:,} a token file may have")
+    total = sum(math.prod(s) * d.itemsize for k, (s, d) in headers.items() if k in KINDS)
+    if total > MAX_BYTES:
+        raise TokenFileError(f"its arrays declare {total / 2**20:,.0f} MB, over the {MAX_BYTES / 2**20:,.0f} MB "
+                             f"a token file may have: not loaded")
+    N = headers["labels"][0][0] if "labels" in headers else 0
+    for key in ("lengths", "ids", "split"):
+        if key in headers and headers[key][0] != (N,):
+            raise TokenFileError(f"{key} has shape {headers[key][0]}, labels has {N} entries")
+    if "genres" in headers and headers["genres"][0][0] > MAX_CLASSES:
+        raise TokenFileError(f"genres names {headers['genres'][0][0]:,} classes, over {MAX_CLASSES:,}")
+
+
 def load_tokens(path: str | Path) -> TokenSet:
     path = Path(path)
     try:
         if not path.is_file():
             raise TokenFileError(f"token file not found: {path}")
+        check_headers(array_headers(path))              # before any array is read
         with np.load(path, allow_pickle=False) as d:
             missing = [k for k in ("X", "labels") if k not in d.files]
             if missing:
@@ -131,7 +185,8 @@ def load_tokens(path: str | Path) -> TokenSet:
                 X=X.astype(np.float32), labels=labels.astype(np.int64),
                 lengths=get("lengths", np.full(N, T)).astype(np.int64),
                 ids=get("ids", np.array([str(i) for i in range(N)])).astype(str),
-                genres=tuple(str(g) for g in get("genres", np.arange(int(d["labels"].max()) + 1))),
+                genres=(tuple(str(g) for g in d["genres"]) if "genres" in d.files
+                        else unnamed_classes(labels)),
                 split=get("split", np.array([""] * N)).astype(str),
                 metadata=json.loads(str(get("metadata", np.array("{}")))))
     except TokenFileError as e:
@@ -140,6 +195,15 @@ def load_tokens(path: str | Path) -> TokenSet:
         raise TokenFileError(f"{path} cannot be read: permission denied") from e
     except Exception as e:  # noqa: BLE001 - zip, pickle and value errors
         raise TokenFileError(f"{path} is not a readable token file ({e})") from e
+
+
+def unnamed_classes(labels: np.ndarray) -> tuple[str, ...]:
+    """Class names '0'..'C-1' for a file that names none, C bounded by MAX_CLASSES."""
+    top = int(labels.max()) if labels.size else -1
+    if top >= MAX_CLASSES:
+        raise TokenFileError(f"labels reach {top:,} but the file names no genres; name them (key "
+                             f"'genres') or keep labels below {MAX_CLASSES:,}")
+    return tuple(str(i) for i in range(top + 1))
 
 
 def pack(sequences: list[np.ndarray], labels, ids, genres, split=None, metadata=None) -> TokenSet:
@@ -167,6 +231,10 @@ def convert_musicnn(folder: str | Path) -> TokenSet:
         raise TokenFileError(f"{folder} must hold training_*.npz and evaluation_*.npz musicnn files")
     seqs, labels, ids, split = [], [], [], []
     for name, files in parts.items():
+        declared = sum(math.prod(shape) * dtype.itemsize for shape, dtype in array_headers(files[0]).values())
+        if declared > MAX_BYTES:
+            raise TokenFileError(f"{files[0]} declares {declared / 2**20:,.0f} MB of arrays, over "
+                                 f"{MAX_BYTES / 2**20:,.0f} MB: not loaded")
         with np.load(files[0], allow_pickle=False) as d:
             X, Y, IDS = d["X"], d["Y"], d["IDS"].astype(str)
         starts = np.flatnonzero(np.r_[True, IDS[1:] != IDS[:-1]])

@@ -14,7 +14,8 @@ from .melspec import HOP, SAMPLE_RATE
 @dataclass
 class StreamedToken:
     index: int              # token / hop index t
-    audio_time: float       # seconds of audio up to the end of this hop, (t + 1) * 0.25
+    audio_time: float       # seconds of the stream's audio up to the end of this hop, dropped hops
+                            # included ((t + 1) * 0.25 when none was dropped)
     token: torch.Tensor     # (1, D)
     mel: np.ndarray         # (k, bands) log-mel frames this hop added
     mel_ms: float           # log-mel time for this hop
@@ -32,8 +33,10 @@ class TokenStream:
         self.state = self.frontend.stream()
 
     def __iter__(self):
+        stats = getattr(self.source, "stats", None)
         for t, hop in enumerate(self.source):
             ready = getattr(self.source, "last_ready", None) or time.monotonic()
             h = self.state.push(hop)
-            yield StreamedToken(t, (t + 1) * HOP / SAMPLE_RATE, h.token, h.mel, h.mel_ms,
+            hops = t + 1 + (stats.dropped if stats is not None else 0)     # the stream's own clock
+            yield StreamedToken(t, hops * HOP / SAMPLE_RATE, h.token, h.mel, h.mel_ms,
                                 h.network_ms, h.flops, ready)

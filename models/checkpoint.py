@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
+import zipfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -17,6 +19,8 @@ FORMAT = "nystream-checkpoint"
 VERSION = 1
 MAX_SPACING_HOPS = 64                             # 16 s between a model's tokens
 MAX_FILE_BYTES = 4 * MAX_PARAMETERS + 2**26     # float32 weights of the largest model, and room
+UMASK = os.umask(0o022)
+os.umask(UMASK)
 
 
 class CheckpointError(ValueError):
@@ -46,10 +50,17 @@ def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[
                "frontend": plain(frontend or infer_frontend(model.cfg.in_dim)),
                "metadata": plain(metadata or {})}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW     # never an existing file or a link
     try:
-        with open(tmp, "wb") as f:
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileExistsError:                      # a crashed run's leftover, or a planted link
+            os.unlink(tmp)
+            fd = os.open(tmp, flags, 0o600)
+        with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~UMASK)     # the temporary was 0600
             os.fsync(f.fileno())
         try:                                     # what the loaders refuse is never written
             validated(path, torch.load(tmp, map_location="cpu", weights_only=True))
@@ -105,8 +116,9 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int
         raise CheckpointError(f"{path} is {path.stat().st_size / 2**20:,.0f} MB, over the "
                               f"{MAX_FILE_BYTES / 2**20:,.0f} MB a model of at most "
                               f"{MAX_PARAMETERS:,} parameters needs: not loaded")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+    check_archive(path)
+    try:                                          # mmap: tensors stay in the file until validated
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except PermissionError as e:
         raise CheckpointError(f"{path} cannot be read: permission denied") from e
     except Exception as e:  # noqa: BLE001 - pickle, zip and tensor errors: not a checkpoint
@@ -126,6 +138,33 @@ def load_checkpoint(path: str | Path, *, variant: str | None = None, in_dim: int
     return model.to(device).eval().use_fused(fused), payload
 
 
+def check_archive(path: Path) -> None:
+    """Refuse, before torch reads it, a checkpoint archive that would take more memory than its
+    size: every member stored uncompressed (torch.save writes them so), each member inside the
+    file, their declared sizes summing to at most the file's own size."""
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+    except zipfile.BadZipFile as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint (not a torch.save archive: {one_line(e)})") from e
+    except PermissionError as e:
+        raise CheckpointError(f"{path} cannot be read: permission denied") from e
+    except OSError as e:
+        raise CheckpointError(f"{path} cannot be read ({one_line(e)})") from e
+    total = 0
+    for m in members:
+        if m.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"{path}: member {m.filename[:80]!r} is compressed; a checkpoint's "
+                                  f"members are stored as written by torch.save: not loaded")
+        if m.file_size != m.compress_size or m.header_offset + m.compress_size > size:
+            raise CheckpointError(f"{path}: member {m.filename[:80]!r} declares {m.file_size:,} bytes "
+                                  f"that the file does not hold: not loaded")
+        total += m.file_size
+    if total > size:
+        raise CheckpointError(f"{path}: its members declare {total:,} bytes in a {size:,}-byte file: not loaded")
+
+
 def one_line(e: BaseException) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= 200 else text[:197] + "..."
@@ -142,35 +181,12 @@ def validated(path: Path, payload) -> tuple[GenreTransformer, dict]:
     version = payload.get("version")
     if type(version) is not int or not 1 <= version <= VERSION:
         raise bad("version", f"must be an integer 1..{VERSION} (this Nystream's format), got {version!r}")
-    config = payload.get("config")
-    if not isinstance(config, dict):
-        raise bad("config", f"must be a mapping of model settings, got {type(config).__name__}")
-    settings = {f.name for f in fields(ModelConfig)}
-    unknown, absent = sorted(set(map(str, config)) - settings), sorted(settings - set(config))
-    if unknown:
-        raise bad(f"config.{unknown[0]}", "is not a model setting")
-    if absent:
-        raise bad(f"config.{absent[0]}", "is missing (a checkpoint records every model setting)")
-    try:
-        cfg = ModelConfig(**config)
-    except (TypeError, ValueError) as e:
-        raise bad("config", f"is invalid: {one_line(e)}") from e
-    names = payload.get("classes")
-    if (not isinstance(names, list) or len(names) != cfg.num_classes
-            or not all(isinstance(c, str) and c.strip() and utf8(c) for c in names)
-            or len(set(names)) != len(names)):
-        raise bad("classes", f"must be a list of {cfg.num_classes} distinct class names in UTF-8 "
-                             f"(config.num_classes), got {short(names)}")
+    cfg = checked_config(payload.get("config"), bad)
+    check_classes(payload.get("classes"), cfg, bad)
     fe = payload.get("frontend")
     if fe is None:
         fe = payload["frontend"] = infer_frontend(cfg.in_dim)
-    if not isinstance(fe, dict) or not isinstance(fe.get("name"), str):
-        raise bad("frontend", f"must be a mapping with the front end's 'name', got {short(fe)}")
-    for key, allowed in (("token_dim", range(cfg.in_dim, cfg.in_dim + 1)),
-                         ("spacing_hops", range(1, MAX_SPACING_HOPS + 1))):
-        v = fe.get(key)                    # hops between tokens: a model runs that many streams
-        if v is not None and (type(v) is not int or v not in allowed):
-            raise bad(f"frontend.{key}", f"must be an integer in {allowed.start}..{allowed.stop - 1}, got {v!r}")
+    check_frontend(fe, cfg, bad)
     if not isinstance(payload.get("metadata", {}), dict):
         raise bad("metadata", f"must be a mapping, got {type(payload['metadata']).__name__}")
     state = payload.get("state_dict")
@@ -196,6 +212,48 @@ def validated(path: Path, payload) -> tuple[GenreTransformer, dict]:
     return model, payload
 
 
+def checked_config(config, bad) -> ModelConfig:
+    """A model config (a mapping of every ModelConfig field) checked field by field; ``bad(field,
+    what)`` makes the error. Shared by checkpoints and exported steps."""
+    if not isinstance(config, dict):
+        raise bad("config", f"must be a mapping of model settings, got {type(config).__name__}")
+    settings = {f.name for f in fields(ModelConfig)}
+    unknown, absent = sorted(set(map(str, config)) - settings), sorted(settings - set(config))
+    if unknown:
+        raise bad(f"config.{unknown[0][:40]}", "is not a model setting")
+    if absent:
+        raise bad(f"config.{absent[0]}", "is missing (a model file records every model setting)")
+    try:
+        return ModelConfig(**config)
+    except (TypeError, ValueError) as e:
+        raise bad("config", f"is invalid: {one_line(e)}") from e
+
+
+MAX_CLASS_NAME = 64                 # characters: a genre's name, not a document
+
+
+def check_classes(names, cfg: ModelConfig, bad) -> None:
+    """config.num_classes distinct, non-empty, printable UTF-8 names of at most MAX_CLASS_NAME."""
+    if (not isinstance(names, list) or len(names) != cfg.num_classes
+            or not all(isinstance(c, str) and c.strip() and len(c) <= MAX_CLASS_NAME and utf8(c)
+                       and c.isprintable() for c in names)
+            or len(set(names)) != len(names)):
+        raise bad("classes", f"must be a list of {cfg.num_classes} distinct class names "
+                             f"(config.num_classes; printable UTF-8, at most {MAX_CLASS_NAME} "
+                             f"characters each), got {short(names)}")
+
+
+def check_frontend(fe, cfg: ModelConfig, bad) -> None:
+    """The front-end record: its 'name', and token_dim / spacing_hops in range where given."""
+    if not isinstance(fe, dict) or not isinstance(fe.get("name"), str) or not 0 < len(fe["name"]) <= 40:
+        raise bad("frontend", f"must be a mapping with the front end's 'name', got {short(fe)}")
+    for key, allowed in (("token_dim", range(cfg.in_dim, cfg.in_dim + 1)),
+                         ("spacing_hops", range(1, MAX_SPACING_HOPS + 1))):
+        v = fe.get(key)                    # hops between tokens: a model runs that many streams
+        if v is not None and (type(v) is not int or v not in allowed):
+            raise bad(f"frontend.{key}", f"must be an integer in {allowed.start}..{allowed.stop - 1}, got {short(v)}")
+
+
 def utf8(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -208,5 +266,9 @@ def short(x) -> str:
     """A value, described in a few words for an error message."""
     if isinstance(x, torch.Tensor):
         return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
-    text = repr(x)
+    text = SHORT.repr(x)                    # bounded, whatever the nesting (a pickle can share lists)
     return f"{type(x).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+SHORT = reprlib.Repr()
+SHORT.maxlevel, SHORT.maxlist, SHORT.maxdict, SHORT.maxstring, SHORT.maxother = 2, 4, 4, 40, 40

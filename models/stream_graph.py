@@ -119,7 +119,11 @@ class ContinualGraph(StreamGraph):
     kind = "continual"
 
     def state_spec(self) -> list[StateTensor]:
-        ring = (self.H, self.n, self.dh)
+        return self.spec(self.H, self.n, self.dh, 0, False)
+
+    @staticmethod
+    def spec(H: int, n: int, dh: int, m: int, retroactive: bool) -> list[StateTensor]:
+        ring = (H, n, dh)
         return [StateTensor("k_ring", ring, torch.float32), StateTensor("v_ring", ring, torch.float32)]
 
     def attend(self, t, q, k, v, k_ring, v_ring):
@@ -142,7 +146,11 @@ class RetroactiveGraph(StreamGraph):
     kind = "continual"
 
     def state_spec(self) -> list[StateTensor]:
-        H, n, dh, f32 = self.H, self.n, self.dh, torch.float32
+        return self.spec(self.H, self.n, self.dh, 0, True)
+
+    @staticmethod
+    def spec(H: int, n: int, dh: int, m: int, retroactive: bool) -> list[StateTensor]:
+        f32 = torch.float32
         return [StateTensor("q_ring", (H, n, dh), f32), StateTensor("k_ring", (H, n, dh), f32),
                 StateTensor("v_ring", (H, n, dh), f32), StateTensor("key_scores", (H, n, n), f32),
                 StateTensor("ref", (H, n), f32), StateTensor("den", (H, n), f32),
@@ -277,8 +285,11 @@ class FixedNystromGraph(StreamGraph):
         self.register_buffer("z64", landmark_pinv(ql, kl, attn.pinv_iters).contiguous().to(F64))
 
     def state_spec(self) -> list[StateTensor]:
-        H, n, m, dh = self.H, self.n, self.m, self.dh
-        queries = [StateTensor("q_ring", (H, n, dh), torch.float32)] if self.retroactive else []
+        return self.spec(self.H, self.n, self.dh, self.m, self.retroactive)
+
+    @staticmethod
+    def spec(H: int, n: int, dh: int, m: int, retroactive: bool) -> list[StateTensor]:
+        queries = [StateTensor("q_ring", (H, n, dh), torch.float32)] if retroactive else []
         return queries + [StateTensor("v_ring", (H, n, dh), torch.float32),
                           StateTensor("key_scores", (H, n, m), torch.float32),
                           StateTensor("ref", (H, m), F64), StateTensor("den", (H, m), F64),

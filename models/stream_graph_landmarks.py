@@ -28,7 +28,10 @@ class ContinualNystromGraph(StreamGraph):
         self.warmup_means = SegmentMeans(self.n, self.m)
 
     def state_spec(self) -> list[StateTensor]:
-        H, n, m, dh = self.H, self.n, self.m, self.dh
+        return self.spec(self.H, self.n, self.dh, self.m, self.retroactive)
+
+    @staticmethod
+    def spec(H: int, n: int, dh: int, m: int, retroactive: bool) -> list[StateTensor]:
         f32, i64 = torch.float32, torch.int64
         return [StateTensor("q_ring", (H, n, dh), f32), StateTensor("k_ring", (H, n, dh), f32),
                 StateTensor("v_ring", (H, n, dh), f32), StateTensor("key_scores", (H, n, m), f32),

@@ -17,8 +17,22 @@ from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from .sda.reference import landmark_pinv
-from .stream_graph import (NotExportable, SegmentMeans, StateTensor, StreamGraph, masked,
-                           present_pinv)
+from .stream_graph import (ContinualGraph, FixedNystromGraph, NotExportable, RetroactiveGraph,
+                           SegmentMeans, StateTensor, StreamGraph, masked, present_pinv)
+from .stream_graph_landmarks import ContinualNystromGraph
+
+KINDS = ("continual", "continual_nystrom/continual", "continual_nystrom/fixed")
+
+
+def state_spec_for(cfg, kind: str) -> list[StateTensor]:
+    """The state inputs of an export of a ``cfg`` model of ``kind`` (one of KINDS), without
+    building it: what a loader checks an exported file's inputs against."""
+    two = cfg.layers == 2
+    first = {"continual": RetroactiveGraph if two else ContinualGraph,
+             "continual_nystrom/continual": ContinualNystromGraph,
+             "continual_nystrom/fixed": FixedNystromGraph}[kind]
+    spec = first.spec(cfg.heads, cfg.window, cfg.d_model // cfg.heads, cfg.num_landmarks, two)
+    return spec + ([StateTensor("x_ring", (cfg.window, cfg.d_model), torch.float32)] if two else [])
 
 
 class TwoBlockGraph(nn.Module):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from app.offline.accuracy import find_files, markdown, plot_confusion, run_files, split_of, summarise
-from audio.files import atomic_write_json, atomic_write_text
+from audio.files import atomic_write_json, atomic_write_text, own_folder
 
 from . import command
 from .argtypes import POSITIVE, writable_dir
@@ -68,14 +68,21 @@ def run(args) -> int:
             with ray_session(args.ray) as ray:
                 job = RayAccuracy(FrontEndSpec(frontend.name), [str(e.path) for e in entries],
                                   ray_workers(ray, args.workers))
-                preds = run_files(files, frontend, entries, log, parts, job)
+                preds, read, skipped = run_files(files, frontend, entries, log, parts, job)
         else:
-            preds = run_files(files, frontend, entries, log, parts)
+            preds, read, skipped = run_files(files, frontend, entries, log, parts)
+        files_all, files = files, read
+        for i, why in skipped.items():
+            log(f"  skipped {files_all[i][1]}: {why}")
+        if not read:
+            print(f"error: none of the {len(files_all)} files could be read", file=sys.stderr)
+            return 1
         rows = summarise(files, preds, split_of(entries))
         command = args.command_line or "python main.py accuracy --audio " + str(args.audio)
         atomic_write_text(out / "accuracy.md", markdown(rows, command, frontend.description))
         atomic_write_json(out / "accuracy.json", {"command": command, "frontend": frontend.description,
-                                                  "files": [t for _, t in files], "rows": rows})
+                                                  "files": [t for _, t in files], "rows": rows,
+                                                  "skipped": {files_all[i][1]: why for i, why in skipped.items()}})
         focus = next((n for n in rows if n.startswith("continual_nystrom | native")), next(iter(rows)))
         plot_confusion(rows, focus, out / "confusion.png")
         print(markdown(rows, command, frontend.description))
@@ -90,6 +97,8 @@ def prepare_parts(parts: Path, manifest: dict, log) -> Path:
     """The folder of finished files' predictions: kept when it belongs to this very run (same
     files, front end and checkpoints), so a rerun resumes; else emptied."""
     mpath = parts / "manifest.json"
+    if parts.is_symlink():
+        own_folder(parts)                                # refused: never written through
     try:
         same = json.loads(mpath.read_text()) == manifest
     except (OSError, ValueError):
@@ -97,6 +106,6 @@ def prepare_parts(parts: Path, manifest: dict, log) -> Path:
     if not same and parts.exists():
         log(f"{parts} holds another run's results; starting afresh")
         shutil.rmtree(parts)
-    parts.mkdir(parents=True, exist_ok=True)
+    own_folder(parts)
     atomic_write_json(mpath, manifest)
     return parts

@@ -75,6 +75,9 @@ def creatable(probe: Path, text: str, exists_ok: bool = False) -> None:
     except FileNotFoundError:
         if exists_ok:
             return
+        if probe.parent.is_dir():        # /proc, /sys: a folder that takes no new files
+            raise argparse.ArgumentTypeError(f"{text} cannot be written: folder {probe.parent} takes "
+                                             f"no new files") from None
         raise argparse.ArgumentTypeError(f"folder {probe.parent} does not exist (create it first)") from None
     except OSError as e:
         why = resource_message(e) or ("permission denied" if isinstance(e, PermissionError)

@@ -124,8 +124,8 @@ def run(args) -> int:
                                   if (r.step + 1) % progress.every == 0 else "")
                 else:
                     print(human(r), flush=True)
-                if limit is not None and r.step + 1 >= limit:
-                    break
+                if args.seconds is not None and r.audio_time >= args.seconds - 1e-9:
+                    break                          # audio gone by, dropped hops included
         except KeyboardInterrupt as e:             # Ctrl+C, SIGTERM: a normal way to stop a live run
             print(f"# stopped by {signal_name(e)}", file=sys.stderr)
             code = exit_code(e)
@@ -150,7 +150,8 @@ def run(args) -> int:
         stats = source.stats
         print(f"# {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input overflows, "
               f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped"
-              + (f"; {rows.rows} rows in {args.csv}" if rows is not None else ""), file=sys.stderr)
+              + (f"; {rows.rows} rows in {args.csv}" if rows is not None and rows.created
+                 else f"; no rows, {args.csv} not written" if rows is not None else ""), file=sys.stderr)
         if tally.tops:
             print(f"# verdict over {source.name}, per model (the genre most often on top):\n"
                   + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)

@@ -55,7 +55,7 @@ def run(args) -> int:
     from app.offline.evaluate import EvaluateError, evaluate
     from app.offline.ray_cluster import RayClusterError
     from app.offline.report import write_report
-    from app.offline.sweep import SweepConfig, run_sweep
+    from app.offline.sweep import SweepConfig, UntrustedWorkError, run_sweep
     from app.offline.train import TrainError
     from audio.token_cache import TokenFileError
     from models.checkpoint import CheckpointError
@@ -80,7 +80,8 @@ def run(args) -> int:
         print(f"swept {len(checkpoints)} checkpoint(s); wrote {', '.join(str(p) for p in paths)}",
               file=sys.stderr)
         return 0
-    except (RayClusterError, TrainError, TokenFileError, CheckpointError, EvaluateError, ValueError) as e:
+    except (RayClusterError, TrainError, TokenFileError, CheckpointError, EvaluateError, ValueError,
+            UntrustedWorkError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:

@@ -72,15 +72,16 @@ def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musi
 def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtCore import QSettings, QTimer
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
+    from app.gui.ini import IniSettings
     from app.gui.window import PANELS, MainWindow, Options
     from app.runtime.lineup import ModelSpec
     from models.transformer import ModelConfig
 
     app = QApplication.instance() or QApplication([])
-    settings = QSettings(os.path.join(tempfile.mkdtemp(), "bench.ini"), QSettings.IniFormat)
+    settings = IniSettings(os.path.join(tempfile.mkdtemp(), "bench.ini"))
     vggish = frontend == "vggish"
     w = MainWindow(Options(source="demo", variants=["regular", "continual", "nystrom", "continual_nystrom"],
                            frontend=frontend, vggish_weights=vggish_weights,

@@ -9,6 +9,8 @@ model's entry hides or shows all of that model's curves. Hovering a plot reads i
 """
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
@@ -26,15 +28,15 @@ class ModelCurves:
     def __init__(self, panel: "CostPanel", name: str, index: int):
         self.index = index
         self.fresh = True                                 # its band not drawn yet
-        self.flops = panel.flops_plot.plot(pen=model_pen(index), name=name, connect="finite")
-        self.median = panel.latency_plot.plot(pen=model_pen(index), name=name, connect="finite")
+        self.flops = panel.flops_plot.plot(pen=model_pen(index), connect="finite")
+        self.median = panel.latency_plot.plot(pen=model_pen(index), connect="finite")
         self.lo = pg.PlotDataItem(pen=None, connect="finite")
         self.hi = pg.PlotDataItem(pen=None, connect="finite")
         self.band = pg.FillBetweenItem(self.lo, self.hi, brush=model_brush(index))
         for item in (self.lo, self.hi, self.band):       # in the plot: its log mode applies to them
             panel.latency_plot.addItem(item)
         self.band.setZValue(-10)
-        panel.legend.addItem(self.median, name)
+        panel.legend.addItem(self.median, html.escape(name, quote=False))     # the legend draws HTML
         # the legend toggles the median line; the model's other items follow it
         self.median.visibleChanged.connect(self.follow)
 

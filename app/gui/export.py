@@ -13,6 +13,7 @@ from PySide6.QtCore import QBuffer, QByteArray, QIODevice, Qt
 from PySide6.QtGui import QColor, QFont, QImage, QPainter
 
 from app.runtime.faults import asked_for, resource_message
+from app.runtime.csv_rows import safe_cell
 from app.runtime.records import csv_row
 from app.runtime.verdict import Tally
 from audio.files import atomic_write, atomic_write_json
@@ -39,9 +40,9 @@ def write_csv(history: list, path: Path) -> int:
         fields += [k for k in row if k not in fields]
     def write(f) -> None:
         text = io.TextIOWrapper(f, encoding="utf-8", newline="")
-        w = csv.DictWriter(text, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+        w = csv.writer(text)                         # text cells a spreadsheet would run: prefixed
+        w.writerow([safe_cell(k) for k in fields])
+        w.writerows([safe_cell(row.get(k, "")) for k in fields] for row in rows)
         text.flush()
         text.detach()                    # atomic_write closes the file
     atomic_write(path, write)

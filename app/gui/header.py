@@ -3,6 +3,9 @@ type (smoothed over a few seconds, app/runtime/verdict.py) with the runners-up, 
 follows, whether the run has ended, and when a file ends the model's verdict over the file."""
 from __future__ import annotations
 
+import html
+
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QVBoxLayout, QWidget
 
@@ -37,7 +40,8 @@ class Header(QWidget):
         row.addWidget(self.runners_up, 1)
         col.addLayout(row)
         col.addWidget(self.focus_label)         # a line of its own: it never widens the window
-        self.verdict = QLabel("")              # a finished file's verdict
+        self.verdict = QLabel("")              # a finished file's verdict (rich text, names escaped)
+        self.verdict.setTextFormat(Qt.RichText)
         self.verdict.setStyleSheet("font-size:13pt;")
         self.verdict.hide()
         col.addWidget(self.verdict)
@@ -69,7 +73,7 @@ class Header(QWidget):
         v = verdicts.get(focus)
         self.verdict.setVisible(v is not None)
         if v is not None:
-            self.verdict.setText(f"Verdict for the file ({focus}): <b>{v.genre}</b>, on top in "
+            self.verdict.setText(f"Verdict for the file ({html.escape(focus)}): <b>{html.escape(v.genre)}</b>, on top in "
                                  f"{100 * v.share:.0f}% of {v.steps} steps, mean probability "
                                  f"{100 * v.confidence:.0f}%")
 

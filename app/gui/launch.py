@@ -13,12 +13,13 @@ def has_display() -> bool:
 
 
 def launch(args) -> int:
-    from PySide6.QtCore import QSettings, QTimer
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
     from app.runtime.frontend_args import frontend_name, random_seed
     from app.runtime.sources import SourceSpec
 
+    from .ini import IniSettings
     from .window import MainWindow, Options
 
     if args.source:
@@ -29,7 +30,7 @@ def launch(args) -> int:
             return 2
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Nystream")
-    settings = QSettings(args.settings, QSettings.IniFormat) if args.settings else None
+    settings = IniSettings(args.settings) if args.settings else None
     explicit = args.frontend or args.vggish_weights or args.random_vggish
     window = MainWindow(Options(source=args.source, variants=args.variant, checkpoints=args.checkpoint,
                                 frontend=frontend_name(args) if explicit else None,

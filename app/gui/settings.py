@@ -1,11 +1,13 @@
-"""What the window starts with and remembers: command-line Options over saved QSettings."""
+"""What the window starts with and remembers: command-line Options over the saved settings (app/gui/ini.py)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from PySide6.QtCore import QByteArray, QSettings
+from PySide6.QtCore import QByteArray, QStandardPaths, Qt
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton
 
 from app.runtime.sources import SourceKind, SourceSpec
 from audio.frontends import DEFAULT_FRONTEND
@@ -22,6 +24,46 @@ class Options:
     vggish_weights: str | None = None
     random_vggish: int | None = None
     autostart: bool = True
+
+
+KNOWN_KEYS = frozenset((
+    "source/kind", "source/device", "source/file", "source/loop", "models/variants", "models/layers",
+    "models/window", "models/landmarks", "view/smoothing_s", "cost/flops_kind", "table/reference",
+    "compute", "frontend", "window/geometry", "window/state"))
+
+
+def default_settings_path() -> Path:
+    """Where the window keeps its settings: the user's config folder (QSettings' own place)."""
+    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.GenericConfigLocation)
+    return Path(base or os.path.expanduser("~/.config")) / "Nystream" / "Nystream.conf"
+
+
+class SettingsNotice(QFrame):
+    """What the settings file got wrong, in full (plain text, wrapped), until the user dismisses it."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFrameShape(QFrame.StyledPanel)
+        self.setStyleSheet("SettingsNotice { background: #fff4d6; }")
+        row = QHBoxLayout(self)
+        row.setContentsMargins(6, 3, 6, 3)
+        self.label = QLabel()
+        self.label.setTextFormat(Qt.PlainText)
+        self.label.setWordWrap(True)
+        self.dismiss = QPushButton("Dismiss")
+        self.dismiss.clicked.connect(self.hide)
+        row.addWidget(self.label, 1)
+        row.addWidget(self.dismiss)
+        self.hide()
+
+    def show_problems(self, problems: list[str]) -> None:
+        if problems:
+            self.label.setText("Settings file: " + "; ".join(problems))
+            self.show()
+
+    def text(self) -> str:
+        """The notice as shown; empty once dismissed (or when there was nothing to say)."""
+        return "" if self.isHidden() else self.label.text()
 
 
 class Reader:
@@ -69,7 +111,12 @@ class Reader:
 
     def text(self, key: str, default: str = "") -> str:
         raw = self.s.value(key, None)
-        return default if raw is None else str(raw)
+        if raw is None:
+            return default
+        if not isinstance(raw, str):                  # a list (an unquoted comma) or bytes
+            self._bad(key, raw, "one text value (quote a value that holds a comma)", repr(default))
+            return default
+        return raw
 
     def blob(self, key: str):
         """Saved Qt state (bytes), or None."""
@@ -81,10 +128,14 @@ class Reader:
 
 
 def load_settings(w) -> list[str]:
-    """Restore the window's controls from its QSettings; returns what was wrong in the file."""
+    """Restore the window's controls from its settings file; returns what was wrong in the file."""
     r = Reader(w.settings)
-    if w.settings.status() != QSettings.Status.NoError:
-        r.problems.append(f"{w.settings.fileName()} cannot be read ({w.settings.status().name}); defaults used")
+    r.problems.extend(getattr(w.settings, "problems", []))     # unreadable file, refused values
+    unknown = sorted(set(w.settings.keys()) - KNOWN_KEYS)
+    if unknown:
+        r.problems.append(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (ignored)")
+        for key in unknown:                                      # not written back
+            w.settings.remove(key)
     w.set_source_kind(SourceKind(r.choice("source/kind", SourceKind.DEMO.value, [k.value for k in SourceKind])))
     device = r.text("source/device")
     if device and w.device_box.findText(device) >= 0:

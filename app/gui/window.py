@@ -9,7 +9,7 @@ from collections import deque
 from pathlib import Path
 
 import torch
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QVBoxLayout, QWidget
 
@@ -32,7 +32,8 @@ from .cost_panel import CostPanel
 from .genre_panel import GenrePanel
 from .ranking import RankingPanel
 from .header import Header
-from .settings import Options
+from .ini import IniSettings
+from .settings import Options, SettingsNotice, default_settings_path
 from .spectrogram import SpectrogramPanel
 from .table import ComparisonTable
 
@@ -45,11 +46,11 @@ ENGINE_THREADS = 1            # torch threads of the engine process: a hop's ~15
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, options: Options | None = None, settings: QSettings | None = None):
+    def __init__(self, options: Options | None = None, settings: IniSettings | None = None):
         super().__init__()
         torch.set_num_threads(1)                      # this process draws; the engine's has the cores
         self.options = options or Options()
-        self.settings = settings or QSettings("Nystream", "Nystream")
+        self.settings = settings or IniSettings(default_settings_path())
         self.setWindowTitle("Nystream — continual Nyström transformers, live")
         self.history = StepLog()                      # for export: packed, bounded in bytes
         self.recent: deque = deque(maxlen=RECENT)     # what the plots and the table show
@@ -74,8 +75,7 @@ class MainWindow(QMainWindow):
         self.settings_problems = store.load_settings(self)   # bad values: replaced by defaults
         docks.restore(self, *self.saved_layout)
         store.apply_options(self)
-        if self.settings_problems:
-            self.statusBar().showMessage(self.settings_line(), 60000)
+        self.notice.show_problems(self.settings_problems)
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.redraw)
         self.timer.start(FRAME_MS)
@@ -108,6 +108,8 @@ class MainWindow(QMainWindow):
 
         centre = QWidget()
         col = QVBoxLayout(centre)
+        self.notice = SettingsNotice()              # what the settings file got wrong, until dismissed
+        col.addWidget(self.notice)
         self.header = Header()
         self.banner, self.top_label, self.focus_label = (self.header.banner, self.header.top_label,
                                                          self.header.focus_label)
@@ -140,9 +142,9 @@ class MainWindow(QMainWindow):
             self.addAction(QAction(text, self, shortcut=key, triggered=slot))
         self.setAcceptDrops(True)
         self.side.refresh_devices()
-
-    def settings_line(self) -> str:
-        return "Settings file: " + "; ".join(self.settings_problems)
+        for label in self.findChildren(QLabel):        # names from files (classes, models, paths)
+            if label is not self.header.verdict:       # never render as HTML
+                label.setTextFormat(Qt.PlainText)
 
     def save_settings(self) -> None:
         store.save_settings(self)
@@ -300,11 +302,7 @@ class MainWindow(QMainWindow):
         self.paused = False
         self.pause_btn.setText("Pause")
         self.pause_btn.setEnabled(True)
-        if self.settings_problems:                        # said until the first run has shown it
-            self.statusBar().showMessage(self.settings_line(), 60000)
-            self.settings_problems = []
-        else:
-            self.statusBar().clearMessage()
+        self.statusBar().clearMessage()
         self.header.start_run()
         self.save_settings()
 

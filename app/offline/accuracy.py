@@ -45,13 +45,27 @@ def split_of(entries) -> dict[str, str]:
     return where
 
 
-def file_predictions(path: Path, frontend, entries) -> dict[str, int]:
+SKIPPED = "skipped"          # the key of a file's predictions that holds why it has none
+
+
+def file_predictions(path: Path, frontend, entries) -> dict:
     """Stream one file like `classify FILE`; per model and feeding ('native' / 'every hop'), the
-    class predicted at its end. On one torch thread, so that it is the same wherever it runs."""
+    class predicted at its end. On one torch thread, so that it is the same wherever it runs.
+    A file that cannot be read gives {SKIPPED: why}, like an unreadable track of `extract`."""
     import torch
 
     from app.runtime.engine import Engine
+    from audio.errors import AudioFileError
     from audio.sources import FileSource
+    try:
+        return _predictions(path, frontend, entries, Engine, FileSource, torch)
+    except AudioFileError as e:
+        return {SKIPPED: str(e)}
+    except MemoryError:
+        return {SKIPPED: f"{path} needs more memory than this machine has"}
+
+
+def _predictions(path, frontend, entries, Engine, FileSource, torch) -> dict[str, int]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -63,13 +77,16 @@ def file_predictions(path: Path, frontend, entries) -> dict[str, int]:
         last = None
         for r in engine.run(FileSource(path)):
             last = r
+        if last is None:
+            return {SKIPPED: f"{path} gave no hop of audio"}
         return {name: int(np.argmax(m.probabilities)) for name, m in last.models.items()}
     finally:
         torch.set_num_threads(threads)
 
 
-def run_files(files, frontend, entries, log, parts: Path | None = None, ray=None) -> dict:
-    """Per model and feeding, the final prediction of each file (in file order). ``parts``: a
+def run_files(files, frontend, entries, log, parts: Path | None = None, ray=None) -> tuple[dict, list, dict]:
+    """Per model and feeding, the final prediction of each file read (in file order), those files,
+    and {file index: why} for the files skipped. ``parts``: a
     folder where each finished file's predictions are written atomically and found again by a
     rerun; ``ray``: a RayAccuracy (app/offline/ray_accuracy.py) to stream the files in Ray workers."""
     from audio.files import atomic_write_json
@@ -90,13 +107,16 @@ def run_files(files, frontend, entries, log, parts: Path | None = None, ray=None
         done[i] = pred
         if parts is not None:
             atomic_write_json(parts / f"{i:05d}.json", pred)
-        log(f"[{k + 1}/{len(todo)}] {files[i][0].name} ({time.monotonic() - t0:.0f} s): " + ", ".join(
-            f"{n.split(' | ')[0]} {GENRES[p]}" for n, p in pred.items() if n.endswith("native")))
+        log(f"[{k + 1}/{len(todo)}] {files[i][0].name} ({time.monotonic() - t0:.0f} s): " + (
+            f"SKIPPED ({pred[SKIPPED]})" if SKIPPED in pred else ", ".join(
+                f"{n.split(' | ')[0]} {GENRES[p]}" for n, p in pred.items() if n.endswith("native"))))
     preds: dict[str, list[int]] = {}
+    skipped = {i: done[i][SKIPPED] for i in range(len(files)) if SKIPPED in done[i]}
     for i in range(len(files)):
         for name, p in done[i].items():
-            preds.setdefault(name, []).append(p)
-    return preds
+            if i not in skipped:
+                preds.setdefault(name, []).append(p)
+    return preds, [f for i, f in enumerate(files) if i not in skipped], skipped
 
 
 def summarise(files, preds, where) -> dict:

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from audio import melspec
-from audio.errors import AudioFileError
+from audio.errors import AudioFileError, printable
 from audio.gtzan import GENRES, discover
-from audio.files import atomic_write, atomic_write_json, atomic_write_text
+from audio.files import atomic_write, atomic_write_json, atomic_write_text, own_folder
 from audio.token_cache import TokenFileError, pack, save_tokens
 
 from .progress import Progress
@@ -55,6 +55,8 @@ def track_tokens(frontend, index: int, path) -> TrackResult:
         tokens, info = frontend.file_tokens(path)
     except AudioFileError as e:
         return TrackResult(index, skip=str(e))
+    except MemoryError:
+        return TrackResult(index, skip=f"{printable(str(path))} needs more memory than this machine has")
     finally:
         torch.set_num_threads(threads)
     return TrackResult(index, tokens.numpy(), int(info.get("nonfinite", 0)), int(info.get("clipped", 0)),
@@ -134,6 +136,8 @@ def resume_parts(parts: Path, manifest: dict, log) -> None:
     """Make ``parts`` ready for this extraction: kept when its manifest is this one; set aside
     (renamed, named in the log) when its manifest is damaged, so that everything is recomputed."""
     mpath = parts / "manifest.json"
+    if parts.is_symlink():
+        own_folder(parts)                                # refused: never written through
     if mpath.exists():
         try:
             old = json.loads(mpath.read_text())
@@ -145,7 +149,7 @@ def resume_parts(parts: Path, manifest: dict, log) -> None:
             if old != manifest:
                 raise TokenFileError(f"{parts} holds a partial extraction with other tracks or VGGish "
                                      f"weights; delete it or choose another --out")
-    parts.mkdir(parents=True, exist_ok=True)
+    own_folder(parts)
     atomic_write_json(mpath, manifest)
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
+import stat
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -121,6 +123,26 @@ def run_sweep(cfg: SweepConfig, *, ray_address: str | None = None, workers: int 
     return [path for p in points for path in checkpoint_paths(cfg, p)]
 
 
+class UntrustedWorkError(RuntimeError):
+    """A Ray Tune experiment to restore that someone else could have written."""
+
+
+def check_trusted(folder: Path) -> None:
+    """Ray Tune's restore unpickles the experiment's files (tuner.pkl, trial state): refuse unless
+    every file and folder in it is this user's and writable by no one else (--work must be a
+    folder only the user writes; docs/bad-input.md)."""
+    uid = os.getuid()
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in [""] + dirs + files:
+            p = Path(root) / name
+            st = os.lstat(p)
+            if st.st_uid != uid or st.st_mode & 0o022 or stat.S_ISLNK(st.st_mode):
+                why = ("a link" if stat.S_ISLNK(st.st_mode) else "not yours" if st.st_uid != uid
+                       else "writable by others")
+                raise UntrustedWorkError(f"{p} is {why}; restoring this Ray Tune experiment would unpickle "
+                                         f"its files: remove {folder} or choose another --work")
+
+
 def run_tune(cfg: SweepConfig, points: list[GridPoint], address: str, workers: int | None, log) -> None:
     """The trials as Ray Tune trials, one CPU each; an interrupted run is restored."""
     from ray import tune
@@ -135,6 +157,7 @@ def run_tune(cfg: SweepConfig, points: list[GridPoint], address: str, workers: i
         name = "sweep-" + hashlib.sha256(grid.encode()).hexdigest()[:12]
         path = storage / name
         if tune.Tuner.can_restore(str(path)):
+            check_trusted(path)                   # Tune's restore unpickles what it finds there
             log(f"restoring this grid's Ray Tune experiment at {path} (finished trials are kept)")
             tuner = tune.Tuner.restore(str(path), trainable, resume_errored=True)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,10 +48,27 @@ def output_lock(path, command: str):
         os.close(fd)
 
 
+def open_lock(lock: Path) -> int:
+    """The lock file opened for reading and writing: a regular file, never through a link (a
+    planted link would have the run truncate its target) nor a FIFO or device."""
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO, errno.EISDIR):
+            raise OutputLocked(f"{lock} is not a regular file (a link, folder or device); remove it, "
+                               f"then run this again") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OutputLocked(f"{lock} is not a regular file (a link, folder or device); remove it, "
+                           f"then run this again")
+    return fd
+
+
 def take(lock: Path, path) -> int | None:
     """The lock file's descriptor, locked; None where the file system has no locks."""
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

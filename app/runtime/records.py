@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from audio.errors import printable
+
 
 @dataclass
 class ModelStep:
@@ -92,7 +94,7 @@ def human(r: StepResult) -> str:
     cells = []
     for name, m in r.models.items():
         genre, p = m.top
-        cells.append(f"{name}{'' if m.trained else '*'}: {genre} {p:.2f} "
+        cells.append(f"{printable(name)}{'' if m.trained else '*'}: {printable(genre)} {p:.2f} "
                      f"({m.flops['sda'] / 1e3:.1f}k SDA FLOPs, {m.latency_ms:.2f} ms)")
     return (f"[{r.step:4d}] {r.audio_time:7.2f}s  front end {r.stages['frontend']:.1f} ms, "
             f"{r.frontend_flops / 1e6:.0f}M FLOPs | " + " | ".join(cells))

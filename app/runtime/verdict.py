@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from audio.errors import printable
 from audio.melspec import HOP_SECONDS
 
 
@@ -84,7 +85,7 @@ class Tally:
     def table(self) -> str:
         """The verdicts as an aligned text table (one row per model)."""
         rows = [("model", "genre", "share of steps", "mean probability", "steps")]
-        rows += [(v.name, v.genre, f"{100 * v.share:.0f}%", f"{100 * v.confidence:.0f}%",
+        rows += [(printable(v.name), printable(v.genre), f"{100 * v.share:.0f}%", f"{100 * v.confidence:.0f}%",
                   str(v.steps)) for v in self.verdicts()]
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -116,3 +116,18 @@ def test_classify_refuses_a_checkpoint_of_another_front_end(tmp_path):
     path = write(tmp_path / "a.wav", tone(1.2, 16000), 16000)
     r = classify(path, "--checkpoint", ROOT / "assets/models/musicnn-continual.pt", "--random-vggish")
     assert r.returncode == 1 and "trained on musicnn tokens" in r.stderr and "--frontend musicnn" in r.stderr
+
+
+def test_a_run_that_ends_before_its_first_row_writes_no_csv_and_says_so(tmp_path):
+    """A FLAC whose frames are damaged from the first: the error, then the summary says no CSV
+    was written (none is left behind)."""
+    import numpy as np
+    path = write(tmp_path / "c.flac", np.random.default_rng(0).uniform(-0.5, 0.5, 16000 * 3), 16000, "PCM_16")
+    data = bytearray(path.read_bytes())
+    for i in range(200, len(data), 7):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    out = tmp_path / "steps.csv"
+    r = classify(path, "--window", "8", "--csv", out)
+    assert r.returncode == 1 and "corrupt or truncated after 0.0 s" in r.stderr, r.stderr
+    assert f"no rows, {out} not written" in r.stderr and not out.exists()

@@ -26,6 +26,8 @@ from models.checkpoint import save_checkpoint
     (["classify", "--demo", "--seconds", "-5"], "argument --seconds: -5 must be more than 0"),
     (["classify", "--demo", "--csv", "/nonexistent_dir/x.csv"],
      "argument --csv: folder /nonexistent_dir does not exist"),
+    (["classify", "--demo", "--csv", "/proc/x.csv"],
+     "argument --csv: /proc/x.csv cannot be written: folder /proc takes no new files"),
     (["train", "--tokens", "t.npz", "--out", "m.pt", "--lr", "inf"], "argument --lr: inf is not a finite number"),
     (["train", "--tokens", "t.npz", "--out", "m.pt", "--dropout", "1"], "argument --dropout: 1 is out of range"),
     (["train", "--tokens", "t.npz", "--out", "/nonexistent_dir/m.pt"], "argument --out: folder /nonexistent_dir"),

@@ -37,6 +37,26 @@ def test_file_source_hops_and_realtime_pacing(tmp_path):
     looped.close()
 
 
+def test_audio_time_is_the_streams_own_when_hops_are_dropped(tmp_path):
+    """A real-time file source whose consumer stalls for 2 s drops hops (the sound card's
+    overrun); each token's audio time counts them, so the last one is the file's length."""
+    import time
+    from audio.frontends import build_frontend
+    from audio.token_stream import TokenStream
+    path = write(tmp_path / "t.wav", tone(5.0, 16000), 16000)
+    source = FileSource(path, realtime=True)
+    times = []
+    for item in TokenStream(source, build_frontend("musicnn")):
+        times.append((item.index, item.audio_time))
+        if item.index == 1:
+            time.sleep(2.0)
+    dropped = source.stats.dropped
+    assert dropped >= 3 and len(times) == 20 - dropped
+    assert times[-1][1] == 5.0                                  # every hop of the file accounted for
+    assert [t for _, t in times[:2]] == [0.25, 0.5]
+    assert all(b > a for (_, a), (_, b) in zip(times, times[1:]))
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(AudioFileError, match="not found"):
         decode_file(tmp_path / "nope.wav")

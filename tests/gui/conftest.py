@@ -3,8 +3,8 @@ import gc
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QSettings
 
+from app.gui.ini import IniSettings
 from app.gui.window import MainWindow, Options
 from audio_helpers import tone, write
 
@@ -15,7 +15,7 @@ def make_window(qtbot, tmp_path):
 
     def make(source=None, variants=("regular", "continual", "continual_nystrom"), n=8, start=True,
              random_vggish=0, **kw):
-        settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+        settings = IniSettings(tmp_path / "settings.ini")
         w = MainWindow(Options(source=source, variants=None if variants is None else list(variants),
                                random_vggish=random_vggish, autostart=False, **kw), settings)
         qtbot.addWidget(w)

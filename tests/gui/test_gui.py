@@ -466,27 +466,53 @@ def test_frames_redraw_the_plots_per_hop_and_the_ranking_and_table_once_a_second
 
 def test_a_settings_file_with_bad_values_never_stops_the_window(make_window, qtbot, tmp_path):
     """Every value of the settings file is validated: a bad one is replaced by its default, the
-    status bar names its key, the window starts, and the next save writes valid values back."""
+    notice above the plots names its key (whole, until dismissed), unknown keys and unquoted
+    lists are named too, the window starts, and the next save writes valid values back."""
     (tmp_path / "settings.ini").write_text(
-        "[source]\nkind=tape\nloop=maybe\n[models]\nlayers=abc\nwindow=nan\nlandmarks=-3\nvariants=regular,bogus\n"
-        "[view]\nsmoothing_s=fast\n[cost]\nflops_kind=gigaflops\n[window]\ngeometry=not-bytes\nstate=1\n"
-        "[General]\ncompute=tpu\nfrontend=wav2vec\n")
+        "[source]\nkind=tape\nloop=maybe\nfile=/a,b.wav\n[models]\nlayers=abc\nwindow=nan\nlandmarks=-3\n"
+        "variants=regular,bogus\n[view]\nsmoothing_s=fast\n[cost]\nflops_kind=gigaflops\n[window]\n"
+        "geometry=not-bytes\nstate=1\n[General]\ncompute=tpu\nfrontend=wav2vec\ncolour=blue\n")
     w = make_window(source=None, variants=None, start=False, random_vggish=None)
-    line = w.statusBar().currentMessage()
-    for key in ("source/kind", "source/loop", "models/layers", "models/window", "models/landmarks",
-                "models/variants", "view/smoothing_s", "cost/flops_kind", "window/geometry", "window/state",
-                "compute", "frontend"):
+    line = w.notice.text()
+    for key in ("source/kind", "source/loop", "source/file", "models/layers", "models/window",
+                "models/landmarks", "models/variants", "view/smoothing_s", "cost/flops_kind",
+                "window/geometry", "window/state", "compute", "frontend", "colour"):
         assert key in line, key
     assert line.startswith("Settings file: ") and "\n" not in line
+    assert w.notice.label.textFormat() == Qt.PlainText and w.notice.label.wordWrap()
     assert (w.layers_box.value(), w.smooth_box.value(), w.cost.flops_kind) == (1, 5.0, "sda")
     assert w.source_kind.currentData() == "demo" and w.frontend_name == "musicnn" and w.device == "cpu"
     assert [v for v, b in w.variant_boxes.items() if b.isChecked()] == ["regular"]
     w.start()
     wait_steps(qtbot, w, 2)
+    w.statusBar().showMessage("added nystrom")                  # other news does not replace it
+    assert w.notice.text() == line
+    w.notice.dismiss.click()
+    assert w.notice.text() == ""
     w.close()
     again = make_window(source=None, variants=None, start=False, random_vggish=None)
-    assert again.statusBar().currentMessage() == ""             # the defaults were written back
+    assert again.notice.text() == ""                              # the defaults were written back
     assert again.layers_box.value() == 1 and again.loop_box.isChecked()
+
+
+def test_a_settings_value_that_would_unpickle_is_refused_unread(make_window, tmp_path):
+    """A ``@Variant(PySide::PyObjectWrapper ...)`` value is never deserialised: its key is named,
+    the valid keys are kept, and the payload does not run. The oracle: the same file read by
+    QSettings, in another process, does run it."""
+    from hostile_files import pickling_settings
+    marker = tmp_path / "ran"
+    pickling_settings(tmp_path / "settings.ini", marker, "[models]\nlayers=2\n", "models/window")
+    w = make_window(source=None, variants=None, start=False, random_vggish=None)
+    line = w.notice.text()
+    assert "models/window" in line and "serialised object" in line
+    assert w.layers_box.value() == 2                  # the valid key of the same section is kept
+    assert not marker.exists()
+    w.save_settings()                                 # the write does not read it either
+    assert not marker.exists() and "PyObjectWrapper" not in (tmp_path / "settings.ini").read_text()
+    probe = "from PySide6.QtCore import QSettings; QSettings(%r, QSettings.IniFormat).value('models/layers')"
+    pickling_settings(tmp_path / "qt.ini", marker, "[models]\nlayers=2\n", "models/window")
+    subprocess.run([sys.executable, "-c", probe % str(tmp_path / "qt.ini")], capture_output=True, timeout=60)
+    assert marker.exists()                            # QSettings would have run it
 
 
 def test_an_exported_step_runs_in_the_window_beside_its_torch_model(make_window, qtbot, tmp_path):
@@ -506,3 +532,23 @@ def test_an_exported_step_runs_in_the_window_beside_its_torch_model(make_window,
         assert np.abs(np.subtract(exported.probabilities, torch_model.probabilities)).max() < 1e-4
     assert not w.load_checkpoint(str(tmp_path / "missing.onnx"))
     assert "ONNX model not found" in w.banner.text()
+
+
+def test_names_from_files_show_as_plain_text(make_window):
+    """Class and model names come from files: every label of the window shows them as text, the
+    one rich-text label (the verdict) escapes them, and the cost legend too."""
+    from PySide6.QtWidgets import QLabel
+
+    from app.runtime.records import ModelStep, StepResult
+    w = make_window(source=None, variants=None, start=False, random_vggish=None)
+    labels = w.findChildren(QLabel)
+    assert labels and all(lb.textFormat() == Qt.PlainText for lb in labels if lb is not w.header.verdict)
+    name = "<img src=x onerror=alert(1)>"
+    step = ModelStep(probabilities=[0.9, 0.1], classes=[name, "pop"], flops={"sda": 1}, latency_ms=0.1,
+                     state_bytes=0, trained=True, landmark_mode=None, landmark_update=False, warm=True,
+                     spacing=1, variant="continual", layers=1, window=8)
+    history = [StepResult(i, 0.25 * (i + 1), "demo", "musicnn", {"m<b>": step},
+                          {"frontend": 1.0, "mel": 0.5, "network": 0.5, "control": 0.0}) for i in range(4)]
+    w.header.show_verdict(history, "m<b>")
+    text = w.header.verdict.text()
+    assert "&lt;img src=x" in text and "<img" not in text and "m&lt;b&gt;" in text

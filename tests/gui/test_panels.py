@@ -3,7 +3,7 @@ axes, legend toggles, read-outs, ranking bars), the genre timeline, the docks' s
 fit to a small screen, the agreement reference choice. Oracles: the engine's own step records."""
 import numpy as np
 import pytest
-from PySide6.QtCore import QRect, QSettings, Qt
+from PySide6.QtCore import QRect, Qt
 
 from app.gui import docks
 from app.gui.genre_panel import NAMED_RUN, runs
@@ -11,6 +11,7 @@ from app.gui.plot_kit import GENRE_COLOURS, log_ticks, model_pen
 from app.gui.plot_kit import LogAxis, gapped, rolling_quantiles, short_number
 from app.gui.ranking import bar_values
 from app.gui.table import same_mode_run
+from app.gui.ini import IniSettings
 from app.gui.window import MainWindow, Options
 from app.runtime.verdict import Smoother
 from gui_helpers import wait_steps
@@ -174,7 +175,7 @@ def test_docks_fit_a_1366x768_screen_and_the_layout_is_remembered(make_window, q
     screen = w2.screen().availableGeometry()
     assert w2.height() == 500 and screen.width() - 4 <= w2.width() <= screen.width() < w.width()   # fitted
     # without a saved geometry the window takes this (offscreen, 800 x 800) screen's area
-    w3 = MainWindow(Options(random_vggish=0, autostart=False), QSettings(str(tmp_path / "new.ini"), QSettings.IniFormat))
+    w3 = MainWindow(Options(random_vggish=0, autostart=False), IniSettings(tmp_path / "new.ini"))
     qtbot.addWidget(w3)
     assert screen.width() < 1500 and screen.contains(w3.frameGeometry())
 
