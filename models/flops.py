@@ -245,6 +245,54 @@ def two_block_step(sda: Flops, n_t: int, d: int, d_ff: int, in_dim: int, classes
     return {"sda": sda, "attention": attention, "model": model}
 
 
+def recompute_step(cfg, n_t: int, landmark_mode: str | None) -> dict[str, Flops]:
+    """One step of a recomputing model (regular, nystrom) over its window of n_t tokens."""
+    d, L = cfg.d_model, cfg.layers
+    dh, m = d // cfg.heads, min(cfg.num_landmarks, n_t)
+    per_head = (regular_sda(n_t, dh) if cfg.variant == "regular" else
+                nystrom_sda(n_t, dh, m, cfg.pinv_iters, segment=landmark_mode != "fixed"))
+    sda = (L * cfg.heads) * per_head
+    proj = L * (linear(d, 3 * d, n_t) + linear(d, d, n_t))
+    tail = L * block_tail(d, cfg.ff_dim, n_t)
+    embed = linear(cfg.in_dim, d, n_t) + ew(n_t * d)
+    attention = sda + proj
+    return {"sda": sda, "attention": attention,
+            "model": attention + tail + embed + linear(d, cfg.num_classes, 1)}
+
+
+def graph_step(cfg, landmark_mode: str | None, t: int, events) -> dict[str, Flops]:
+    """The t-th step (1-based) of a continual model's explicit-state graph (models/stream_graph*.py,
+    the ONNX export and the batch of streams), by the torch step's formulas for the events it
+    reported (rebuilt, replaced, rows refreshed); its branch-free rescale counts as a rescale."""
+    n_t, d, H = min(t, cfg.window), cfg.d_model, cfg.heads
+    two, evict, continual = cfg.layers == 2, t > cfg.window, landmark_mode == "continual"
+    dh, iters = d // H, cfg.pinv_iters
+    m = min(cfg.num_landmarks, n_t) if continual else cfg.num_landmarks      # landmarks in use
+    rebuilt, replaced, refreshed = (int(x) for x in events)
+    if cfg.variant == "continual" and two:
+        per_head = continual_retroactive_sda(n_t, dh, first=t == 1, evict=evict, rescaled=True)
+    elif cfg.variant == "continual":
+        per_head = continual_sda(n_t, dh)
+    else:
+        event = "rebuild" if rebuilt or t == 1 else "landmark" if replaced else "step"
+        per_head = continual_nystrom_sda(
+            n_t, dh, m, iters, event=event, evict=evict and event != "rebuild",
+            retroactive="factored" if two else False, p_rebuilt=event != "step",
+            warmup_landmarks=bool(rebuilt) and t < cfg.window, segment_sums=continual,
+            rescaled=True)
+    sda = H * per_head + refresh(refreshed, n_t, dh)
+    if not two:
+        return one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)
+    if cfg.variant == "continual":                  # block 1: the newest query over the window
+        sda = sda + H * continual_sda(n_t, dh)
+    else:                                           # new landmarks each step, or fixed ones once
+        sda = sda + H * windowed_nystrom_sda(n_t, dh, m, iters, landmark_update=continual or t == 1)
+    return two_block_step(sda, n_t, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes, H,
+                          factored=m if cfg.variant == "continual_nystrom" else 0,
+                          window_rows=H * (1 if cfg.variant == "continual" else m),
+                          segment_landmarks=m if continual else 0)
+
+
 def paper_table_ii(n: int = 120, d: int = 192, m: int = 4, iters: int = 6) -> dict[str, float]:
     """Our formulas in the paper's setting and convention: one head, full window, newest output.
 

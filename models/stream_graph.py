@@ -55,11 +55,21 @@ class StateTensor:
     dtype: torch.dtype
 
 
+def branch(pred: Tensor, yes, no, operands: tuple, masked: bool) -> tuple[Tensor, ...]:
+    """A rare event of the step: ``torch.cond`` (an ONNX If: one branch runs), or, ``masked``,
+    both branches and a select by ``pred`` (``where``), which batches over streams (torch.func.vmap:
+    each stream its own event) and needs no host synchronisation. Both give the same values."""
+    if not masked:
+        return torch.cond(pred, yes, no, operands)
+    return tuple(torch.where(pred, a, b) for a, b in zip(yes(*operands), no(*operands)))
+
+
 class StreamGraph(nn.Module, abc.ABC):
     """One block's streaming attention with explicit state; embedding, projections, block tail
-    and head around it make a 1-block model's step."""
+    and head around it make a 1-block model's step. ``masked``: events as selects (``branch``)."""
 
     kind = ""
+    masked = False
 
     def __init__(self, model, block: int = 0):
         super().__init__()
@@ -173,7 +183,7 @@ class RetroactiveGraph(StreamGraph):
         ref, den = torch.where(here, r, ref), torch.where(here, d, den)
         num, peak = torch.where(here.view(1, -1, 1), nm, num), torch.where(here, d, peak)
         ref, den, num, peak, stale = refresh(valid, key_scores, v_ring, ref, den, num, peak,
-                                             rows=valid & (t > 0))
+                                             rows=valid & (t > 0), masked=self.masked)
         a = torch.where(valid.view(1, -1, 1), num / den.unsqueeze(-1), torch.zeros(()))
         events = torch.stack([torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64), stale])
         return a, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak
@@ -307,7 +317,8 @@ class FixedNystromGraph(StreamGraph):
         v_ring, key_scores, ref, den, num, peak = slide(
             here, t >= self.n, torch.matmul(self.q_scaled, k.unsqueeze(-1)).squeeze(-1), v,
             v_ring, key_scores, ref, den, num, peak)
-        ref, den, num, peak, stale = refresh(self.slots < t + 1, key_scores, v_ring, ref, den, num, peak)
+        ref, den, num, peak, stale = refresh(self.slots < t + 1, key_scores, v_ring, ref, den, num, peak,
+                                             masked=self.masked)
         a = landmark_output(self, q, q_ring, self.k_scaled_t, self.z64, den, num)
         events = torch.stack([torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64), stale])
         queries = [q_ring] if self.retroactive else []
@@ -340,7 +351,8 @@ def slide(here: Tensor, full: Tensor, scores: Tensor, v: Tensor, v_ring, key_sco
     return v_ring, key_scores, ref, den, num, torch.maximum(peak, den)
 
 
-def refresh(valid: Tensor, key_scores: Tensor, v_ring: Tensor, ref, den, num, peak, rows=None):
+def refresh(valid: Tensor, key_scores: Tensor, v_ring: Tensor, ref, den, num, peak, rows=None,
+            masked: bool = False):
     """Rows whose denominator fell below TAU * peak (cancellation), recomputed from their cached
     scores over the valid slots; an ONNX If, taken only when a row is stale. ``rows``: (R,) the
     rows that may be (default all). Returns the rows' sums and how many were recomputed."""
@@ -356,5 +368,5 @@ def refresh(valid: Tensor, key_scores: Tensor, v_ring: Tensor, ref, den, num, pe
     def keep(valid, key_scores, v_ring, ref, den, num, peak, stale):
         return dense(ref, den, num, peak)
 
-    out = torch.cond(stale.any(), recompute, keep, (valid, key_scores, v_ring, ref, den, num, peak, stale))
+    out = branch(stale.any(), recompute, keep, (valid, key_scores, v_ring, ref, den, num, peak, stale), masked)
     return (*out, stale.sum().to(torch.int64))

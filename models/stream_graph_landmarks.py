@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .landmarks import segment_sizes
 from .sda.reference import landmark_pinv
-from .stream_graph import (F64, SegmentMeans, StateTensor, StreamGraph, dense, fresh_rows,
+from .stream_graph import (F64, SegmentMeans, StateTensor, StreamGraph, branch, dense, fresh_rows,
                            landmark_output, present_pinv, refresh, slide)
 
 
@@ -90,7 +90,7 @@ class ContinualNystromGraph(StreamGraph):
         operands = (t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
                     q_land, k_land, q_scaled, k_scaled_t, z64, done, completed)
         steady = warm & ~just_warm
-        out = torch.cond(steady, self.steady, self.rebuilt, operands)
+        out = branch(steady, self.steady, self.rebuilt, operands, self.masked)
         a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64, stale = out
         events = torch.stack([(~steady).to(torch.int64), (steady & done).to(torch.int64), stale])
         return (a, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
@@ -106,7 +106,7 @@ class ContinualNystromGraph(StreamGraph):
         """Warm-up, or the step that completes the m-th segment: everything from scratch."""
         q_ring, k_ring, v_ring = self.write(here, q, k, v, q_ring, k_ring, v_ring)
         operands = (t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed)
-        out = torch.cond(completed >= self.m, self.from_slots, self.from_window, operands)
+        out = branch(completed >= self.m, self.from_slots, self.from_window, operands, self.masked)
         return dense(out[0], q_ring, k_ring, v_ring, *out[1:], torch.zeros((), dtype=torch.int64))
 
     def from_slots(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
@@ -128,9 +128,10 @@ class ContinualNystromGraph(StreamGraph):
             v_ring, key_scores, ref, den, num, peak)
         operands = (n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
                     q_scaled, k_scaled_t, z64, completed)
-        key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64 = torch.cond(
-            done, self.replace, self.unchanged, operands)
-        ref, den, num, peak, stale = refresh(self.slots < n_t, key_scores, v_ring, ref, den, num, peak)
+        key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64 = branch(
+            done, self.replace, self.unchanged, operands, self.masked)
+        ref, den, num, peak, stale = refresh(self.slots < n_t, key_scores, v_ring, ref, den, num, peak,
+                                             masked=self.masked)
         a = landmark_output(self, q, q_ring, k_scaled_t, z64, den, num)
         return dense(a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t,
                      z64, stale)

@@ -17,11 +17,33 @@ from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from .sda.reference import landmark_pinv
-from .stream_graph import (ContinualGraph, FixedNystromGraph, NotExportable, RetroactiveGraph,
-                           SegmentMeans, StateTensor, StreamGraph, masked, present_pinv)
+from .stream_graph import (EXPORTABLE, ContinualGraph, FixedNystromGraph, NotExportable,
+                           RetroactiveGraph, SegmentMeans, StateTensor, StreamGraph, masked,
+                           present_pinv)
 from .stream_graph_landmarks import ContinualNystromGraph
 
 KINDS = ("continual", "continual_nystrom/continual", "continual_nystrom/fixed")
+
+
+def stream_graph(model, masked: bool = False) -> "StreamGraph | TwoBlockGraph":
+    """The explicit-state step of ``model`` (a GenreTransformer in eval mode): for ONNX export,
+    or, ``masked`` (its events as selects, stream_graph.branch), for a batch of streams."""
+    cfg = model.cfg
+    if cfg.variant not in EXPORTABLE:
+        raise NotExportable(f"a {cfg.variant!r} model recomputes its window each step and has no "
+                            f"streaming state to export; exportable: "
+                            f"continual, continual_nystrom (continual or fixed landmarks)")
+    fixed = cfg.variant == "continual_nystrom" and model.landmark_mode == "fixed"
+    if cfg.variant == "continual":
+        first = RetroactiveGraph if cfg.layers == 2 else ContinualGraph
+    else:
+        first = FixedNystromGraph if fixed else ContinualNystromGraph
+    graph = first(model)
+    graph.masked = masked
+    if cfg.layers == 1:
+        return graph
+    second = ContinualWindow if cfg.variant == "continual" else FixedWindow if fixed else LandmarkWindow
+    return TwoBlockGraph(model, graph, second(model))
 
 
 def state_spec_for(cfg, kind: str) -> list[StateTensor]:

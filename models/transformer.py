@@ -265,33 +265,22 @@ class GenreTransformer(nn.Module):
         n_t = min(self._t, cfg.window)
         d, L = cfg.d_model, len(self.blocks)
         if not self.continual:                       # full recomputation of the window
-            dh, m = d // cfg.heads, min(cfg.num_landmarks, n_t)
-            per_head = (F.regular_sda(n_t, dh) if cfg.variant == "regular" else
-                        F.nystrom_sda(n_t, dh, m, cfg.pinv_iters,
-                                      segment=self.landmark_mode != "fixed"))
-            sda = (L * cfg.heads) * per_head
-            proj = L * (F.linear(d, 3 * d, n_t) + F.linear(d, d, n_t))
-            tail = L * F.block_tail(d, cfg.ff_dim, n_t)
-            embed = F.linear(cfg.in_dim, d, n_t) + F.ew(n_t * d)
-        else:
-            total = F.Flops()
-            for b in self.blocks:
-                total = total + b.attn.sda.last_step
-            sda = F.Flops(total.matmul // B, total.other // B)
-            if L == 1:
-                return F.one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)
-            # retroactive block (out-proj and tail over n_t tokens), then window-fed block
-            marks = self.blocks[1].attn.sda.landmarks()  # with folded keys and values
-            first = self.blocks[0].attn.sda          # factored: W_o folded in (mha.py)
-            marks0 = getattr(first.st, "marks", None) if getattr(first, "factored", False) else None
-            return F.two_block_step(
-                sda, n_t, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes, cfg.heads,
-                factored=marks0.q.shape[1] if marks0 is not None else 0,
-                window_rows=cfg.heads * (marks[0].shape[1] if marks is not None else 1),
-                segment_landmarks=min(cfg.num_landmarks, n_t) if self.landmark_mode == "continual" else 0)
-        head = F.linear(d, cfg.num_classes, 1)
-        attention = sda + proj
-        return {"sda": sda, "attention": attention, "model": attention + tail + embed + head}
+            return F.recompute_step(cfg, n_t, self.landmark_mode)
+        total = F.Flops()
+        for b in self.blocks:
+            total = total + b.attn.sda.last_step
+        sda = F.Flops(total.matmul // B, total.other // B)
+        if L == 1:
+            return F.one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)
+        # retroactive block (out-proj and tail over n_t tokens), then window-fed block
+        marks = self.blocks[1].attn.sda.landmarks()  # with folded keys and values
+        first = self.blocks[0].attn.sda          # factored: W_o folded in (mha.py)
+        marks0 = getattr(first.st, "marks", None) if getattr(first, "factored", False) else None
+        return F.two_block_step(
+            sda, n_t, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes, cfg.heads,
+            factored=marks0.q.shape[1] if marks0 is not None else 0,
+            window_rows=cfg.heads * (marks[0].shape[1] if marks is not None else 1),
+            segment_landmarks=min(cfg.num_landmarks, n_t) if self.landmark_mode == "continual" else 0)
 
 
 def build_model(cfg: ModelConfig, *, seed: int | None = None, fused: bool = True) -> GenreTransformer:

@@ -1,4 +1,5 @@
-"""`python main.py classify`: one record per 0.25 s hop, per model, from a file, mic or demo."""
+"""`python main.py classify`: one record per 0.25 s hop, per model, from a file, mic or demo;
+several files (or ``--demo N``) run as concurrent streams of one engine (app/runtime/streams.py)."""
 from __future__ import annotations
 
 import sys
@@ -19,9 +20,11 @@ from .argtypes import POSITIVE, SECONDS, WINDOW, writable_file
 
 def add_arguments(p) -> None:
     src = p.add_argument_group("source (one of)")
-    src.add_argument("path", nargs="?", help="audio file (any format soundfile/librosa decodes)")
+    src.add_argument("path", nargs="*", help="audio files (any format soundfile/librosa decodes); "
+                                             "several run as concurrent streams of one engine")
     src.add_argument("--mic", action="store_true", help="capture from an input device")
-    src.add_argument("--demo", action="store_true", help="the built-in synthetic music signal")
+    src.add_argument("--demo", nargs="?", const=1, type=POSITIVE, metavar="N",
+                     help="the built-in synthetic music signal (N streams with seeds 0..N-1)")
     p.add_argument("--device", help="input device index or (partial) name, with --mic")
     p.add_argument("--list-devices", action="store_true", help="list input devices and exit")
     p.add_argument("--seconds", type=SECONDS, help="stop after this much audio (> 0)")
@@ -50,14 +53,14 @@ def add_arguments(p) -> None:
 
 def source_spec(args):
     from app.runtime.sources import SourceKind, SourceSpec
-    chosen = [bool(args.path), args.mic, args.demo]
+    chosen = [bool(args.path), args.mic, bool(args.demo)]
     if sum(chosen) != 1:
         raise SystemExit("classify: give exactly one source: PATH, --mic or --demo")
     if args.mic:
         return SourceSpec(SourceKind.MIC, args.device or "")
     if args.demo:
         return SourceSpec(SourceKind.DEMO, realtime=args.realtime, seconds=args.seconds)
-    return SourceSpec(SourceKind.FILE, args.path, realtime=args.realtime, loop=args.loop)
+    return SourceSpec(SourceKind.FILE, args.path[0], realtime=args.realtime, loop=args.loop)
 
 
 def list_devices() -> int:
@@ -93,6 +96,8 @@ def run(args) -> int:
     try:
         if args.list_devices:
             return list_devices()
+        if len(args.path) > 1 or (args.demo or 0) > 1:
+            return run_streams(args)
         device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
         source = source_spec(args).open(start=False)        # a bad file or device fails before the models load
         try:
@@ -159,3 +164,83 @@ def run(args) -> int:
     except (AudioError, CheckpointError, NonFiniteOutputError, OnnxModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+
+
+def stream_sources(args) -> tuple[list, int]:
+    """The sources of a many-stream run, and how many files could not be opened (each said in
+    one line); names made unique (a file given twice is two streams)."""
+    from audio.sources import DemoSource, FileSource
+    if args.demo:
+        sources = [DemoSource(seed=i, seconds=args.seconds) for i in range(args.demo)]
+        for i, s in enumerate(sources):
+            s.name = f"demo:{i}"
+        return sources, 0
+    sources, failed, seen = [], 0, {}
+    for path in args.path:
+        try:
+            source = FileSource(path)
+        except AudioError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        seen[source.name] = seen.get(source.name, 0) + 1
+        if seen[source.name] > 1:
+            source.name += f"#{seen[source.name]}"
+        sources.append(source)
+    return sources, failed
+
+
+def run_streams(args) -> int:
+    """Every file (or demo) as a stream of one engine: the models step once per hop for all of
+    them; records carry their stream's ``source``; one verdict per stream."""
+    from app.runtime.csv_rows import CsvRows
+    from app.runtime.frontend_args import frontend_from_args
+    from app.runtime.lineup import default_lineup
+    from app.runtime.records import csv_row, human
+    from app.runtime.streams import StreamsEngine
+    from app.runtime.verdict import Tally
+
+    if args.mic or args.realtime or args.loop or args.onnx or args.cuda:
+        raise SystemExit("classify: several streams run from files or --demo N, as fast as they "
+                         "decode, on the CPU, with torch models (not --mic, --realtime, --loop, --onnx, --cuda)")
+    sources, failed = stream_sources(args)
+    if not sources:
+        return 1
+    frontend = frontend_from_args(args, "cpu")
+    entries = default_lineup(frontend, "cpu", checkpoints=args.checkpoint, variants=args.variant,
+                             layers=args.layers, window=args.window, landmarks=args.landmarks, seed=args.seed)
+    engine = StreamsEngine(frontend, entries, capacity=len(sources))
+    print(f"# {len(sources)} streams in one engine; front end: {frontend.description}; models: "
+          + ", ".join(e.name + ("" if e.trained else "*") for e in entries), file=sys.stderr)
+    rows, tallies, said = CsvRows(args.csv) if args.csv else None, {s.name: Tally() for s in sources}, 0
+    try:
+        for r in engine.run(sources):
+            tallies[r.source].add(r)
+            if args.jsonl:
+                print(r.to_json(), flush=True)
+            elif rows is not None:
+                rows.write(csv_row(r))
+            else:
+                print(f"{r.source}  {human(r)}", flush=True)
+            for stream, why in engine.errors[said:]:
+                print(f"error: {stream.name}: {why}", file=sys.stderr)
+            said = len(engine.errors)
+            if args.seconds is not None and r.audio_time >= args.seconds - 1e-9:
+                stream = next(s for s in engine.streams if s.name == r.source)
+                engine.leave(stream)
+    finally:
+        if rows is not None:
+            rows.close()
+    for stream, why in engine.errors[said:]:
+        print(f"error: {stream.name}: {why}", file=sys.stderr)
+    for source in sources:
+        stats, tally = source.stats, tallies[source.name]
+        print(f"# {source.name}: {stats.hops} hops, {stats.nonfinite} non-finite samples zeroed, "
+              f"{stats.clipped} samples clipped", file=sys.stderr)
+        if tally.tops:
+            print(f"# verdict over {source.name}, per model:\n"
+                  + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)
+    if rows is not None:
+        print(f"# {rows.rows} rows in {args.csv}" if rows.created else f"# no rows, {args.csv} not written",
+              file=sys.stderr)
+    return 1 if failed or engine.errors else 0

@@ -18,31 +18,10 @@ from pathlib import Path
 import torch
 
 from audio.files import atomic_save
-from models.stream_graph import (EXPORTABLE, ContinualGraph, FixedNystromGraph, NotExportable,
-                                 RetroactiveGraph, StreamGraph)
-from models.stream_graph_landmarks import ContinualNystromGraph
-from models.stream_graph_two_block import (ContinualWindow, FixedWindow, LandmarkWindow,
-                                           TwoBlockGraph)
+from models.stream_graph import EXPORTABLE, NotExportable
+from models.stream_graph_two_block import stream_graph
 
 OPSET = 18
-
-
-def stream_graph(model) -> "StreamGraph | TwoBlockGraph":
-    """The explicit-state step of ``model`` (a GenreTransformer in eval mode)."""
-    cfg = model.cfg
-    if cfg.variant not in EXPORTABLE:
-        raise NotExportable(f"a {cfg.variant!r} model recomputes its window each step and has no "
-                            f"streaming state to export; exportable: "
-                            f"continual, continual_nystrom (continual or fixed landmarks)")
-    fixed = cfg.variant == "continual_nystrom" and model.landmark_mode == "fixed"
-    if cfg.variant == "continual":
-        first = RetroactiveGraph if cfg.layers == 2 else ContinualGraph
-    else:
-        first = FixedNystromGraph if fixed else ContinualNystromGraph
-    if cfg.layers == 1:
-        return first(model)
-    second = ContinualWindow if cfg.variant == "continual" else FixedWindow if fixed else LandmarkWindow
-    return TwoBlockGraph(model, first(model), second(model))
 
 
 def export_onnx(model, path: str | Path, *, classes: list[str], frontend: dict,

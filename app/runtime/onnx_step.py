@@ -257,31 +257,4 @@ class OnnxStep(nn.Module):
     def step_flops_detail(self) -> dict[str, F.Flops]:
         """The FLOPs of the step just taken, by the formulas of the torch step (models/flops.py)
         for the events the graph reported; its branch-free rescale counts as a rescale."""
-        cfg, t = self.cfg, self._t
-        n_t, d, H = min(t, cfg.window), cfg.d_model, cfg.heads
-        two, evict, continual = cfg.layers == 2, t > cfg.window, self.landmark_mode == "continual"
-        dh, iters = d // H, cfg.pinv_iters
-        m = min(cfg.num_landmarks, n_t) if continual else cfg.num_landmarks      # landmarks in use
-        rebuilt, replaced, refreshed = (int(x) for x in self._events)
-        if cfg.variant == "continual" and two:
-            per_head = F.continual_retroactive_sda(n_t, dh, first=t == 1, evict=evict, rescaled=True)
-        elif cfg.variant == "continual":
-            per_head = F.continual_sda(n_t, dh)
-        else:
-            event = "rebuild" if rebuilt or t == 1 else "landmark" if replaced else "step"
-            per_head = F.continual_nystrom_sda(
-                n_t, dh, m, iters, event=event, evict=evict and event != "rebuild",
-                retroactive="factored" if two else False, p_rebuilt=event != "step",
-                warmup_landmarks=bool(rebuilt) and t < cfg.window, segment_sums=continual,
-                rescaled=True)
-        sda = H * per_head + F.refresh(refreshed, n_t, dh)
-        if not two:
-            return F.one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)
-        if cfg.variant == "continual":                  # block 1: the newest query over the window
-            sda = sda + H * F.continual_sda(n_t, dh)
-        else:                                           # new landmarks each step, or fixed ones once
-            sda = sda + H * F.windowed_nystrom_sda(n_t, dh, m, iters, landmark_update=continual or t == 1)
-        return F.two_block_step(sda, n_t, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes, H,
-                                factored=m if cfg.variant == "continual_nystrom" else 0,
-                                window_rows=H * (1 if cfg.variant == "continual" else m),
-                                segment_landmarks=m if continual else 0)
+        return F.graph_step(self.cfg, self.landmark_mode, self._t, self._events)

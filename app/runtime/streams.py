@@ -1,0 +1,160 @@
+"""Many sources in one engine: a stream object per source (its hops, its front-end state, its
+position, a slot per phase in every model's batch), and one hop of every active stream at a time,
+each model stepped once for all of them (models/stream_batch.py): sherpa-onnx's server loop.
+
+A stream joins at any hop and leaves when its source ends or fails, or when a model answers it
+non-finite values: the others go on, and no stream's values depend on which others share the
+batch. Each stream's records equal what ``Engine`` gives it alone, within float32 rounding
+(tests/app/test_streams.py). The front end runs per stream (its continual caches are per stream);
+the models run batched.
+
+A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from audio.errors import AudioError, FrontEndMismatchError
+from audio.frontends import as_frontend
+from audio.melspec import HOP_SECONDS
+from models.stream_batch import StreamBatch
+
+from .records import ModelStep, StepResult
+
+
+@dataclass
+class Stream:
+    number: int                          # order of joining, 0-based
+    source: object                       # a hop source: FileSource, DemoSource, ...
+    hops: Iterator[np.ndarray]
+    frontend: object                     # its front end's per-stream state (``frontend.stream()``)
+    slots: dict[str, list[int]]          # model name -> its slot for each phase (spacing)
+    step: int = 0                        # hops taken
+    error: str | None = None             # why it left early
+    records: int = field(default=0)
+
+    @property
+    def name(self) -> str:
+        return getattr(self.source, "name", f"stream {self.number}")
+
+
+class StreamsEngine:
+    """Every model of ``entries`` (app/runtime/lineup.py) over up to ``capacity`` streams of one
+    front end. ``run(sources)`` yields one StepResult per stream per hop; ``errors`` lists the
+    streams that left early, with why."""
+
+    def __init__(self, frontend, entries, capacity: int):
+        self.frontend = as_frontend(frontend)
+        self.entries, self.batches = {}, {}
+        for e in entries:
+            if not hasattr(e.model, "state_dict") or not hasattr(e.model, "blocks"):
+                raise ValueError(f"{e.name} is an exported step: it runs one stream; classify its "
+                                 f"files one at a time")
+            fe = self.frontend
+            if (e.frontend is not None and e.frontend != fe.name) or e.model.cfg.in_dim != fe.token_dim:
+                raise FrontEndMismatchError(f"{e.name} was trained on {e.frontend} tokens but the streams' "
+                                            f"front end is {fe.name}; choose the front end it was trained on")
+            self.entries[e.name] = e
+            self.batches[e.name] = StreamBatch(e.model.eval(), capacity * e.spacing)
+        self.capacity = capacity
+        self.streams: list[Stream] = []
+        self.errors: list[tuple[Stream, str]] = []
+        self._joined = 0
+
+    # ------------------------------------------------------------------ streams
+    def join(self, source) -> Stream:
+        """A new stream of ``source`` from its first hop; ValueError when every slot is taken."""
+        if len(self.streams) >= self.capacity:
+            raise ValueError(f"all {self.capacity} streams are taken")
+        slots = {name: [self.batches[name].join() for _ in range(e.spacing)] for name, e in self.entries.items()}
+        stream = Stream(self._joined, source, iter(source), self.frontend.stream(), slots)
+        self._joined += 1
+        self.streams.append(stream)
+        return stream
+
+    def leave(self, stream: Stream, error: str | None = None) -> None:
+        for name, slots in stream.slots.items():
+            for slot in slots:
+                self.batches[name].leave(slot)
+        self.streams.remove(stream)
+        close = getattr(stream.source, "close", None)
+        if close is not None:
+            close()
+        if error is not None:
+            stream.error = error
+            self.errors.append((stream, error))
+
+    # ------------------------------------------------------------------ hops
+    def run(self, sources: Iterable) -> Iterator[StepResult]:
+        """Every source as a stream, all at once; records in hop order, streams in joining order."""
+        for source in sources:
+            self.join(source)
+        while self.streams:
+            yield from self.hop()
+
+    def hop(self) -> list[StepResult]:
+        """One hop of every active stream (a stream whose source has ended leaves)."""
+        taken, tokens = [], []
+        for stream in list(self.streams):
+            t0 = time.perf_counter()
+            try:
+                hop = next(stream.hops)
+            except StopIteration:
+                self.leave(stream)
+                continue
+            except AudioError as e:
+                self.leave(stream, str(e))
+                continue
+            token = stream.frontend.push(hop)
+            taken.append((stream, token, time.perf_counter() - t0))
+            tokens.append(token.token[0])
+        if not taken:
+            return []
+        x = torch.stack(tokens)                                                   # (S, D)
+        answers: dict[str, tuple[torch.Tensor, float]] = {}
+        for name, e in self.entries.items():
+            slots = torch.tensor([s.slots[name][s.step % e.spacing] for s, _, _ in taken])
+            t0 = time.perf_counter()
+            logits = self.batches[name].step(slots, x)
+            answers[name] = (torch.softmax(logits.float(), dim=-1), (time.perf_counter() - t0) * 1e3 / len(taken))
+        return self._records(taken, answers)
+
+    def _records(self, taken, answers) -> list[StepResult]:
+        out = []
+        for i, (stream, token, fe_s) in enumerate(taken):
+            models = {}
+            for name, e in self.entries.items():
+                p, latency = answers[name]
+                probabilities = [round(v, 6) for v in p[i].tolist()]
+                if not all(map(math.isfinite, probabilities)):
+                    self.leave(stream, f"{name} answered non-finite probabilities at hop {stream.step}; "
+                                       f"this stream stopped")
+                    models = None
+                    break
+                batch, cfg = self.batches[name], e.model.cfg
+                models[name] = ModelStep(
+                    probabilities=probabilities, classes=list(e.classes), flops=batch.step_flops(i),
+                    latency_ms=latency, state_bytes=batch.slot_nbytes * e.spacing, trained=e.trained,
+                    landmark_mode=batch.mode, landmark_update=batch.landmark_updated(i),
+                    warm=batch.window_full(i), spacing=e.spacing, variant=cfg.variant, layers=cfg.layers,
+                    window=cfg.window)
+            if models is None:
+                continue
+            stats = stream.source.stats
+            out.append(StepResult(
+                stream.step, (stream.step + 1 + stats.dropped) * HOP_SECONDS, stream.name,
+                self.frontend.description, models,
+                {"frontend": token.mel_ms + token.network_ms, "mel": token.mel_ms,
+                 "network": token.network_ms, "control": 0.0},
+                frontend_flops=token.flops, dropped_hops=stats.dropped,
+                input_rate=int(getattr(stream.source, "input_rate", 0) or 0),
+                done_time=time.monotonic(), mel=token.mel))
+            stream.step += 1
+            stream.records += 1
+        return out

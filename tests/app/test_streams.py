@@ -1,0 +1,139 @@
+"""Many sources in one engine (app/runtime/streams.py) and `classify FILE FILE ...`: each stream's
+records equal the single-stream engine's for that source alone, whenever it joined and whatever
+else ran; a stream that fails leaves alone."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.runtime.engine import Engine
+from app.runtime.lineup import Entry
+from app.runtime.streams import StreamsEngine
+from audio.frontends import build_frontend
+from audio.sources import DemoSource, FileSource
+from audio_helpers import tone, write
+from tiny import tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+# As tests/app/test_engine.py PROB_TOL: probabilities rounded to 6 decimals (+-5e-7), each path's
+# logits within 6 EPS32 (1 + S) sqrt(n) of float64 (S, the largest score of these tiny models on
+# musicnn taggrams, about 0.02: 2.1e-6 at n = 8; 10 stages for Nystrom blocks: 3.5e-6), and a
+# probability moves by at most half its logits' largest change: 5e-7 + (2.1 + 3.5) e-6 / 2 = 3.3e-6.
+PROB_TOL = 4e-6
+MODELS = [("regular", None, 1, 1), ("continual", None, 2, 4), ("nystrom", None, 1, 4),
+          ("continual_nystrom", "continual", 1, 4), ("continual_nystrom", "continual", 2, 1)]
+
+
+@pytest.fixture(scope="module")
+def frontend():
+    return build_frontend("musicnn")
+
+
+def entries():
+    out = []
+    for i, (variant, mode, layers, spacing) in enumerate(MODELS):
+        model = tiny_model(variant, n=8, in_dim=50, layers=layers, seed=i).use_fused(True)
+        out.append(Entry(f"{variant}/{layers}/{spacing}", model, True, spacing, "musicnn"))
+    return out
+
+
+def alone(frontend, source) -> list:
+    es = entries()
+    engine = Engine(frontend, {e.name: e.model for e in es}, spacing={e.name: e.spacing for e in es})
+    return list(engine.run(source))
+
+
+def same(errors, got: list, want: list) -> None:
+    assert [r.step for r in got] == [r.step for r in want]
+    assert [r.audio_time for r in got] == [r.audio_time for r in want]
+    worst = 0.0
+    for g, w in zip(got, want):
+        assert g.source == w.source and set(g.models) == set(w.models)
+        for name, m in g.models.items():
+            worst = max(worst, float(np.abs(np.subtract(m.probabilities, w.models[name].probabilities)).max()))
+            assert m.warm == w.models[name].warm and m.spacing == w.models[name].spacing
+            assert m.flops["model"] >= w.models[name].flops["model"]           # + the branch-free rescale
+    errors("many streams vs each source alone (probabilities)", worst, PROB_TOL)
+
+
+def named(source, name: str):
+    source.name = name
+    return source
+
+
+def test_streams_joining_at_different_hops_each_equal_their_source_alone(frontend, tmp_path, errors):
+    song = write(tmp_path / "song.wav", tone(3.0, 22050, 330.0, channels=2), 22050)
+    make = {"demo:0": lambda: named(DemoSource(seed=0, seconds=5), "demo:0"), "file:song.wav": lambda: FileSource(song),
+            "demo:3": lambda: named(DemoSource(seed=3, seconds=2), "demo:3")}
+    engine = StreamsEngine(frontend, entries(), capacity=3)
+    got = {name: [] for name in make}
+    engine.join(make["demo:0"]())
+    engine.join(make["file:song.wav"]())
+    hop = 0
+    while engine.streams:
+        if hop == 5:
+            engine.join(make["demo:3"]())                              # joins at hop 5
+        for r in engine.hop():
+            got[r.source].append(r)
+        hop += 1
+    for name, records in got.items():
+        same(errors, records, alone(frontend, make[name]()))
+    assert [len(got[n]) for n in make] == [20, 12, 8] and engine.errors == []
+
+
+def test_a_stream_whose_file_changes_leaves_and_the_others_run_to_their_end(frontend, tmp_path, errors):
+    victim = write(tmp_path / "v.wav", tone(6.0, 16000, 440.0), 16000)
+    engine = StreamsEngine(frontend, entries(), capacity=2)
+    records = {"file:v.wav": [], "demo": []}
+    engine.join(FileSource(victim))
+    engine.join(DemoSource(seed=0, seconds=4))
+    for r in engine.run([]):
+        records[r.source].append(r)
+        if len(records["file:v.wav"]) == 2:
+            write(victim, tone(6.0, 16000, 220.0), 16000)          # rewritten while it is read
+    (stream, why), = engine.errors
+    assert stream.name == "file:v.wav" and "changed while it was being read" in why
+    assert len(records["file:v.wav"]) < 24 and len(records["demo"]) == 16
+    same(errors, records["demo"], alone(frontend, DemoSource(seed=0, seconds=4)))
+
+
+def test_exported_steps_are_refused_in_one_line(frontend, tmp_path):
+    class Exported:                           # what lineup gives for an .onnx file: no torch blocks
+        cfg = tiny_model("continual", n=8, in_dim=50).cfg
+    with pytest.raises(ValueError, match="exported step: it runs one stream"):
+        StreamsEngine(frontend, [Entry("onnx:x", Exported(), True, 4, "musicnn")], capacity=2)
+
+
+def classify(*args):
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", *map(str, args)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_classify_runs_several_files_as_streams_and_says_which_one_failed(tmp_path):
+    a = write(tmp_path / "a.wav", tone(2.0, 44100, 440.0, channels=2), 44100)
+    b = write(tmp_path / "b.flac", tone(3.0, 16000, 220.0), 16000)
+    r = classify(a, tmp_path / "missing.wav", b, a, "--jsonl")
+    assert r.returncode == 1
+    assert [x for x in r.stderr.splitlines() if x.startswith("error:")] == [
+        f"error: audio file not found: {tmp_path / 'missing.wav'}"]
+    records = [json.loads(x) for x in r.stdout.splitlines()]
+    by_source = {}
+    for x in records:
+        by_source.setdefault(x["source"], []).append(x["step"])
+    assert by_source == {"file:a.wav": list(range(8)), "file:b.flac": list(range(12)), "file:a.wav#2": list(range(8))}
+    assert r.stderr.count("# verdict over") == 3
+    alone_a = [json.loads(x) for x in classify(a, "--jsonl").stdout.splitlines()]   # the numbers: above
+    assert [(x["step"], x["audio_time"], sorted(x["models"])) for x in alone_a] == [
+        (x["step"], x["audio_time"], sorted(x["models"])) for x in records if x["source"] == "file:a.wav"]
+
+
+def test_classify_demo_n_runs_n_streams(tmp_path):
+    out = tmp_path / "steps.csv"
+    r = classify("--demo", "3", "--seconds", "1", "--csv", out)
+    assert r.returncode == 0, r.stderr
+    import csv
+    rows = list(csv.DictReader(out.open()))
+    assert sorted({x["source"] for x in rows}) == ["demo:0", "demo:1", "demo:2"] and len(rows) == 12

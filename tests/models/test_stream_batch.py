@@ -1,0 +1,124 @@
+"""Many streams of one model in one batch (models/stream_batch.py): each stream's logits equal
+its own single-stream float64 step at every step, whatever else is in the batch and whenever it
+joined; one stream's NaN tokens or events change no other stream's values."""
+import copy
+import random
+
+import pytest
+import torch
+
+from error_model import model_scores, relative_tol
+from models.landmarks import fit_fixed_landmarks
+from models.stream_batch import SlotsFull, StreamBatch
+from tiny import tiny_model
+
+STAGES = 6          # float32 stages chained in a block (as tests/app/test_onnx_export.py): embedding,
+                    # q/k/v projection, scores, softmax sums, output projection, feed-forward
+NYSTROM_STAGES = 10  # the same with Nystrom attention's six (tests/models/test_fused.py: three
+                     # softmax factors, the pseudo-inverse, two products) for scores and sums
+N, M, D = 8, 2, 16
+CASES = [(v, mode, layers) for layers in (1, 2) for v, mode in (
+    ("regular", None), ("nystrom", None), ("nystrom", "fixed"), ("continual", None),
+    ("continual_nystrom", "continual"), ("continual_nystrom", "fixed"))]
+
+
+def model_of(variant: str, mode: str | None, layers: int, seed: int = 0):
+    model = tiny_model(variant, n=N, in_dim=D, landmarks=M, layers=layers, seed=seed)
+    if mode == "fixed":
+        g = torch.Generator().manual_seed(seed)
+        fit_fixed_landmarks(model, [torch.rand(8, N, D, generator=g)], seed=0)
+        model.set_landmark_mode("fixed")
+    return model.use_fused(False)
+
+
+@pytest.mark.parametrize("variant, mode, layers", CASES)
+def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(variant, mode, layers, errors, seed):
+    model = model_of(variant, mode, layers, seed)
+    batch = StreamBatch(model, capacity=4)
+    rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
+    alone: dict[int, tuple] = {}                 # slot -> (float64 model, its tokens so far)
+    worst, joined, left = (0.0, 1.0), 0, 0
+    for hop in range(70):
+        if batch.streams < 4 and hop % 3 == 0:                      # joins every third hop while room
+            exact = copy.deepcopy(model).double()
+            exact.reset(1)
+            alone[batch.join()] = (exact, [])
+            joined += 1
+        if hop % 11 == 10:                                          # a random stream leaves
+            slot = rng.choice(sorted(alone))
+            batch.leave(slot)
+            del alone[slot]
+            left += 1
+        slots = torch.tensor(sorted(alone))
+        scale = 1 + 9 * (hop % 20 >= 10)                          # the tokens' scale swings 10x
+        tokens = torch.rand(len(slots), D, generator=g) * scale
+        got = batch.step(slots, tokens)
+        for i, slot in enumerate(slots.tolist()):
+            exact, seen = alone[slot]
+            seen.append(tokens[i].double())
+            want = exact.step(tokens[i:i + 1].double())[0]
+            window = torch.stack(seen[-N:])[None]
+            stages = (NYSTROM_STAGES if "nystrom" in variant else STAGES) * layers
+            tol = relative_tol(model_scores(exact, window, exact.window_start()), N, stages)
+            err = (got[i].double() - want).abs().max().item() / max(1.0, want.abs().max().item())
+            if err / tol > worst[0] / worst[1]:
+                worst = (err, tol)
+    assert joined >= 9 and left == 6                                   # streams came and went
+    errors(f"stream batch {variant}/{mode} {layers} block(s) vs float64", *worst)
+
+
+@pytest.mark.parametrize("variant, mode, layers", [c for c in CASES if c[2] == 1] + [("continual_nystrom", "continual", 2)])
+def test_a_streams_nan_tokens_and_events_change_no_other_stream(variant, mode, layers):
+    """Three streams at different positions (so at different events: warm-up, landmark
+    replacement, steady): the first two give the same bits whether the third is fed NaN, huge
+    or ordinary tokens."""
+    model = model_of(variant, mode, layers)
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.rand(40, 3, D, generator=g)
+    runs = []
+    for third in ("ordinary", "nan", "huge"):
+        batch = StreamBatch(model, capacity=3)
+        outs = []
+        for hop in range(40):
+            if hop in (0, 5, 13):                                   # joins at different hops
+                batch.join()
+            slots = torch.arange(min(3, 1 + (hop >= 5) + (hop >= 13)))
+            x = tokens[hop, :len(slots)].clone()
+            if len(slots) == 3:
+                x[2] = {"ordinary": x[2], "nan": torch.full((D,), float("nan")), "huge": x[2] * 1e6}[third]
+            outs.append(batch.step(slots, x)[:2].clone())
+        runs.append(outs)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+    assert all(torch.isfinite(o).all() for o in runs[1])
+
+
+def test_slots_are_reused_and_refused_when_full():
+    batch = StreamBatch(model_of("continual", None, 1), capacity=2)
+    a, b = batch.join(), batch.join()
+    with pytest.raises(SlotsFull, match="all 2 slots"):
+        batch.join()
+    batch.leave(a)
+    assert batch.join() == a and batch.streams == 2
+    assert (a, b) == (0, 1)
+
+
+def test_flops_follow_the_single_stream_formulas():
+    """Per stream, the FLOPs of its position and events: the torch step's, plus the rescale
+    the graph takes branch-free (as the ONNX export)."""
+    for variant, mode in (("regular", None), ("continual_nystrom", "continual"), ("continual", None)):
+        model = model_of(variant, mode, 1)
+        single = copy.deepcopy(model)
+        single.reset(1)
+        batch = StreamBatch(model, capacity=1)
+        batch.join()
+        g = torch.Generator().manual_seed(2)
+        for _ in range(3 * N):
+            x = torch.rand(1, D, generator=g)
+            single.step(x)
+            batch.step(torch.tensor([0]), x)
+            got, want = batch.step_flops(0), single.step_flops()
+            assert got["sda"] >= want["sda"] and got["model"] - want["model"] == got["sda"] - want["sda"]
+            assert (got == want) or variant != "regular"
+            assert batch.window_full(0) == single.window_full()
