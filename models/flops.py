@@ -261,7 +261,7 @@ def recompute_step(cfg, n_t: int, landmark_mode: str | None) -> dict[str, Flops]
 
 
 def graph_step(cfg, landmark_mode: str | None, t: int, events) -> dict[str, Flops]:
-    """The t-th step (1-based) of a continual model's explicit-state graph (models/stream_graph*.py,
+    """The t-th step (1-based) of a continual model's explicit-state graph (models/stream/,
     the ONNX export and the batch of streams), by the torch step's formulas for the events it
     reported (rebuilt, replaced, rows refreshed); its branch-free rescale counts as a rescale."""
     n_t, d, H = min(t, cfg.window), cfg.d_model, cfg.heads

@@ -1,8 +1,11 @@
 """`python main.py bench`: per-step latency and FLOPs of every variant against torch's recompute
 (app/offline/bench.py); `--gui` the live window (app/gui/bench.py); `--control` a control storm on a
 live stream (app/offline/bench_control.py); `--evaluate` evaluation speed; `--onnx` the exported
-step against the torch and fused steps (app/offline/bench_onnx.py)."""
+step against the torch and fused steps (app/offline/bench_onnx.py); `--streams` many streams in one
+engine (app/offline/bench_streams.py)."""
 from __future__ import annotations
+
+import sys
 
 from . import command
 from .argtypes import POSITIVE, SECONDS, integer, window_list, writable_path
@@ -30,6 +33,10 @@ def add_arguments(p) -> None:
                         "Ray instance with 1 and 2 workers; tracks per minute, start-up, worker memory")
     p.add_argument("--onnx", action="store_true",
                    help="instead: the exported step (ONNX Runtime) vs the torch and fused steps of the same models")
+    p.add_argument("--streams", action="store_true",
+                   help="instead: S = 1, 2, 4, ... demo streams in one engine (musicnn and the shipped "
+                        "models) until the p95 hop passes 125 ms; the real-time capacity")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="with --streams: where it runs")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -121,7 +128,19 @@ def run(args) -> int:
         r = onnx_bench(args.steps, args.budget, only=args.only)
         print_onnx(r)
         page("onnx", r)
-    if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx:
+    if args.streams:
+        import torch
+
+        from app.offline.bench_streams import print_streams, streams_bench
+        if args.device == "cuda" and not torch.cuda.is_available():
+            print("error: --device cuda: no CUDA device here", file=sys.stderr)
+            return 1
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        r = streams_bench(args.device)
+        print_streams(r)
+        page(f"streams-{args.device}", r)
+    if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams:
         return 0
     from app.offline import bench
     data = bench.run(args.windows, steps=args.steps, budget_s=args.budget,

@@ -18,24 +18,12 @@ import sys
 import tempfile
 import time
 
+from app.runtime.memory import rss_mb
 from app.runtime.records import percentile
 from audio.melspec import HOP_MS
 
 RSS_EVERY_S = 10.0
 SETTLE_S = 300.0            # memory growth is counted after the first 5 minutes
-
-
-def rss_mb(pid: int | str = "self") -> float:
-    """Resident memory of a process now (MB; Linux /proc; nan if it is gone; elsewhere this
-    process's peak so far)."""
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except FileNotFoundError:
-        return float("nan")
-    except OSError:
-        import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
 
 
 def start_hogs(n: int) -> list[subprocess.Popen]:

@@ -213,6 +213,19 @@ def onnx_body(runs: dict) -> str:
             "for speed on this CPU.\n")
 
 
+def streams_body(runs: dict) -> str:
+    from .bench_streams import streams_table, streams_why
+    out = []
+    for kind, e in runs.items():
+        r = e["data"]
+        out += [provenance(e), "", f"{r['device']}, {r['threads']} threads; {r['frontend']} and "
+                f"{', '.join(r['models'])}; {r['hops']} timed hops per row; matmul peak "
+                f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB.", ""]
+        out += streams_table(r) + ["", f"Real-time capacity: **{r['capacity']} streams** ({r['device']}). "
+                                   + (streams_why(r) if "frontend_flops_per_stream_hop" in r["rows"][-1] else ""), ""]
+    return "\n".join(out) + "\n"
+
+
 SECTIONS = [
     ("Attention and model steps", ["attention"],
      "Per-step latency, batch 1, CPU, window full, of every variant's SDA (16 heads of d = 12 folded "
@@ -252,6 +265,14 @@ SECTIONS = [
      "step); the file's size. The shipped trained musicnn models and untrained models of the papers' size, "
      "with 1 and 2 blocks.",
      onnx_body),
+    ("Many streams in one engine", ["streams-cpu", "streams-cuda"],
+     "`bench --streams [--device cpu|cuda]`: S demo streams (seeds 0..S-1) in one engine, S = 1, 2, 4, ... "
+     "until the p95 hop passes half a hop (125 ms). A hop: every stream's audio and musicnn front end "
+     "(per stream, its continual caches), then each of the five shipped models stepped once for all "
+     "streams (models/stream/batch.py). FLOPs per stream-hop: the front end's and the five models' "
+     "(the formulas of the single-stream steps); GFLOP/s against one `torch.mm` of 2 x 512^3 FLOPs. "
+     "The capacity is the largest S whose p95 hop is at most 125 ms.",
+     streams_body),
     ("Evaluation speed", ["evaluate"],
      "`bench --evaluate`: `evaluate` on 300 synthetic sequences x 120 steps x 6 checkpoints.",
      evaluate_body),

@@ -1,5 +1,5 @@
-"""Export a continual model's streaming step to ONNX (the graphs: models/stream_graph.py and
-stream_graph_landmarks.py; here the file, through torch's exporter and its IR): one graph, inputs
+"""Export a continual model's streaming step to ONNX (the graphs: models/stream/graph.py and
+graph_landmarks.py; here the file, through torch's exporter and its IR): one graph, inputs
 ``token``, ``t`` and the state tensors, outputs ``logits``, ``t_next``, ``events`` and
 ``next_<state>``, with the class names, the front end and the model's config as metadata.
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from audio.files import atomic_save
-from models.stream_graph import EXPORTABLE, NotExportable
-from models.stream_graph_two_block import stream_graph
+from models.stream.graph import EXPORTABLE, NotExportable
+from models.stream.two_block import stream_graph
 
 OPSET = 18
 

@@ -1,4 +1,4 @@
-"""Process memory that stays flat over long streams.
+"""Process memory that stays flat over long streams, and its measure (``rss_mb``).
 
 glibc raises its mmap threshold each time a large block (a decoded audio block, a tensor) is
 freed; later blocks of that size then come from the heap, whose fragments keep the process's
@@ -8,6 +8,7 @@ the system when it is freed: 481-484 MB at hops 100-1,000 (one run each; README 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 M_MMAP_THRESHOLD = -3            # mallopt parameter (malloc.h)
@@ -22,3 +23,16 @@ def fixed_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
         return ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, size) == 1
     except (OSError, AttributeError):        # musl, or no libc.so.6
         return False
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident memory of a process now (MB; Linux /proc; nan if it is gone; elsewhere this
+    process's peak so far)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except FileNotFoundError:
+        return float("nan")
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10

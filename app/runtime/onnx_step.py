@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from models import flops as F
 from models.checkpoint import MAX_FILE_BYTES, check_classes, check_frontend, checked_config
-from models.stream_graph_two_block import KINDS, state_spec_for
+from models.stream.two_block import KINDS, state_spec_for
 
 NUMPY = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int64)": np.int64}
 

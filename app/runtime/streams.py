@@ -1,6 +1,6 @@
 """Many sources in one engine: a stream object per source (its hops, its front-end state, its
 position, a slot per phase in every model's batch), and one hop of every active stream at a time,
-each model stepped once for all of them (models/stream_batch.py): sherpa-onnx's server loop.
+each model stepped once for all of them (models/stream/batch.py): sherpa-onnx's server loop.
 
 A stream joins at any hop and leaves when its source ends or fails, or when a model answers it
 non-finite values: the others go on, and no stream's values depend on which others share the
@@ -23,7 +23,7 @@ import torch
 from audio.errors import AudioError, FrontEndMismatchError
 from audio.frontends import as_frontend
 from audio.melspec import HOP_SECONDS
-from models.stream_batch import StreamBatch
+from models.stream.batch import StreamBatch
 
 from .records import ModelStep, StepResult
 
@@ -63,6 +63,7 @@ class StreamsEngine:
             self.entries[e.name] = e
             self.batches[e.name] = StreamBatch(e.model.eval(), capacity * e.spacing)
         self.capacity = capacity
+        self.device = next((next(e.model.parameters()).device for e in entries), torch.device("cpu"))
         self.streams: list[Stream] = []
         self.errors: list[tuple[Stream, str]] = []
         self._joined = 0
@@ -116,7 +117,7 @@ class StreamsEngine:
             tokens.append(token.token[0])
         if not taken:
             return []
-        x = torch.stack(tokens)                                                   # (S, D)
+        x = torch.stack(tokens).to(self.device)                                   # (S, D)
         answers: dict[str, tuple[torch.Tensor, float]] = {}
         for name, e in self.entries.items():
             slots = torch.tensor([s.slots[name][s.step % e.spacing] for s, _, _ in taken])

@@ -1,4 +1,4 @@
-"""The exported streaming step (`main.py export`, models/stream_graph.py) run by ONNX Runtime equals
+"""The exported streaming step (`main.py export`, models/stream/graph.py) run by ONNX Runtime equals
 the torch step: 1,000 steps of the shipped trained models on real musicnn tokens and on a stream
 whose scale swings 20x, each step against the float64 model with the suite's error model
 (tests/error_model.py); the events it reports are the torch step's; the docs' example runs

@@ -1,4 +1,4 @@
-"""Many streams of one model in one batch (models/stream_batch.py): each stream's logits equal
+"""Many streams of one model in one batch (models/stream/batch.py): each stream's logits equal
 its own single-stream float64 step at every step, whatever else is in the batch and whenever it
 joined; one stream's NaN tokens or events change no other stream's values."""
 import copy
@@ -9,7 +9,7 @@ import torch
 
 from error_model import model_scores, relative_tol
 from models.landmarks import fit_fixed_landmarks
-from models.stream_batch import SlotsFull, StreamBatch
+from models.stream.batch import SlotsFull, StreamBatch
 from tiny import tiny_model
 
 STAGES = 6          # float32 stages chained in a block (as tests/app/test_onnx_export.py): embedding,

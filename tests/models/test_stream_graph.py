@@ -1,9 +1,9 @@
-"""The exported graphs' warm-up with fewer landmarks than m (models/stream_graph.present_pinv):
+"""The exported graphs' warm-up with fewer landmarks than m (models/stream/graph.present_pinv):
 absent landmarks padded as the identity leave the present ones' pseudo-inverse as it is."""
 import torch
 
 from models.sda.reference import landmark_pinv
-from models.stream_graph import present_pinv
+from models.stream.graph import present_pinv
 
 
 def test_absent_landmarks_leave_the_present_ones_pseudo_inverse_and_exact_zeros_off_it():

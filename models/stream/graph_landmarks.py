@@ -1,21 +1,21 @@
 """The explicit-state step of a continual Nyström model with continual landmarks (stream-aligned
 segment means, models/landmarks.py), for ONNX export; the shared parts are in
-models/stream_graph.py."""
+models/stream/graph.py."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .landmarks import segment_sizes
-from .sda.reference import landmark_pinv
-from .stream_graph import (F64, SegmentMeans, StateTensor, StreamGraph, branch, dense, fresh_rows,
+from ..landmarks import segment_sizes
+from ..sda.reference import landmark_pinv
+from .graph import (F64, SegmentMeans, StateTensor, StreamGraph, branch, dense, fresh_rows,
                            landmark_output, present_pinv, refresh, slide)
 
 
 class ContinualNystromGraph(StreamGraph):
     """Continual Nyström SDA with continual landmarks: stream-aligned segment means
     (models/landmarks.py). Warm-up (t + 1 < n): everything from the partial window each step
-    (fewer than m tokens: the absent landmarks padded, stream_graph.present_pinv); the step that
+    (fewer than m tokens: the absent landmarks padded, graph.present_pinv); the step that
     completes the m-th segment: rebuilt from the m landmark slots; then one landmark replaced
     every n/m steps (new pseudo-inverse, its row over the window)."""
 

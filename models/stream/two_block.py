@@ -1,11 +1,11 @@
 """The explicit-state step of a 2-block model, for ONNX export: block 0 retroactive (every
-query of the window updated each step, models/stream_graph.py and stream_graph_landmarks.py with
+query of the window updated each step, models/stream/graph.py and graph_landmarks.py with
 ``retroactive``), block 1 single-output over the window block 0 gives (GenreTransformer.step).
 
 Block 0's window lives in ring order: slot t % n holds the t-th token. Block 1's attention needs
 no order of its keys (a softmax over them, sums weighted by it); its continual landmarks do: the
 stream-aligned segments of models/landmarks.aligned_segments, mapped to ring slots at export
-(stream_graph.SegmentMeans). Block 1's keys
+(graph.SegmentMeans). Block 1's keys
 and values are never formed: its products go through the window with the projections folded in,
 as models/sda/window.FoldedKeyValues does. Its only state is block 0's: the window of inputs for
 the residuals (``x_ring``) is the one piece this module adds.
@@ -16,18 +16,18 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
 
-from .sda.reference import landmark_pinv
-from .stream_graph import (EXPORTABLE, ContinualGraph, FixedNystromGraph, NotExportable,
+from ..sda.reference import landmark_pinv
+from .graph import (EXPORTABLE, ContinualGraph, FixedNystromGraph, NotExportable,
                            RetroactiveGraph, SegmentMeans, StateTensor, StreamGraph, masked,
                            present_pinv)
-from .stream_graph_landmarks import ContinualNystromGraph
+from .graph_landmarks import ContinualNystromGraph
 
 KINDS = ("continual", "continual_nystrom/continual", "continual_nystrom/fixed")
 
 
 def stream_graph(model, masked: bool = False) -> "StreamGraph | TwoBlockGraph":
     """The explicit-state step of ``model`` (a GenreTransformer in eval mode): for ONNX export,
-    or, ``masked`` (its events as selects, stream_graph.branch), for a batch of streams."""
+    or, ``masked`` (its events as selects, graph.branch), for a batch of streams."""
     cfg = model.cfg
     if cfg.variant not in EXPORTABLE:
         raise NotExportable(f"a {cfg.variant!r} model recomputes its window each step and has no "
@@ -131,7 +131,7 @@ class WindowAttention(nn.Module):
     def nystrom(self, q: Tensor, xw: Tensor, valid: Tensor, q_scaled: Tensor, k_scaled_t: Tensor,
                 z: Tensor, present: Tensor | None = None) -> Tensor:
         """s(q K~^T) Z s(Q~ K^T) V (H, dh), float32 throughout as the torch window step;
-        ``present``: the landmarks in use (models/stream_graph.present_pinv)."""
+        ``present``: the landmarks in use (models/stream/graph.present_pinv)."""
         k1 = torch.softmax(masked(torch.matmul(q.unsqueeze(1), k_scaled_t), present), dim=-1)   # (H, 1, m)
         k3 = torch.softmax(self.scores(q_scaled, xw, valid), dim=-1)           # (H, m, n)
         return torch.matmul(torch.matmul(k1, z), self.mix(k3, xw)).squeeze(1)

@@ -17,12 +17,12 @@ shapes (``initial_state``) and t = 0.
 
 Each graph is one block's attention (``attend``: the newest token's q, k, v and the state -> the
 attention output and the next state) and, as ``forward``, a 1-block model around it. With
-``retroactive`` (block 0 of a 2-block model, models/stream_graph_two_block.py) ``attend`` returns
+``retroactive`` (block 0 of a 2-block model, models/stream/two_block.py) ``attend`` returns
 the outputs of every ring slot, (H, n, dh), instead of the newest token's (H, dh).
 
 Here: ``continual`` (single-output and retroactive SDA, Hedegaard et al.) and ``continual_nystrom``
 with fixed landmarks; continual landmarks (Carreto Picón et al.) are in
-models/stream_graph_landmarks.py. The arithmetic is the torch step's (models/sda/continual.py,
+models/stream/graph_landmarks.py. The arithmetic is the torch step's (models/sda/continual.py,
 continual_nystrom.py, running_sums.py): Nyström rows in float64, retroactive rows in float32, the
 pseudo-inverse from ``landmark_pinv`` rounded to float32 as the step keeps it.
 """
@@ -36,9 +36,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
 
-from .landmarks import aligned_segments
-from .running_sums import TAU, fresh_sums
-from .sda.reference import landmark_pinv, pinv
+from ..landmarks import aligned_segments
+from ..running_sums import TAU, fresh_sums
+from ..sda.reference import landmark_pinv, pinv
 
 F64 = torch.float64
 EXPORTABLE = ("continual", "continual_nystrom")

@@ -2,7 +2,7 @@
 warm-up and events, so that streams join and leave at any step without touching the others.
 
 Continual variants: the slots hold the explicit state of the model's step graph
-(models/stream_graph*.py, the graph the ONNX export writes) stacked along a slot axis, and one
+(models/stream/, the graph the ONNX export writes) stacked along a slot axis, and one
 call of ``torch.func.vmap`` over the graph steps every stream given. The graph's rare events
 (a stale row recomputed, a continual landmark replaced, a warm-up rebuild) are masks here
 (``masked=True``: both branches, a per-stream select), never Python branches: a step has no
@@ -24,9 +24,9 @@ import math
 import torch
 from torch import Tensor
 
-from . import flops as F
-from .stream_graph import EXPORTABLE
-from .stream_graph_two_block import stream_graph
+from .. import flops as F
+from .graph import EXPORTABLE
+from .two_block import stream_graph
 
 
 class SlotsFull(RuntimeError):
