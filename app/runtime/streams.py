@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,7 +37,6 @@ class Stream:
     slots: dict[str, list[int]]          # model name -> its slot for each phase (spacing)
     step: int = 0                        # hops taken
     error: str | None = None             # why it left early
-    records: int = field(default=0)
 
     @property
     def name(self) -> str:
@@ -157,5 +156,4 @@ class StreamsEngine:
                 input_rate=int(getattr(stream.source, "input_rate", 0) or 0),
                 done_time=time.monotonic(), mel=token.mel))
             stream.step += 1
-            stream.records += 1
         return out

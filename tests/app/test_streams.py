@@ -124,10 +124,8 @@ def test_classify_runs_several_files_as_streams_and_says_which_one_failed(tmp_pa
     for x in records:
         by_source.setdefault(x["source"], []).append(x["step"])
     assert by_source == {"file:a.wav": list(range(8)), "file:b.flac": list(range(12)), "file:a.wav#2": list(range(8))}
-    assert r.stderr.count("# verdict over") == 3
-    alone_a = [json.loads(x) for x in classify(a, "--jsonl").stdout.splitlines()]   # the numbers: above
-    assert [(x["step"], x["audio_time"], sorted(x["models"])) for x in alone_a] == [
-        (x["step"], x["audio_time"], sorted(x["models"])) for x in records if x["source"] == "file:a.wav"]
+    assert r.stderr.count("# verdict over") == 3                    # the numbers: the tests above
+    assert [x["audio_time"] for x in records if x["source"] == "file:a.wav"] == [0.25 * (i + 1) for i in range(8)]
 
 
 def test_classify_demo_n_runs_n_streams(tmp_path):
