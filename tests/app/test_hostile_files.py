@@ -379,3 +379,24 @@ def test_terminal_lines_strip_control_characters_from_names():
     line = human(StepResult(0, 0.25, "demo", "musicnn", {"onnx:x\x1b[31m": step},
                             {"frontend": 1.0, "mel": 0.5, "network": 0.5, "control": 0.0}))
     assert "\x1b" not in line and "rock\\x1b[2J" in line
+
+
+def test_a_sweep_work_folder_someone_else_could_write_is_not_restored(tmp_path):
+    """Ray Tune's restore unpickles the experiment's files: restored only when the user alone
+    can write every file and folder in it (no links)."""
+    from app.offline.sweep import UntrustedWorkError, check_trusted
+    experiment = tmp_path / "tune" / "sweep-abc"
+    (experiment / "trial").mkdir(parents=True)
+    os.chmod(tmp_path / "tune", 0o755)
+    for folder in (experiment, experiment / "trial"):
+        os.chmod(folder, 0o755)
+    (experiment / "tuner.pkl").write_bytes(b"pickle")
+    os.chmod(experiment / "tuner.pkl", 0o644)
+    check_trusted(experiment)                                     # the user's own run: restored
+    os.chmod(experiment / "tuner.pkl", 0o666)
+    with pytest.raises(UntrustedWorkError, match="tuner.pkl is writable by others"):
+        check_trusted(experiment)
+    os.chmod(experiment / "tuner.pkl", 0o644)
+    os.symlink(tmp_path / "elsewhere.pkl", experiment / "trial" / "params.pkl")
+    with pytest.raises(UntrustedWorkError, match="params.pkl is a link"):
+        check_trusted(experiment)
