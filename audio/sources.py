@@ -20,7 +20,7 @@ import numpy as np
 import soxr
 
 from .decoding import SourceStats, condition, probe, stream
-from .errors import AudioDeviceError, DeviceLostError
+from .errors import AudioDeviceError, DeviceLostError, printable
 from .melspec import HOP, HOP_SECONDS, SAMPLE_RATE, num_tokens
 
 
@@ -68,7 +68,7 @@ class FileSource:
         self.stats = SourceStats()
         self.audio = probe(path)              # a bad file fails here, before any model loads
         self.info = self.audio.info()
-        self.name = f"file:{Path(path).name}"
+        self.name = f"file:{printable(Path(path).name)}"      # a non-UTF-8 name shows its bytes as \xff
         self.input_rate = self.info["input_rate"]
         self.realtime, self.loop = realtime, loop
         self._stop = threading.Event()

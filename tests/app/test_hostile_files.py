@@ -257,14 +257,20 @@ def test_extract_skips_hostile_tracks_with_their_reasons_and_keeps_the_rest(tmp_
     assert list(tokens.ids) == ["blues/blues.00000.wav"] and len(tokens.metadata["skipped"]) == 3
 
 
-def test_a_valid_file_with_a_name_that_is_not_utf8_is_classified(tmp_path):
+def run_main(capsys, *args) -> tuple[int, str]:
+    """main.py ARGS in this process (no memory cap needed): (exit status, stderr)."""
+    from app.cli import main
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr().err
+
+
+def test_a_valid_file_with_a_name_that_is_not_utf8_is_classified(tmp_path, capsys):
     path = tmp_path / os.fsdecode(b"bad\xff.wav")
     write(tmp_path / "good.wav", tone(3.0, 16000, 440.0), 16000)
     os.rename(tmp_path / "good.wav", path)
-    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", path, "--window", "8"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT, errors="replace")
-    assert r.returncode == 0, r.stderr
-    assert "# verdict over" in r.stderr and "cannot decode" not in r.stderr
+    code, err = run_main(capsys, "classify", path, "--window", "8")
+    assert code == 0, err
+    assert "# verdict over file:bad\\xff.wav" in err and "cannot decode" not in err
 
 
 # ----------------------------------------------------------------------------- writes
@@ -313,32 +319,30 @@ def test_a_lock_file_that_is_a_link_is_refused_and_its_target_kept(tmp_path):
             pass
 
 
-def test_csv_output_over_a_link_replaces_the_link_not_its_target(tmp_path):
+def test_csv_output_over_a_link_replaces_the_link_not_its_target(tmp_path, capsys):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     out = tmp_path / "steps.csv"
     os.symlink(victim, out)
-    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", "--demo", "--seconds", "1",
-                        "--window", "8", "--csv", out], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
+    code, err = run_main(capsys, "classify", "--demo", "--seconds", "1", "--window", "8", "--csv", out)
+    assert code == 0, err
     assert victim.read_text() == "precious" and not out.is_symlink()
     assert len(list(csv.DictReader(out.open()))) == 4
 
 
-def test_a_parts_folder_that_is_a_link_is_refused(tmp_path):
+def test_a_parts_folder_that_is_a_link_is_refused(tmp_path, capsys):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "g" / "blues").mkdir(parents=True)
     write(tmp_path / "g" / "blues" / "blues.00000.wav", tone(1.0, 16000, 440.0), 16000)
     os.symlink(elsewhere, tmp_path / "t.npz.parts")
-    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "extract", "--gtzan", tmp_path / "g",
-                        "--out", tmp_path / "t.npz"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 1 and "is a link" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    code, err = run_main(capsys, "extract", "--gtzan", tmp_path / "g", "--out", tmp_path / "t.npz")
+    assert code == 1 and "is a link" in err, err
     assert list(elsewhere.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- names
-def test_class_names_with_formulas_are_prefixed_in_csv_and_control_characters_refused(tmp_path):
+def test_class_names_with_formulas_are_prefixed_in_csv_and_control_characters_refused(tmp_path, capsys):
     from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from tiny import tiny_model
     names = ["=HYPERLINK(\"http://x\")", "+1", "-1", "@SUM(A1)", "<b>bold</b>"] + [f"g{i}" for i in range(5)]
@@ -346,10 +350,9 @@ def test_class_names_with_formulas_are_prefixed_in_csv_and_control_characters_re
     frontend = {"name": "musicnn", "token_dim": 50, "spacing_hops": 4}
     save_checkpoint(model, tmp_path / "m.pt", classes=names, frontend=frontend)
     out = tmp_path / "steps.csv"
-    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", "--demo", "--seconds", "2",
-                        "--checkpoint", tmp_path / "m.pt", "--csv", out],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert r.returncode == 0, r.stderr
+    code, err = run_main(capsys, "classify", "--demo", "--seconds", "2", "--checkpoint", tmp_path / "m.pt",
+                         "--csv", out)
+    assert code == 0, err
     rows = list(csv.reader(out.open()))
     cells = [c for row in rows for c in row]
     assert not any(c.startswith(("=", "+", "@")) or (c.startswith("-") and not is_number(c)) for c in cells)

@@ -2,9 +2,6 @@
 records equal the single-stream engine's for that source alone, whenever it joined and whatever
 else ran; a stream that fails leaves alone."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,7 +14,6 @@ from audio.sources import DemoSource, FileSource
 from audio_helpers import tone, write
 from tiny import tiny_model
 
-ROOT = Path(__file__).resolve().parents[2]
 # As tests/app/test_engine.py PROB_TOL: probabilities rounded to 6 decimals (+-5e-7), each path's
 # logits within 6 EPS32 (1 + S) sqrt(n) of float64 (S, the largest score of these tiny models on
 # musicnn taggrams, about 0.02: 2.1e-6 at n = 8; 10 stages for Nystrom blocks: 3.5e-6), and a
@@ -107,31 +103,34 @@ def test_exported_steps_are_refused_in_one_line(frontend, tmp_path):
         StreamsEngine(frontend, [Entry("onnx:x", Exported(), True, 4, "musicnn")], capacity=2)
 
 
-def classify(*args):
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", *map(str, args)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+def classify(capsys, *args):
+    """main.py classify ARGS in this process: (exit status, stdout, stderr)."""
+    from app.cli import main
+    code = main(["classify", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
-def test_classify_runs_several_files_as_streams_and_says_which_one_failed(tmp_path):
+def test_classify_runs_several_files_as_streams_and_says_which_one_failed(tmp_path, capsys):
     a = write(tmp_path / "a.wav", tone(2.0, 44100, 440.0, channels=2), 44100)
     b = write(tmp_path / "b.flac", tone(3.0, 16000, 220.0), 16000)
-    r = classify(a, tmp_path / "missing.wav", b, a, "--jsonl")
-    assert r.returncode == 1
-    assert [x for x in r.stderr.splitlines() if x.startswith("error:")] == [
+    code, out, err = classify(capsys, a, tmp_path / "missing.wav", b, a, "--jsonl")
+    assert code == 1
+    assert [x for x in err.splitlines() if x.startswith("error:")] == [
         f"error: audio file not found: {tmp_path / 'missing.wav'}"]
-    records = [json.loads(x) for x in r.stdout.splitlines()]
+    records = [json.loads(x) for x in out.splitlines()]
     by_source = {}
     for x in records:
         by_source.setdefault(x["source"], []).append(x["step"])
     assert by_source == {"file:a.wav": list(range(8)), "file:b.flac": list(range(12)), "file:a.wav#2": list(range(8))}
-    assert r.stderr.count("# verdict over") == 3                    # the numbers: the tests above
+    assert err.count("# verdict over") == 3                    # the numbers: the tests above
     assert [x["audio_time"] for x in records if x["source"] == "file:a.wav"] == [0.25 * (i + 1) for i in range(8)]
 
 
-def test_classify_demo_n_runs_n_streams(tmp_path):
+def test_classify_demo_n_runs_n_streams(tmp_path, capsys):
     out = tmp_path / "steps.csv"
-    r = classify("--demo", "3", "--seconds", "1", "--csv", out)
-    assert r.returncode == 0, r.stderr
+    code, _, err = classify(capsys, "--demo", "3", "--seconds", "1", "--csv", out)
+    assert code == 0, err
     import csv
     rows = list(csv.DictReader(out.open()))
     assert sorted({x["source"] for x in rows}) == ["demo:0", "demo:1", "demo:2"] and len(rows) == 12

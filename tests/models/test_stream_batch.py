@@ -38,7 +38,7 @@ def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(varia
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     alone: dict[int, tuple] = {}                 # slot -> (float64 model, its tokens so far)
     worst, joined, left = (0.0, 1.0), 0, 0
-    for hop in range(70):
+    for hop in range(56):
         if batch.streams < 4 and hop % 3 == 0:                      # joins every third hop while room
             exact = copy.deepcopy(model).double()
             exact.reset(1)
@@ -63,7 +63,7 @@ def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(varia
             err = (got[i].double() - want).abs().max().item() / max(1.0, want.abs().max().item())
             if err / tol > worst[0] / worst[1]:
                 worst = (err, tol)
-    assert joined >= 9 and left == 6                                   # streams came and went
+    assert joined >= 8 and left == 5                                   # streams came and went
     errors(f"stream batch {variant}/{mode} {layers} block(s) vs float64", *worst)
 
 
