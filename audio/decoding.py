@@ -85,8 +85,9 @@ def reason(e: BaseException) -> str:
     return text or type(e).__name__
 
 
-def probe(path: str | Path) -> AudioFile:
-    """Check that ``path`` is a readable, non-empty audio file; AudioFileError says why not."""
+def probe(path: str | Path, max_seconds: float = MAX_SECONDS) -> AudioFile:
+    """Check that ``path`` is a readable, non-empty audio file whose header claims at most
+    ``max_seconds`` (MAX_WHOLE_SECONDS for a file held whole); AudioFileError says why not."""
     import soundfile as sf
 
     path = Path(path)
@@ -113,7 +114,7 @@ def probe(path: str | Path) -> AudioFile:
     found.stamp = stamp(st)
     if found.frames == 0:
         raise AudioFileError(f"{path} contains no audio samples")
-    check_claims(path, found.input_rate, found.channels, found.frames, MAX_SECONDS)
+    check_claims(path, found.input_rate, found.channels, found.frames, max_seconds)
     return found
 
 
@@ -165,30 +166,34 @@ def modified_in_place(audio: AudioFile) -> bool:
 def stream(audio: AudioFile, stats: SourceStats) -> Iterator[np.ndarray]:
     """The file as consecutive 16 kHz mono float32 chunks (about BLOCK_SECONDS each);
     AudioFileError if the file is not the one ``probe`` checked, or changes while it is read."""
-
     rs = (soxr.ResampleStream(audio.input_rate, SAMPLE_RATE, 1, dtype="float32")
           if audio.input_rate != SAMPLE_RATE else None)
-    block = block_frames(audio)
     if audio.whole is not None:
+        block = block_frames(audio)
         blocks = (audio.whole[i:i + block] for i in range(0, len(audio.whole), block))
         yield from _resampled(blocks, rs, stats)
         return
     with _open_checked(audio) as f:
-        def blocks():
-            while True:
-                try:
-                    x = f.read(block, dtype="float32", always_2d=True)
-                except Exception as e:  # noqa: BLE001 - a file damaged after its header
-                    raise AudioFileError(f"{audio.path} is corrupt or truncated after "
-                                         f"{f.tell() / audio.input_rate:.1f} s ({reason(e)})") from e
-                if modified_in_place(audio):
-                    raise AudioFileError(f"{audio.path} changed while it was being read, after "
-                                         f"{f.tell() / audio.input_rate:.1f} s: "
-                                         f"{changed_since_probe(audio)}; the run ends here")
-                if len(x) == 0:
-                    return
-                yield x
-        yield from _resampled(blocks(), rs, stats)
+        yield from _resampled(native_blocks(audio, f), rs, stats)
+
+
+def native_blocks(audio: AudioFile, f) -> Iterator[np.ndarray]:
+    """The open file ``f`` block by block, (frames, channels) float32 at its own rate;
+    AudioFileError if it is damaged after its header or changes while it is read."""
+    block = block_frames(audio)
+    while True:
+        try:
+            x = f.read(block, dtype="float32", always_2d=True)
+        except Exception as e:  # noqa: BLE001 - a file damaged after its header
+            raise AudioFileError(f"{audio.path} is corrupt or truncated after "
+                                 f"{f.tell() / audio.input_rate:.1f} s ({reason(e)})") from e
+        if modified_in_place(audio):
+            raise AudioFileError(f"{audio.path} changed while it was being read, after "
+                                 f"{f.tell() / audio.input_rate:.1f} s: "
+                                 f"{changed_since_probe(audio)}; the run ends here")
+        if len(x) == 0:
+            return
+        yield x
 
 
 def _open_checked(audio: AudioFile):
@@ -227,8 +232,7 @@ def _resampled(blocks, rs, stats) -> Iterator[np.ndarray]:
 def decode_file(path: str | Path, stats: SourceStats | None = None) -> tuple[np.ndarray, dict]:
     """A whole file -> (16 kHz mono float32, info), for the offline paths (token files): the
     result is held, the file's native samples are not."""
-    audio = probe(path)
-    check_claims(path, audio.input_rate, audio.channels, audio.frames, MAX_WHOLE_SECONDS)
+    audio = probe(path, MAX_WHOLE_SECONDS)
     chunks, n, limit = [], 0, audio.samples           # sized from what is read, never from the claim
     for chunk in stream(audio, stats if stats is not None else SourceStats()):
         chunks.append(chunk[:limit - n])
@@ -241,22 +245,11 @@ def decode_file(path: str | Path, stats: SourceStats | None = None) -> tuple[np.
 def read_native(path: str | Path) -> tuple[np.ndarray, int]:
     """A whole file at its own rate, (frames, channels) float32, and the rate: blocks read and
     joined (memory from what is read, at most MAX_WHOLE_SECONDS), for the offline musicnn grid."""
-    audio = probe(path)
-    check_claims(path, audio.input_rate, audio.channels, audio.frames, MAX_WHOLE_SECONDS)
+    audio = probe(path, MAX_WHOLE_SECONDS)
     if audio.whole is not None:
         return audio.whole, audio.input_rate
-    blocks, n = [], 0
     with _open_checked(audio) as f:
-        while n < audio.frames:
-            try:
-                x = f.read(min(block_frames(audio), audio.frames - n), dtype="float32", always_2d=True)
-            except Exception as e:  # noqa: BLE001 - a file damaged after its header
-                raise AudioFileError(f"{audio.path} is corrupt or truncated after "
-                                     f"{n / audio.input_rate:.1f} s ({reason(e)})") from e
-            if len(x) == 0:
-                break
-            blocks.append(x)
-            n += len(x)
+        blocks = list(native_blocks(audio, f))
     if not blocks:
         raise AudioFileError(f"{path} contains no audio samples")
     return np.concatenate(blocks), audio.input_rate

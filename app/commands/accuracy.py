@@ -97,8 +97,7 @@ def prepare_parts(parts: Path, manifest: dict, log) -> Path:
     """The folder of finished files' predictions: kept when it belongs to this very run (same
     files, front end and checkpoints), so a rerun resumes; else emptied."""
     mpath = parts / "manifest.json"
-    if parts.is_symlink():
-        own_folder(parts)                                # refused: never written through
+    own_folder(parts)                                    # a link or a file there: refused
     try:
         same = json.loads(mpath.read_text()) == manifest
     except (OSError, ValueError):

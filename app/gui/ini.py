@@ -13,7 +13,9 @@ back in Qt, and Qt's files read here.
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 from audio.files import atomic_write_text
@@ -57,21 +59,20 @@ class IniSettings:
         atomic_write_text(self.path, dumps(self.values))
 
     def _read(self) -> None:
-        try:
-            st = os.stat(self.path)
+        try:                                             # a FIFO or device: refused, never waited on
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file")
+                data = f.read(MAX_BYTES + 1)             # never more than the limit, whatever it holds
         except FileNotFoundError:
             return
         except OSError as e:
             self.problems.append(f"{self.path} cannot be read ({e.strerror}); defaults used")
             return
-        if st.st_size > MAX_BYTES:
-            self.problems.append(f"{self.path} is {st.st_size:,} bytes, over the {MAX_BYTES:,} a "
-                                 f"settings file may have; defaults used")
-            return
-        try:
-            data = self.path.read_bytes()[:MAX_BYTES]
-        except OSError as e:
-            self.problems.append(f"{self.path} cannot be read ({e.strerror}); defaults used")
+        if len(data) > MAX_BYTES:
+            self.problems.append(f"{self.path} is over the {MAX_BYTES:,} bytes a settings file may "
+                                 f"have; defaults used")
             return
         self.values, self.refused = loads(data)
         for key in self.refused:

@@ -136,8 +136,7 @@ def resume_parts(parts: Path, manifest: dict, log) -> None:
     """Make ``parts`` ready for this extraction: kept when its manifest is this one; set aside
     (renamed, named in the log) when its manifest is damaged, so that everything is recomputed."""
     mpath = parts / "manifest.json"
-    if parts.is_symlink():
-        own_folder(parts)                                # refused: never written through
+    own_folder(parts)                                    # a link or a file there: refused
     if mpath.exists():
         try:
             old = json.loads(mpath.read_text())

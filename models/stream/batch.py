@@ -54,6 +54,7 @@ class StreamBatch:
         self.events = torch.zeros(0, 3, dtype=torch.int64)     # (S, 3) of the last step (continual)
         self.stepped = torch.zeros(0, dtype=torch.int64)       # (S,) positions + 1 after the last step
         self.mode = model.landmark_mode
+        self._flops: dict[tuple, dict[str, int]] = {}          # (position up to n + 1, events) -> FLOPs
         per_slot = ([math.prod(s.shape) * s.dtype.itemsize for s in self.graph.state_spec()]
                     if self.continual else [self.cfg.window * self.cfg.in_dim * 4])
         self.slot_nbytes = sum(per_slot)
@@ -80,11 +81,14 @@ class StreamBatch:
     def step_flops(self, i: int) -> dict[str, int]:
         """FLOPs of the last step of the i-th stream stepped (models/flops.py: the formulas of the
         single-stream step for its position and events; the masked branches not taken are not
-        counted)."""
-        t = int(self.stepped[i])
-        detail = (F.graph_step(self.cfg, self.mode, t, self.events[i].tolist()) if self.continual
-                  else F.recompute_step(self.cfg, min(t, self.cfg.window), self.mode))
-        return {k: v.total for k, v in detail.items()}
+        counted). They depend on the position only up to n + 1, so each count is made once."""
+        t = min(int(self.stepped[i]), self.cfg.window + 1)
+        key = (t, tuple(self.events[i].tolist())) if self.continual else (t,)
+        if key not in self._flops:
+            detail = (F.graph_step(self.cfg, self.mode, t, key[1]) if self.continual
+                      else F.recompute_step(self.cfg, min(t, self.cfg.window), self.mode))
+            self._flops[key] = {k: v.total for k, v in detail.items()}
+        return dict(self._flops[key])
 
     def landmark_updated(self, i: int) -> bool:
         return self.continual and bool(self.events[i, 1])

@@ -79,7 +79,7 @@ def test_a_checkpoint_whose_zip_claims_more_than_it_holds_is_refused(tmp_path):
         load_checkpoint(H.lying_checkpoint(tmp_path / "lie.pt"))
 
 
-def test_checkpoint_tensors_stay_in_the_file_until_their_shapes_are_checked(tmp_path):
+def test_a_weight_claiming_a_huge_shape_is_refused_by_its_shape_before_any_copy(tmp_path):
     """A checkpoint whose weight claims a (2^16, 2^16) shape as a stride-0 view of one float:
     refused by its shape before any copy or NaN check touches 16 GB."""
     import torch
@@ -133,6 +133,32 @@ def test_an_onnx_constant_folding_bomb_is_refused_before_a_session_exists(tmp_pa
     onnx.save(model, str(tmp_path / "inside.onnx"))
     refused(["classify", "--demo", "--seconds", "1", "--onnx", tmp_path / "inside.onnx"],
             "would hold 268,435,456 elements")
+
+
+def test_the_size_bound_is_the_configs_own_and_no_tensor_in_the_file_raises_it(tmp_path, tiny_export):
+    """The bound's base is the largest tensor of a step of the config: a real export's largest
+    initializer and largest inferred value equal it. An initializer declaring more (its data need
+    not even be there) is refused, and so is a folding bomb beside it."""
+    import math
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from app.runtime.onnx_step import OnnxModelError, OnnxStep, all_graphs, checked_file, size_base
+    meta = checked_file(tiny_export)
+    model = onnx.load(str(tiny_export))
+    inits = [math.prod(t.dims) for g in all_graphs(model.graph) for t in g.initializer]
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+    values = [math.prod(d.dim_value for d in v.type.tensor_type.shape.dim)
+              for g in all_graphs(inferred.graph) for v in list(g.value_info) + list(g.output)
+              if all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)]
+    assert max(inits) == max(values) == size_base(meta["config"], meta["kind"])
+    model.graph.initializer.append(TensorProto(name="inflate", data_type=TensorProto.FLOAT, dims=[4096, 4096]))
+    model.graph.initializer.append(helper.make_tensor("bomb_shape", TensorProto.INT64, [2], [4096, 4096]))
+    model.graph.node.append(helper.make_node("ConstantOfShape", ["bomb_shape"], ["bomb"]))
+    onnx.save(model, str(tmp_path / "inflated.onnx"))
+    with pytest.raises(OnnxModelError, match=r"tensor 'inflate' has shape \(4096, 4096\), over the 49,152"):
+        OnnxStep(tmp_path / "inflated.onnx")
 
 
 @pytest.mark.parametrize("case, changes, drop, phrase", [

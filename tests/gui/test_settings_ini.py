@@ -75,3 +75,10 @@ def test_a_settings_file_over_its_size_limit_is_not_read(tmp_path):
     (tmp_path / "big.ini").write_bytes(b"[a]\nk=" + b"x" * (1 << 20) + b"\n")
     s = IniSettings(tmp_path / "big.ini")
     assert s.values == {} and "over the 1,048,576" in s.problems[0]
+
+
+def test_a_settings_path_that_is_a_fifo_is_refused_without_waiting(tmp_path):
+    import os
+    os.mkfifo(tmp_path / "s.ini")
+    s = IniSettings(tmp_path / "s.ini")
+    assert s.values == {} and "not a regular file" in s.problems[0]
