@@ -52,9 +52,53 @@ class FrontEnd(Protocol):
         """A fresh per-stream state with ``push(hop (4000,)) -> HopToken``."""
         ...
 
+    def batch(self, capacity: int):
+        """Slots for ``capacity`` streams: ``join() -> slot``, ``leave(slot)``, and
+        ``push(slots, hops) -> [HopToken]`` running the network once for every stream given."""
+        ...
+
     def file_tokens(self, path: str | Path) -> tuple[torch.Tensor, dict]:
         """A file's tokens (T, D) on the grid its token files use, and decode info."""
         ...
+
+
+class _Slots:
+    """Per-slot log-mel state beside a batched network; a subclass says how one hop's mel
+    states become the network's tokens."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.mels: list = [None] * capacity
+
+    def join(self) -> int:
+        if None not in self.mels:
+            raise ValueError(f"all {len(self.mels)} front-end slots are taken")
+        slot = self.mels.index(None)
+        self.mels[slot] = self.new_mel()
+        self.joined(slot)
+        return slot
+
+    def leave(self, slot: int) -> None:
+        self.mels[slot] = None
+
+    def joined(self, slot: int) -> None:
+        pass
+
+    def push(self, slots: list[int], hops: list[np.ndarray]) -> list[HopToken]:
+        """One hop of each stream in ``slots``: its log-mel alone, the network for all at once;
+        each token's ``network_ms`` is its share of the batched call."""
+        mels, mel_ms = [], []
+        for slot, hop in zip(slots, hops):
+            t0 = time.perf_counter()
+            mels.append(self.mels[slot].push(hop))
+            mel_ms.append((time.perf_counter() - t0) * 1e3)
+        t0 = time.perf_counter()
+        tokens, flops = self.network(slots, mels)
+        tokens = tokens.cpu()
+        share = (time.perf_counter() - t0) * 1e3 / max(len(slots), 1)
+        return [HopToken(tokens[i:i + 1], self.shown(mels[i]), mel_ms[i], share, flops[i])
+                for i in range(len(slots))]
 
 
 def frontend_metadata(fe: FrontEnd) -> dict:
@@ -77,6 +121,9 @@ class VGGishFrontEnd:
     def stream(self):
         return _VGGishStream(self.embedder)
 
+    def batch(self, capacity: int):
+        return _VGGishSlots(self.embedder, capacity)
+
     def file_tokens(self, path):
         from .tokens import tokens_for_file
         return tokens_for_file(path, self.embedder)
@@ -95,6 +142,21 @@ class _VGGishStream:
         t2 = time.perf_counter()
         return HopToken(token, patch[-melspec.FRAMES_PER_HOP:], (t1 - t0) * 1e3, (t2 - t1) * 1e3,
                         self.flops)
+
+
+class _VGGishSlots(_Slots):
+    def __init__(self, embedder, capacity: int):
+        super().__init__(capacity)
+        self.embedder, self.flops = embedder, vggish_flops()
+
+    def new_mel(self):
+        return melspec.StreamingLogMel()
+
+    def network(self, slots, patches):
+        return self.embedder(np.stack(patches)), [self.flops] * len(slots)
+
+    def shown(self, patch):
+        return patch[-melspec.FRAMES_PER_HOP:]
 
 
 def vggish_flops() -> int:
@@ -132,6 +194,9 @@ class MusicnnFrontEnd:
     def stream(self):
         return _MusicnnStream(self.net, self.continual)
 
+    def batch(self, capacity: int):
+        return _MusicnnSlots(self.net, self.continual, capacity)
+
     @torch.no_grad()
     def file_tokens(self, path, batch_size: int = 16):
         """Tokens of a file on the original implementation's grid (resampy 0.2.2 kaiser_best
@@ -156,6 +221,46 @@ class _MusicnnStream:
         token = self.net.push(frames)[None].cpu()
         t2 = time.perf_counter()
         return HopToken(token, frames, (t1 - t0) * 1e3, (t2 - t1) * 1e3, 2 * self.net.last_macs)
+
+
+class _MusicnnSlots(_Slots):
+    """Continual: the caches of every slot in one MusicnnBatch. Recomputed: each slot's raw
+    187-frame patch, the network run on all of them."""
+
+    def __init__(self, net, continual: bool, capacity: int):
+        super().__init__(capacity)
+        self.net, self.continual = net, continual
+        if continual:
+            from .musicnn_batch import MusicnnBatch
+            self.caches = MusicnnBatch(net, capacity)
+        else:
+            from .musicnn import PATCH_FRAMES, patch_macs
+            self.patches = torch.zeros(capacity, PATCH_FRAMES, musicnn_mel.BANDS, device=net.input_bn.mean.device)
+            self.macs = patch_macs()
+
+    def new_mel(self):
+        return musicnn_mel.StreamingMel()
+
+    def joined(self, slot: int) -> None:
+        if self.continual:
+            self.caches.reset(slot)
+        else:
+            self.patches[slot] = 0.0
+
+    @torch.no_grad()
+    def network(self, slots, frames):
+        if self.continual:
+            taggrams = self.caches.push(slots, frames)
+            return taggrams, [2 * int(self.caches.macs[s]) for s in slots]
+        for slot, f in zip(slots, frames):
+            k = min(len(f), len(self.patches[slot]))
+            if k:
+                new = torch.as_tensor(np.asarray(f[-k:], dtype=np.float32), device=self.patches.device)
+                self.patches[slot] = torch.cat([self.patches[slot, k:], new])
+        return self.net(self.patches[slots]), [2 * self.macs] * len(slots)
+
+    def shown(self, frames):
+        return frames
 
 
 def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:

@@ -92,6 +92,21 @@ class TimbralCache:
         return torch.cat([head, self.rows[e:P - e], tail]), computed
 
 
+def toeplitz_taps(w: Tensor, before: int, rows: range, frames: range, skip_old_rows_below: int | None = None) -> Tensor:
+    """(len(rows) * C, len(frames)) from the taps w (K, C): the weight of frame f in row r (tap
+    f - r + before; zero outside the kernel, and for rows < ``skip_old_rows_below`` zero on frames
+    that are not new, i.e. below that same index). Rows r-major, channels within."""
+    K = len(w)
+    r = torch.arange(rows.start, rows.stop, device=w.device)[:, None]
+    f = torch.arange(frames.start, frames.stop, device=w.device)[None, :]
+    j = f - r + before                                                # (R, F)
+    ok = (j >= 0) & (j < K)
+    if skip_old_rows_below is not None:
+        ok &= ~((r < skip_old_rows_below) & (f < skip_old_rows_below))
+    taps = w[j.clamp(0, K - 1)] * ok[..., None]                       # (R, F, C)
+    return taps.permute(0, 2, 1).reshape(-1, len(frames)).contiguous()
+
+
 class TemporalAccumulator:
     """Pre-activations of one temporal branch over the zero-padded patch, kept in a ring of
     patch rows ``z`` (187, C, 96) and updated per hop by subtracting leaving and adding arriving
@@ -114,18 +129,8 @@ class TemporalAccumulator:
         self.start = 0                                                # ring slot of patch row 0
 
     def _toeplitz(self, key, rows: range, frames: range, skip_old_rows_below: int | None = None) -> Tensor:
-        """(len(rows) * C, len(frames)): the weight of frame f in row r (tap f - r + before;
-        zero outside the kernel, and for rows < ``skip_old_rows_below`` zero on frames that
-        are not new, i.e. below that same index)."""
         if key not in self._taps:
-            r = torch.arange(rows.start, rows.stop, device=self.w.device)[:, None]
-            f = torch.arange(frames.start, frames.stop, device=self.w.device)[None, :]
-            j = f - r + self.before                                   # (R, F)
-            ok = (j >= 0) & (j < self.K)
-            if skip_old_rows_below is not None:
-                ok &= ~((r < skip_old_rows_below) & (f < skip_old_rows_below))
-            taps = self.w[j.clamp(0, self.K - 1)] * ok[..., None]     # (R, F, C)
-            self._taps[key] = taps.permute(0, 2, 1).reshape(-1, len(frames)).contiguous()
+            self._taps[key] = toeplitz_taps(self.w, self.before, rows, frames, skip_old_rows_below)
         return self._taps[key]
 
     def _ring(self, rows: range) -> list[tuple[slice, slice]]:

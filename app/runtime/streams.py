@@ -5,8 +5,9 @@ each model stepped once for all of them (models/stream/batch.py): sherpa-onnx's 
 A stream joins at any hop and leaves when its source ends or fails, or when a model answers it
 non-finite values: the others go on, and no stream's values depend on which others share the
 batch. Each stream's records equal what ``Engine`` gives it alone, within float32 rounding
-(tests/app/test_streams.py). The front end runs per stream (its continual caches are per stream);
-the models run batched.
+(tests/app/test_streams.py). The front end is batched too: each stream's log-mel alone, then the
+network once for every stream of the hop (its continual caches in per-stream slots,
+audio/musicnn_batch.py).
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 """
@@ -33,7 +34,7 @@ class Stream:
     number: int                          # order of joining, 0-based
     source: object                       # a hop source: FileSource, DemoSource, ...
     hops: Iterator[np.ndarray]
-    frontend: object                     # its front end's per-stream state (``frontend.stream()``)
+    frontend_slot: int                   # its slot in the front end's batch
     slots: dict[str, list[int]]          # model name -> its slot for each phase (spacing)
     step: int = 0                        # hops taken
     error: str | None = None             # why it left early
@@ -62,6 +63,7 @@ class StreamsEngine:
             self.entries[e.name] = e
             self.batches[e.name] = StreamBatch(e.model.eval(), capacity * e.spacing)
         self.capacity = capacity
+        self.frontend_batch = self.frontend.batch(capacity)
         self.device = next((next(e.model.parameters()).device for e in entries), torch.device("cpu"))
         self.streams: list[Stream] = []
         self.errors: list[tuple[Stream, str]] = []
@@ -73,12 +75,13 @@ class StreamsEngine:
         if len(self.streams) >= self.capacity:
             raise ValueError(f"all {self.capacity} streams are taken")
         slots = {name: [self.batches[name].join() for _ in range(e.spacing)] for name, e in self.entries.items()}
-        stream = Stream(self._joined, source, iter(source), self.frontend.stream(), slots)
+        stream = Stream(self._joined, source, iter(source), self.frontend_batch.join(), slots)
         self._joined += 1
         self.streams.append(stream)
         return stream
 
     def leave(self, stream: Stream, error: str | None = None) -> None:
+        self.frontend_batch.leave(stream.frontend_slot)
         for name, slots in stream.slots.items():
             for slot in slots:
                 self.batches[name].leave(slot)
@@ -100,9 +103,8 @@ class StreamsEngine:
 
     def hop(self) -> list[StepResult]:
         """One hop of every active stream (a stream whose source has ended leaves)."""
-        taken, tokens = [], []
+        taken, hops = [], []
         for stream in list(self.streams):
-            t0 = time.perf_counter()
             try:
                 hop = next(stream.hops)
             except StopIteration:
@@ -111,15 +113,16 @@ class StreamsEngine:
             except AudioError as e:
                 self.leave(stream, str(e))
                 continue
-            token = stream.frontend.push(hop)
-            taken.append((stream, token, time.perf_counter() - t0))
-            tokens.append(token.token[0])
+            taken.append(stream)
+            hops.append(hop)
         if not taken:
             return []
-        x = torch.stack(tokens).to(self.device)                                   # (S, D)
+        tokens = self.frontend_batch.push([s.frontend_slot for s in taken], hops)
+        taken = list(zip(taken, tokens))
+        x = torch.stack([t.token[0] for t in tokens]).to(self.device)                                   # (S, D)
         answers: dict[str, tuple[torch.Tensor, float]] = {}
         for name, e in self.entries.items():
-            slots = torch.tensor([s.slots[name][s.step % e.spacing] for s, _, _ in taken])
+            slots = torch.tensor([s.slots[name][s.step % e.spacing] for s, _ in taken])
             t0 = time.perf_counter()
             logits = self.batches[name].step(slots, x)
             answers[name] = (torch.softmax(logits.float(), dim=-1), (time.perf_counter() - t0) * 1e3 / len(taken))
@@ -127,7 +130,7 @@ class StreamsEngine:
 
     def _records(self, taken, answers) -> list[StepResult]:
         out = []
-        for i, (stream, token, fe_s) in enumerate(taken):
+        for i, (stream, token) in enumerate(taken):
             models = {}
             for name, e in self.entries.items():
                 p, latency = answers[name]

@@ -1,0 +1,210 @@
+"""The continual musicnn front end for many streams: C slots of ``MusicnnStream``'s caches stacked
+into tensors, and one ``push`` computing the new frames of every stream given at once.
+
+The arithmetic is MusicnnStream's (audio/musicnn_stream.py), per stream: interior timbral rows
+cached, edge rows recomputed, temporal pre-activations kept per patch row and updated by the
+frames that leave and arrive. What changes is the layout:
+
+* every per-stream cache has a slot axis, and its patch rows sit in a ring (``start[slot]`` is
+  the ring index of patch row 0), so a hop moves no cached row;
+* the streams of a hop are grouped by how many frames they bring (15 or 16 for 0.25 s hops):
+  one group's timbral rows are one matrix product per branch, its temporal updates one product
+  per branch with the streams side by side in the columns (the tap matrices depend on k only);
+* only the temporal rows a hop changed are reduced over frequency (a per-slot feature cache);
+* the mid-end and back-end run once for every stream of the hop.
+
+Each stream's taggram equals MusicnnStream's for it alone, and Musicnn's on its 187 frames,
+within float32 rounding (tests/audio/test_musicnn_batch.py). Every operation is row- or
+column-wise in the streams, so a stream's NaN frames reach no other stream.
+
+Shapes: C slots, P = 187 patch rows, S streams pushed, G of them in a group, k new frames.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .musicnn import (BANDS, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, Musicnn,
+                      head_macs, same_padding, timbral_macs_per_frame)
+from .musicnn_stream import MusicnnStream, SignedBN, toeplitz_taps
+
+P, EDGE = PATCH_FRAMES, 3
+TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
+
+
+class MusicnnBatch:
+    """``reset(slot)`` starts a stream in a slot (preceded by silence, as ``MusicnnStream.reset``);
+    ``push(slots, frames) -> (S, 50)`` taggrams. Which slots are free is the caller's business."""
+
+    def __init__(self, net: Musicnn, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.net, self.capacity = net, capacity
+        self.device = next(net.buffers()).device
+        self.timbral = []
+        for conv, bn, w in zip(net.timbral, net.timbral_bn, TIMBRAL):
+            sbn = SignedBN(bn)
+            self.timbral.append((w, sbn, conv.weight.flatten(1).t() * sbn.sign, conv.bias * sbn.sign))
+        self.temporal = []
+        for conv, bn, kernel in zip(net.temporal, net.temporal_bn, TEMPORAL):
+            sbn = SignedBN(bn)
+            weight = conv.weight * sbn.sign.view(-1, 1, 1, 1)                          # (C', 1, K, 1)
+            self.temporal.append((kernel, sbn, weight, conv.bias * sbn.sign, weight[:, 0, :, 0].t().contiguous()))
+        self._taps: dict = {}
+        # the silence a slot starts from, one stream's worth, copied at every join
+        one = MusicnnStream(net)
+        self.template = self._state_of(one)
+        self.state = {name: t.new_zeros((capacity, *t.shape)) for name, t in self.template.items()}
+        self.start = np.zeros(capacity, np.int64)        # ring index of patch row 0, per slot
+        self.macs = np.zeros(capacity, np.int64)          # multiply-accumulates of each slot's last push
+
+    # ------------------------------------------------------------------ slots
+    @torch.no_grad()
+    def _state_of(self, one: MusicnnStream) -> dict[str, Tensor]:
+        """A fresh MusicnnStream's caches as one slot's tensors (ring start 0)."""
+        state = {"patch": one.patch, "timbral": one.timbral.rows,
+                 "last": torch.sigmoid(self.net.head(self._front_of(one)[None]))[0]}
+        for j, acc in enumerate(one.temporal):
+            state[f"z{j}"] = acc.z                                                     # (P, C', 96)
+            state[f"f{j}"] = acc.bn.max_relu(acc.z, dim=2)                             # (P, C')
+        return state
+
+    @torch.no_grad()
+    def _front_of(self, one: MusicnnStream) -> Tensor:
+        timbral, _ = one.timbral.update(one.patch, 0)
+        return torch.cat([timbral] + [acc.features() for acc in one.temporal], dim=1)   # (P, 561)
+
+    def reset(self, slot: int) -> None:
+        """Slot ``slot`` holds a fresh stream."""
+        for name, t in self.template.items():
+            self.state[name][slot] = t
+        self.start[slot] = 0
+
+    @property
+    def slot_nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.template.values())
+
+    # ------------------------------------------------------------------ a hop
+    @torch.no_grad()
+    def push(self, slots: list[int], frames: list[Tensor | np.ndarray]) -> Tensor:
+        """frames[i]: (k_i, 96) new log-mel frames of stream ``slots[i]`` -> (S, 50) taggrams."""
+        new = [torch.as_tensor(np.asarray(f, dtype=np.float32), device=self.device) for f in frames]
+        groups: dict[int, list[int]] = {}
+        for i, f in enumerate(new):
+            groups.setdefault(min(len(f), P), []).append(i)
+        out = torch.empty(len(slots), TAGS, device=self.device)
+        moved = []                                       # positions in ``slots`` whose patch moved
+        for k, members in groups.items():
+            idx = [slots[i] for i in members]
+            if k == 0:                                   # nothing new: the last taggram again
+                out[members] = self.state["last"][idx]
+                self.macs[idx] = 0
+                continue
+            x = torch.stack([self.net.normalize(new[i][None, -k:])[0] for i in members])   # (G, k, 96)
+            if k > P - max(TEMPORAL):                    # a jump: every cache from the new patch
+                self._refill(idx, x)
+            else:
+                self._shift(idx, x, k)
+            moved += members
+        if moved:
+            idx = [slots[i] for i in moved]
+            logits = self.net.head(self._front(idx))                                   # (M, 50)
+            out[moved] = self.state["last"][idx] = torch.sigmoid(logits)
+            self.macs[idx] += head_macs()
+        return out
+
+    def _ring(self, idx: list[int], rows: range) -> Tensor:
+        """(G * len(rows),) flat indices (slot * P + ring row) of patch rows ``rows`` of slots idx."""
+        s = np.asarray(idx)[:, None]
+        flat = s * P + (self.start[s] + np.arange(rows.start, rows.stop)[None]) % P
+        return torch.from_numpy(flat.reshape(-1)).to(self.device)
+
+    def _run(self, slot: int, first: int, n: int) -> list[slice]:
+        """Ring slices of slot's patch rows first, first + 1, ... (n of them, cyclic)."""
+        lo = (int(self.start[slot]) + first) % P
+        return [slice(lo, lo + n)] if lo + n <= P else [slice(lo, P), slice(0, lo + n - P)]
+
+    def _timbral_rows(self, segments: list[Tensor]) -> list[Tensor]:
+        """(G, L_i, 96) normalised segments (padding in place) -> [(G, L_i - 6, 408)]: both
+        timbral branches, one matrix product per branch for all segments."""
+        sizes = [s.shape[0] * (s.shape[1] - 2 * EDGE) for s in segments]
+        outs = []
+        for w, bn, weight, bias in self.timbral:
+            cols = torch.cat([s.unfold(1, 2 * EDGE + 1, 1).unfold(2, w, 1).reshape(-1, (2 * EDGE + 1) * w)
+                              for s in segments])
+            z = torch.addmm(bias, cols, weight).view(sum(sizes), BANDS - w + 1, -1)
+            outs.append(bn.max_relu(z, dim=1))
+        rows = torch.cat(outs, dim=1).split(sizes)
+        return [r.view(s.shape[0], -1, TIMBRAL_FEATS) for r, s in zip(rows, segments)]
+
+    def _taps_for(self, j: int, key, rows: range, frames: range, skip_below: int | None = None) -> Tensor:
+        if (j, key) not in self._taps:
+            kernel, _, _, _, w = self.temporal[j]
+            self._taps[j, key] = toeplitz_taps(w, same_padding(kernel)[0], rows, frames, skip_below)
+        return self._taps[j, key]
+
+    def _shift(self, idx: list[int], x: Tensor, k: int) -> None:
+        """Slots ``idx`` receive k normalised frames x (G, k, 96): every cache updated."""
+        G, st = len(idx), self.state
+        sl = torch.tensor(idx, device=self.device)
+        old = st["patch"][sl]                                                          # (G, P, 96)
+        patch = torch.cat([old[:, k:], x], dim=1)
+        st["patch"][sl] = patch
+        # temporal: frames 0..k-1 of the old patch leave old rows k .. k+b-1 (one product per
+        # branch for the group: (G, b*C', 96) = taps (b*C', k) @ frames (G, k, 96))
+        for j, (kernel, _, _, _, _) in enumerate(self.temporal):
+            b, a = same_padding(kernel)
+            out = self._taps_for(j, ("out", k), range(k, k + b), range(0, k)) @ old[:, :k]
+            st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS).index_add_(
+                0, self._ring(idx, range(k, k + b)), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
+        self.start[idx] = (self.start[idx] + k) % P                                    # old row p is now p - k
+        macs = 0
+        for j, (kernel, bn, _, bias, _) in enumerate(self.temporal):
+            b, a = same_padding(kernel)
+            z, f = st[f"z{j}"], st[f"f{j}"]
+            z.view(-1, TEMPORAL_CH, BANDS)[self._ring(idx, range(P - k, P))] = bias.view(-1, 1)
+            rows = range(P - k - a, P)
+            taps = self._taps_for(j, ("in", k), rows, range(P - k - b, P), P - k)   # (R*C', k+b)
+            z.view(-1, TEMPORAL_CH, BANDS).index_add_(
+                0, self._ring(idx, rows), (taps @ patch[:, P - k - b:]).view(-1, TEMPORAL_CH, BANDS))
+            # the rows changed, P-k-a .. P-1 and 0 .. b-1, are one cyclic run of the ring
+            for slot in idx:
+                for ring in self._run(slot, P - k - a, k + kernel - 1):
+                    f[slot, ring] = bn.max_relu(z[slot, ring], dim=2)
+            macs += TEMPORAL_CH * BANDS * (b * k + (a + k) * (k + b))
+        # timbral: rows P-3-k .. P-4 became interior (the 3 + 3 edge rows: ``_front``)
+        fresh = self._timbral_rows([patch[:, P - k - 2 * EDGE:]])[0]                   # (G, k, 408)
+        st["timbral"].view(-1, TIMBRAL_FEATS)[self._ring(idx, range(P - EDGE - k, P - EDGE))] = fresh.reshape(-1, TIMBRAL_FEATS)
+        self.macs[idx] = macs + (k + 2 * EDGE) * timbral_macs_per_frame()
+
+    def _refill(self, idx: list[int], x: Tensor) -> None:
+        """Slots ``idx`` jumped by a whole patch or more: their caches recomputed from it."""
+        st, sl = self.state, torch.tensor(idx, device=self.device)
+        patch = torch.cat([st["patch"][sl], x], dim=1)[:, -P:]                         # (G, P, 96)
+        st["patch"][sl] = patch
+        self.start[idx] = 0
+        padded = torch.nn.functional.pad(patch, (0, 0, EDGE, EDGE))
+        st["timbral"][sl] = self._timbral_rows([padded])[0]
+        macs = P * timbral_macs_per_frame()
+        for j, (kernel, bn, weight, bias, _) in enumerate(self.temporal):
+            before, after = same_padding(kernel)
+            z = torch.nn.functional.conv2d(torch.nn.functional.pad(patch, (0, 0, before, after))[:, None],
+                                           weight, bias)                               # (G, C', P, 96)
+            st[f"z{j}"][sl] = z = z.permute(0, 2, 1, 3).contiguous()
+            st[f"f{j}"][sl] = bn.max_relu(z, dim=3)
+            macs += TEMPORAL_CH * BANDS * P * kernel
+        self.macs[idx] = macs
+
+    def _front(self, idx: list[int]) -> Tensor:
+        """(M, P, 561) front-end features of slots idx, patch row order."""
+        st, M = self.state, len(idx)
+        sl = torch.tensor(idx, device=self.device)
+        patch = st["patch"][sl]
+        zeros = patch.new_zeros(M, EDGE, BANDS)
+        head, tail = self._timbral_rows([torch.cat([zeros, patch[:, :2 * EDGE]], dim=1),
+                                         torch.cat([patch[:, -2 * EDGE:], zeros], dim=1)])
+        order = self._ring(idx, range(0, P))
+        inner = st["timbral"].view(-1, TIMBRAL_FEATS)[order].view(M, P, -1)[:, EDGE:P - EDGE]
+        temporal = [st[f"f{j}"].view(-1, TEMPORAL_CH)[order].view(M, P, -1) for j in range(len(TEMPORAL))]
+        return torch.cat([torch.cat([head, inner, tail], dim=1)] + temporal, dim=2)

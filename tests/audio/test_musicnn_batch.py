@@ -1,0 +1,99 @@
+"""The batched continual musicnn front end (audio/musicnn_batch.py): every stream's taggram, at
+every hop, equals the original network's in float64 on that stream's own 187 frames, whatever
+else is in the batch, whenever the stream joined, whatever number of frames each hop brings;
+its multiply-accumulates are MusicnnStream's for the same hop; a hop that brings no frame costs
+nothing; a stream's NaN frames reach no other stream."""
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from audio import musicnn
+from audio.musicnn_batch import MusicnnBatch
+from audio.musicnn_stream import MusicnnStream
+from error_model import EPS32
+
+# Error model (tests/error_model.py): the float32 taggram and the float64 network differ by the
+# rounding of a chain of STAGES float32 stages (input BN, front-end conv and BN, three mid-end
+# convs, two dense layers), each a dot product of at most TERMS terms (the first mid-end conv:
+# 7 frames x 561 channels), relative to the logits' scale max(1, |logit|); a sigmoid moves by at
+# most a quarter of its logit's change.
+STAGES, TERMS = 8, 7 * musicnn.FRONT_CH
+
+
+def taggram_tol(logits64: torch.Tensor) -> float:
+    return STAGES * EPS32 * math.sqrt(TERMS) * max(1.0, logits64.abs().max().item()) / 4
+
+
+@pytest.fixture(scope="module")
+def nets():
+    net, _ = musicnn.build_musicnn()
+    return net, copy.deepcopy(net).double()
+
+
+def frames(rng, k: int) -> np.ndarray:
+    return (rng.random((k, musicnn.BANDS), dtype=np.float32) * 4).astype(np.float32)
+
+
+def patch_of(history: list[np.ndarray]) -> torch.Tensor:
+    """(1, 187, 96) float64: the stream's newest 187 frames, silence (log-mel 0) before it."""
+    x = np.concatenate([np.zeros((musicnn.PATCH_FRAMES, musicnn.BANDS), np.float32)] + history)
+    return torch.from_numpy(x[-musicnn.PATCH_FRAMES:]).double()[None]
+
+
+def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_network(nets, errors):
+    net, net64 = nets
+    rng = np.random.default_rng(0)
+    batch = MusicnnBatch(net, capacity=4)
+    histories: dict[int, list] = {}
+    singles: dict[int, MusicnnStream] = {}
+    worst, tol = 0.0, float("inf")
+    for hop in range(14):
+        if hop in (0, 3, 9):                          # streams join at hops 0, 3 and 9 ...
+            slot = [s for s in range(4) if s not in histories][0]
+            batch.reset(slot)
+            histories[slot], singles[slot] = [], MusicnnStream(net)
+        if hop == 11:                                 # ... one leaves at hop 11, another takes its slot
+            del histories[0], singles[0]
+            batch.reset(0)
+            histories[0], singles[0] = [], MusicnnStream(net)
+        slots = sorted(histories)
+        # 0.25 s hops bring 15 or 16 frames; also none, one, a jump past the temporal kernels, a whole patch
+        ks = {s: [15, 16, 16, 0, 1, 80, 16, 200, 15][(hop + s) % 9] for s in slots}
+        pushed = [frames(rng, ks[s]) for s in slots]
+        got = batch.push(slots, pushed)                                             # (S, 50)
+        for i, s in enumerate(slots):
+            histories[s].append(pushed[i])
+            singles[s].push(pushed[i])
+            with torch.no_grad():
+                logits64 = net64.head(torch.cat([net64.timbral_valid(torch.nn.functional.pad(
+                    net64.normalize(patch_of(histories[s])), (0, 0, 3, 3))),
+                    net64.temporal_same(net64.normalize(patch_of(histories[s])))], dim=2))[0]
+            worst = max(worst, (got[i].double() - torch.sigmoid(logits64)).abs().max().item())
+            tol = min(tol, taggram_tol(logits64))
+            if 0 < ks[s] <= musicnn.PATCH_FRAMES - max(musicnn.TEMPORAL):      # (0: the last taggram again)
+                assert batch.macs[s] == singles[s].last_macs
+    errors("batched musicnn taggrams vs the float64 network", worst, tol)
+
+
+def test_a_streams_nan_frames_reach_no_other_stream(nets):
+    net, _ = nets
+    rng = np.random.default_rng(1)
+    runs = []
+    for poison in (False, True):
+        batch = MusicnnBatch(net, capacity=3)
+        for s in range(3):
+            batch.reset(s)
+        rng = np.random.default_rng(1)
+        out = []
+        for hop in range(4):
+            pushed = [frames(rng, 16) for _ in range(3)]
+            if poison and hop == 1:
+                pushed[1][5, 7] = np.nan
+            out.append(batch.push([0, 1, 2], pushed))
+        runs.append(torch.stack(out))                                               # (hops, 3, 50)
+    clean, poisoned = runs
+    assert torch.isnan(poisoned[1:, 1]).all()
+    assert torch.equal(clean[:, [0, 2]], poisoned[:, [0, 2]])                      # bit for bit
