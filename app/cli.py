@@ -1,4 +1,4 @@
-"""Command line: `python main.py [gui|classify|extract|train|evaluate|accuracy|bench|demo] ...`.
+"""Command line: `python main.py [gui|classify|serve|listen|extract|train|evaluate|accuracy|bench|demo] ...`.
 The subcommands register themselves in app/commands/."""
 from __future__ import annotations
 

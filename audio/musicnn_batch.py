@@ -146,7 +146,7 @@ class MusicnnBatch:
 
     def _shift(self, idx: list[int], x: Tensor, k: int) -> None:
         """Slots ``idx`` receive k normalised frames x (G, k, 96): every cache updated."""
-        G, st = len(idx), self.state
+        st = self.state
         sl = torch.tensor(idx, device=self.device)
         old = st["patch"][sl]                                                          # (G, P, 96)
         patch = torch.cat([old[:, k:], x], dim=1)

@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-MODULES = ("gui", "classify", "extract", "train", "evaluate", "sweep", "export", "accuracy", "bench", "demo")
+MODULES = ("gui", "classify", "serve", "listen", "extract", "train", "evaluate", "sweep", "export", "accuracy", "bench", "demo")
 
 
 @dataclass(frozen=True)

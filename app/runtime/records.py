@@ -58,6 +58,13 @@ class StepResult:
         return json.dumps(self.to_dict(), allow_nan=False)
 
 
+def record_from_dict(d: dict) -> StepResult:
+    """A StepResult from its ``to_dict()`` (a record read back from JSON: `listen`)."""
+    d = dict(d)
+    d["models"] = {name: ModelStep(**{k: v for k, v in m.items() if k != "top"}) for name, m in d["models"].items()}
+    return StepResult(**d)
+
+
 def reference_for(name: str, models: dict[str, ModelStep]) -> str | None:
     """The model that ``name`` is compared against: a running `regular` model (exact attention),
     preferring one with the same weights status (trained or not), blocks and window."""

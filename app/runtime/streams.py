@@ -102,7 +102,8 @@ class StreamsEngine:
             yield from self.hop()
 
     def hop(self) -> list[StepResult]:
-        """One hop of every active stream (a stream whose source has ended leaves)."""
+        """One hop of every active stream that has one (a live source yields None while its next
+        hop is incomplete; a stream whose source has ended leaves)."""
         taken, hops = [], []
         for stream in list(self.streams):
             try:
@@ -112,6 +113,8 @@ class StreamsEngine:
                 continue
             except AudioError as e:
                 self.leave(stream, str(e))
+                continue
+            if hop is None:                  # a live source with no whole hop yet: not this time
                 continue
             taken.append(stream)
             hops.append(hop)

@@ -84,8 +84,12 @@ class Tally:
 
     def table(self) -> str:
         """The verdicts as an aligned text table (one row per model)."""
-        rows = [("model", "genre", "share of steps", "mean probability", "steps")]
-        rows += [(printable(v.name), printable(v.genre), f"{100 * v.share:.0f}%", f"{100 * v.confidence:.0f}%",
-                  str(v.steps)) for v in self.verdicts()]
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+        return verdict_table(self.verdicts())
+
+
+def verdict_table(verdicts: list[Verdict]) -> str:
+    rows = [("model", "genre", "share of steps", "mean probability", "steps")]
+    rows += [(printable(v.name), printable(v.genre), f"{100 * v.share:.0f}%", f"{100 * v.confidence:.0f}%",
+              str(v.steps)) for v in verdicts]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

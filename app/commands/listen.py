@@ -1,0 +1,61 @@
+"""`python main.py listen ws://HOST:PORT/v1/stream (FILE | --demo | --mic)`: stream audio to a
+`serve` server and print what `classify` prints (docs/serve.md)."""
+from __future__ import annotations
+
+import sys
+
+from . import command
+from .argtypes import SECONDS, writable_file
+
+
+def add_arguments(p) -> None:
+    p.add_argument("url", help="the server's stream address, ws://HOST:PORT/v1/stream")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("path", nargs="?", help="an audio file")
+    src.add_argument("--mic", action="store_true", help="capture from an input device")
+    src.add_argument("--demo", action="store_true", help="the built-in synthetic music signal")
+    p.add_argument("--device", help="input device index or (partial) name, with --mic")
+    p.add_argument("--seconds", type=SECONDS, help="with --demo: stop after this much audio")
+    p.add_argument("--token-file", metavar="FILE", help="send 'Authorization: Bearer' + the token in FILE")
+    p.add_argument("--fast", action="store_true", help="send as fast as the server reads (a file or the demo)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
+    out.add_argument("--csv", metavar="FILE", type=writable_file, help="write records to a CSV file")
+
+
+@command("listen", "stream a file, the demo or the microphone to a serve server", add_arguments)
+def run(args) -> int:
+    from app.runtime.csv_rows import CsvRows
+    from app.serve.client import ListenError, Printer, listen
+    from app.serve.server import ServeError, read_token
+    from audio.errors import AudioError
+    from audio.sources import DemoSource, FileSource, MicrophoneSource
+    if not args.url.startswith(("ws://", "wss://")):
+        raise SystemExit(f"listen: the address must start with ws:// or wss://, got {args.url!r}")
+    try:
+        token = read_token(args.token_file) if args.token_file else None
+    except ServeError as e:
+        raise SystemExit(f"listen: {e}") from None
+    try:
+        if args.mic:
+            source = MicrophoneSource(args.device).start()
+        elif args.demo:
+            source = DemoSource(realtime=not args.fast, seconds=args.seconds)
+        else:
+            source = FileSource(args.path, realtime=not args.fast)
+    except AudioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    rows = CsvRows(args.csv) if args.csv else None
+    try:
+        return listen(args.url, source, token, Printer(args.jsonl, rows))
+    except ListenError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except AudioError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        source.close()
+        if rows is not None:
+            rows.close()

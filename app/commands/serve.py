@@ -1,0 +1,58 @@
+"""`python main.py serve`: classify live audio from WebSocket clients, one stream of one batched
+engine per connection (docs/serve.md); with ``--ray``, replicas on a Ray Serve cluster."""
+from __future__ import annotations
+
+from models.sda import VARIANTS
+
+from . import command
+from .argtypes import POSITIVE, WINDOW
+
+
+def add_arguments(p) -> None:
+    from app.runtime.frontend_args import add_frontend_arguments
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback only with --token-file)")
+    p.add_argument("--port", type=int, default=8765, help="TCP port (0: any free one, printed)")
+    p.add_argument("--token-file", metavar="FILE", help="clients must send 'Authorization: Bearer' + the token in FILE")
+    p.add_argument("--max-streams", type=POSITIVE, default=32, help="clients at once (one stream each)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the front end and models run")
+    add_frontend_arguments(p)
+    p.add_argument("--variant", nargs="+", choices=VARIANTS,
+                   help="add untrained models of these variants (default: none when trained models exist, else all)")
+    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
+                   help="trained models (default: the shipped ones in assets/models/ for the front end)")
+    p.add_argument("--onnx", nargs="+", default=[], metavar="FILE", help="refused: an exported step runs one stream")
+    p.add_argument("--layers", type=int, choices=(1, 2), default=1, help="blocks of untrained models")
+    p.add_argument("--window", type=WINDOW, default=None, help="window n of untrained models in tokens")
+    p.add_argument("--landmarks", type=POSITIVE, default=4, help="Nyström landmarks m of untrained models")
+    p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
+    p.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                   help="deploy on Ray Serve (a running cluster's ADDRESS, else a local one)")
+    p.add_argument("--replicas", type=POSITIVE, default=1, help="with --ray: replicas, each one batched engine")
+
+
+def hub_spec(args):
+    from app.runtime.frontend_args import FrontEndSpec, frontend_name, random_seed
+    from app.serve.spec import HubSpec
+    fe = FrontEndSpec(frontend_name(args), args.vggish_weights, random_seed(args), True, args.device)
+    shape = {"layers": args.layers, "window": args.window, "landmarks": args.landmarks, "seed": args.seed}
+    return HubSpec(fe, args.max_streams, tuple(args.checkpoint),
+                   tuple(args.variant) if args.variant else None, shape)
+
+
+@command("serve", "classify live audio from WebSocket clients (protocol v1, docs/serve.md)", add_arguments)
+def run(args) -> int:
+    from app.serve.server import ServeError, check_exposure, read_token
+    if args.onnx:
+        raise SystemExit("serve: --onnx is refused: an exported step holds one stream's state; "
+                         "serve batches torch models (--checkpoint)")
+    try:
+        token = read_token(args.token_file) if args.token_file else None
+        check_exposure(args.host, token)
+    except ServeError as e:
+        raise SystemExit(f"serve: {e}") from None
+    spec = hub_spec(args)
+    if args.ray:
+        from app.serve.ray_serve import deploy
+        return deploy(spec, token, args.host, args.port, args.replicas, args.ray)
+    from app.serve.server import serve_forever
+    return serve_forever(spec, token, args.host, args.port)

@@ -1,0 +1,131 @@
+"""`listen`: stream a file, the demo signal or the microphone to a `serve` server (protocol v1)
+and print what `classify` prints: a line (or a JSON line, or a CSV row) per hop, then the verdict.
+
+Audio is sent as it is classified locally: 16 kHz mono float32 hops (the file decoded and
+resampled exactly as `classify` does it), at real-time pace unless ``fast``. If the connection
+drops without a verdict (a replica died), a fresh stream carries on with the rest of the audio,
+said in one line.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from dataclasses import dataclass
+
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from app.runtime.records import csv_row, human, record_from_dict
+from app.runtime.verdict import Verdict, verdict_table
+
+from .protocol import GOING_AWAY, NORMAL
+
+HELLO = json.dumps({"sample_rate": 16000, "channels": 1, "format": "f32le"})
+RECONNECTS = 3
+
+
+class ListenError(Exception):
+    """The server refused or dropped the stream, in one line."""
+
+
+@dataclass
+class Printer:
+    jsonl: bool = False
+    rows: object = None             # CsvRows or None
+
+    def record(self, text: str) -> None:
+        r = record_from_dict(json.loads(text))
+        if self.jsonl:
+            print(text, flush=True)
+        elif self.rows is not None:
+            self.rows.write(csv_row(r))
+        else:
+            print(f"{r.source}  {human(r)}", flush=True)
+
+    def verdict(self, d: dict) -> None:
+        verdicts = [Verdict(name, **v) for name, v in d["verdict"].items()]
+        print(f"# {d['source']}: {d['hops']} hops, {d['nonfinite_zeroed']} non-finite samples zeroed, "
+              f"{d['clipped']} samples clipped", file=sys.stderr)
+        if verdicts:
+            print(f"# verdict over {d['source']}, per model:\n"
+                  + "\n".join(f"#   {line}" for line in verdict_table(verdicts).splitlines()), file=sys.stderr)
+
+
+class Hops:
+    """The source's hops, shared by successive connections (a reconnect resumes where the last
+    connection's sender stopped)."""
+
+    def __init__(self, source):
+        self.it, self.lock, self.sent, self.done = iter(source), threading.Lock(), 0, False
+
+    def next(self):
+        with self.lock:
+            try:
+                hop = next(self.it)
+            except StopIteration:
+                self.done = True
+                return None
+            self.sent += 1
+            return hop
+
+
+def send_all(ws, hops: Hops, stop: threading.Event) -> None:
+    try:
+        while not stop.is_set():
+            hop = hops.next()
+            if hop is None:
+                ws.send(json.dumps({"end": True}))
+                return
+            ws.send(hop.astype("<f4").tobytes())
+    except ConnectionClosed:
+        pass
+
+
+def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str:
+    """One connection: "done" after the verdict and a normal close, "dropped" if it broke first;
+    ListenError when the server refused or closed the stream with an error."""
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        ws = connect(url, additional_headers=headers, open_timeout=30, max_size=1 << 22)
+    except InvalidStatus as e:
+        raise ListenError(f"the server refused the connection: HTTP {e.response.status_code}"
+                          + (" (a missing or wrong token)" if e.response.status_code in (401, 403) else "")) from None
+    except (OSError, TimeoutError) as e:
+        raise ListenError(f"cannot connect to {url}: {e}") from None
+    stop, verdict = threading.Event(), None
+    with ws:
+        ws.send(HELLO)
+        sender = None
+        try:
+            json.loads(ws.recv(timeout=30))                       # {"classes", "models"}
+            sender = threading.Thread(target=send_all, args=(ws, hops, stop), daemon=True)
+            sender.start()
+            for text in ws:
+                d = json.loads(text)
+                if "verdict" in d:
+                    verdict = d
+                    printer.verdict(d)
+                else:
+                    printer.record(text)
+        except ConnectionClosed:
+            pass
+        finally:
+            stop.set()
+        code, reason = (ws.close_code, ws.close_reason) if ws.close_code is not None else (1006, "")
+    if verdict is not None and code in (NORMAL, GOING_AWAY):
+        return "done"
+    if code in (1006, 1011, 1012) and not hops.done:
+        return "dropped"
+    raise ListenError(f"the server closed the stream: {code} {reason or '(no reason)'}")
+
+
+def listen(url: str, source, token: str | None, printer: Printer) -> int:
+    hops = Hops(source)
+    for attempt in range(RECONNECTS + 1):
+        if one_stream(url, token, hops, printer) == "done":
+            return 0
+        if attempt < RECONNECTS:
+            print(f"# the connection dropped after {hops.sent * 0.25:.2f} s of audio; "
+                  f"reconnecting: a fresh stream from there", file=sys.stderr, flush=True)
+    raise ListenError(f"the connection dropped {RECONNECTS + 1} times")

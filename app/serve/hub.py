@@ -1,0 +1,204 @@
+"""The server's engine loop: one StreamsEngine (app/runtime/streams.py) whose streams are network
+connections, stepped by one worker thread whenever a stream has a whole hop; sherpa-onnx's
+server loop. The event loop feeds each connection's audio in and takes its records out; the
+engine is touched by that one thread only.
+
+A connection (``Connection``) owns its audio source (``NetworkSource``), its outbox of records
+and its tally. A client that leaves, fails or stops reading closes only its own connection: its
+source ends, and its slot is free at the next hop.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+
+import numpy as np
+
+from app.runtime.streams import StreamsEngine
+from app.runtime.verdict import Tally
+from audio.melspec import HOP, HOP_SECONDS
+
+from .protocol import GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, TRY_LATER, Hello, Limits, PcmDecoder, ProtocolError
+
+BATCH_WINDOW_S = 0.01       # after the first hop is ready, wait this long for others to join the batch
+
+
+class NetworkSource:
+    """A connection's audio as hops, for the engine: ``next()`` gives a whole hop, None while the
+    next one is incomplete, and ends once the client has ended (or left) and every hop is taken.
+    As a file's: the trailing partial hop is not classified; a stream shorter than one hop gives
+    one zero-padded hop."""
+
+    def __init__(self, name: str, decoder: PcmDecoder):
+        self.name, self.decoder, self.stats = name, decoder, decoder.stats
+        self.input_rate = decoder.hello.sample_rate
+        self.ready: collections.deque = collections.deque()
+        self.pending, self.made = np.zeros(0, np.float32), 0
+        self.ended = False
+
+    def push(self, samples: np.ndarray) -> None:
+        """16 kHz samples (event-loop thread)."""
+        self.pending = np.concatenate([self.pending, samples])
+        while len(self.pending) >= HOP:
+            self.ready.append(self.pending[:HOP].copy())
+            self.pending, self.made = self.pending[HOP:], self.made + 1
+
+    def end(self) -> None:
+        if self.ended:
+            return
+        self.push(self.decoder.flush())
+        if self.made == 0 and len(self.pending):
+            self.ready.append(np.pad(self.pending, (0, HOP - len(self.pending))))
+        self.ended = True
+
+    def close(self) -> None:
+        """The client is gone: no more hops."""
+        self.ready.clear()
+        self.ended = True
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        ended = self.ended                  # read first: every hop of an ended source is queued
+        if self.ready:
+            self.stats.hops += 1
+            return self.ready.popleft()
+        if ended:
+            raise StopIteration
+        return None
+
+
+class Connection:
+    """One client's stream: its source, outbox (records as JSON text) and verdict."""
+
+    def __init__(self, number: int, hello: Hello, limits: Limits):
+        self.number, self.hello = number, hello
+        self.source = NetworkSource(f"ws:{number}", PcmDecoder(hello))
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=max(1, int(limits.outbox_seconds / HOP_SECONDS)))
+        self.failure: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.tally = Tally()
+        self.finished = asyncio.Event()     # every record is in the outbox; the verdict may follow
+        self.close_code = NORMAL
+        self.error: str | None = None
+
+    def fail(self, code: int, reason: str) -> None:
+        self.source.close()
+        if not self.failure.done():
+            self.failure.set_result((code, reason))
+
+    def verdict(self) -> dict:
+        return {"verdict": {v.name: {k: x for k, x in asdict(v).items() if k != "name"}
+                            for v in self.tally.verdicts()},
+                "source": self.source.name, "hops": self.source.stats.hops,
+                "nonfinite_zeroed": self.source.stats.nonfinite, "clipped": self.source.stats.clipped,
+                "error": self.error}
+
+
+class Hub:
+    """The engine and its connections. ``open(hello)`` joins a stream (ProtocolError 1013 when
+    full, 1001 while draining); ``run()`` is the loop; ``drain()`` ends every stream."""
+
+    def __init__(self, frontend, entries, capacity: int, limits: Limits, *, device: str = "cpu"):
+        self.engine = StreamsEngine(frontend, entries, capacity)
+        self.capacity, self.limits, self.device = capacity, limits, device
+        self.models = [e.name for e in entries]
+        self.classes = list(entries[0].classes) if entries else []
+        self.frontend = frontend.description
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self.connections: dict[str, Connection] = {}
+        self.draining, self.joined = False, 0
+        self.wake: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------ connections
+    async def open(self, hello: Hello) -> Connection:
+        if self.draining:
+            raise ProtocolError(GOING_AWAY, "the server is shutting down")
+        if len(self.connections) >= self.capacity:
+            raise ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later")
+        conn = Connection(self.joined, hello, self.limits)
+        self.joined += 1
+        try:
+            await self._engine(self.engine.join, conn.source)
+        except ValueError as e:                          # every slot taken (a leaver not yet gone)
+            raise ProtocolError(TRY_LATER, str(e)) from None
+        self.connections[conn.source.name] = conn        # after the join: the loop retires no stream it cannot see
+        return conn
+
+    def feed(self, conn: Connection, data: bytes) -> None:
+        conn.source.push(conn.source.decoder.feed(data))
+        self.poke()
+
+    def end(self, conn: Connection) -> None:
+        conn.source.end()
+        self.poke()
+
+    def gone(self, conn: Connection) -> None:
+        """The client left or failed: its stream ends at the next hop."""
+        conn.source.close()
+        self.poke()
+
+    def poke(self) -> None:
+        if self.wake is not None:
+            self.wake.set()
+
+    async def drain(self) -> None:
+        """Refuse new clients; end every stream (its buffered audio still classified)."""
+        self.draining = True
+        for conn in list(self.connections.values()):
+            conn.close_code = GOING_AWAY
+            self.end(conn)
+
+    # ------------------------------------------------------------------ the loop
+    async def _engine(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    async def run(self) -> None:
+        self.wake = asyncio.Event()
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            await asyncio.sleep(BATCH_WINDOW_S)
+            try:
+                records = await self._engine(self.engine.hop)
+            except Exception as e:  # noqa: BLE001 - an engine fault ends every stream, not the server
+                for conn in list(self.connections.values()):
+                    conn.fail(SERVER_ERROR, f"server error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                records = []
+            for r in records:
+                conn = self.connections.get(r.source)
+                if conn is None:
+                    continue
+                conn.tally.add(r)
+                try:
+                    conn.outbox.put_nowait(r.to_json())
+                except asyncio.QueueFull:
+                    conn.fail(POLICY, f"results unread for {self.limits.outbox_seconds:g} s; closed")
+                    self.poke()
+            self._retire()
+            if any(c.source.ready or c.source.ended for c in self.connections.values()):
+                self.wake.set()
+
+    def _retire(self) -> None:
+        """Connections whose stream has left the engine: their records are all out."""
+        active = {s.name for s in self.engine.streams}
+        errors = {s.name: why for s, why in self.engine.errors}
+        for name in [n for n in self.connections if n not in active]:
+            conn = self.connections.pop(name)
+            if name in errors:
+                conn.error = errors[name]
+                conn.fail(SERVER_ERROR, errors[name])
+            conn.finished.set()
+        if len(self.engine.errors) > 1024:
+            del self.engine.errors[:-1024]
+
+    def health(self) -> dict:
+        return {"active_streams": len(self.connections), "capacity": self.capacity, "models": self.models,
+                "frontend": self.frontend, "device": self.device, "draining": self.draining}
+
+
+def hello_reply(hub: Hub) -> str:
+    return json.dumps({"classes": hub.classes, "models": hub.models})

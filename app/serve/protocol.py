@@ -1,0 +1,123 @@
+"""Protocol version 1 of `serve` (docs/serve.md): the hello, the audio messages and the limits,
+checked before anything is kept. A fault is a ProtocolError carrying the RFC 6455 close code and
+a one-line reason."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+
+from audio.decoding import SourceStats, condition
+from audio.melspec import SAMPLE_RATE
+
+VERSION = 1
+FORMATS = {"f32le": np.dtype("<f4"), "s16le": np.dtype("<i2")}
+
+# RFC 6455 close codes
+NORMAL, GOING_AWAY, UNSUPPORTED, INVALID, POLICY, TOO_BIG, SERVER_ERROR, TRY_LATER = (
+    1000, 1001, 1003, 1007, 1008, 1009, 1011, 1013)
+
+
+class ProtocolError(Exception):
+    """A client's fault: close the connection with ``code`` and this one-line reason."""
+
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code, self.reason = code, reason[:120]      # a close reason is at most 123 bytes
+
+
+@dataclass(frozen=True)
+class Limits:
+    hello_bytes: int = 1024             # the first text message
+    message_bytes: int = 1 << 20        # any message (uvicorn closes with 1009 beyond it)
+    rates: tuple[int, int] = (8000, 192000)
+    max_channels: int = 8
+    speed: float = 4.0                  # at most this many times real time is read per client
+    burst_seconds: float = 5.0          # ... beyond a first burst of this much audio
+    outbox_seconds: float = 5.0         # results a client may leave unread before it is closed
+    hello_seconds: float = 10.0         # time to send the hello
+
+    def doc(self) -> dict:
+        return {"hello_bytes": self.hello_bytes, "message_bytes": self.message_bytes,
+                "sample_rates": list(self.rates), "max_channels": self.max_channels,
+                "speed": self.speed, "outbox_seconds": self.outbox_seconds}
+
+
+@dataclass(frozen=True)
+class Hello:
+    sample_rate: int
+    channels: int
+    format: str
+
+    @property
+    def frame_bytes(self) -> int:
+        return FORMATS[self.format].itemsize * self.channels
+
+
+def parse_hello(text: str | None, limits: Limits) -> Hello:
+    """The client's first message -> Hello; ProtocolError (1003 or 1007) when it is not one."""
+    if text is None:
+        raise ProtocolError(UNSUPPORTED, "the first message must be the JSON hello (text), not binary")
+    if len(text.encode("utf-8", "replace")) > limits.hello_bytes:
+        raise ProtocolError(TOO_BIG, f"the hello is over {limits.hello_bytes} bytes")
+    try:
+        d = json.loads(text)
+    except ValueError:
+        raise ProtocolError(INVALID, "the hello is not JSON") from None
+    if not isinstance(d, dict) or set(d) != {"sample_rate", "channels", "format"}:
+        raise ProtocolError(INVALID, 'the hello must be {"sample_rate": int, "channels": int, '
+                                     '"format": "f32le" | "s16le"}')
+    rate, channels, fmt = d["sample_rate"], d["channels"], d["format"]
+    lo, hi = limits.rates
+    if type(rate) is not int or not lo <= rate <= hi:
+        raise ProtocolError(INVALID, f"sample_rate must be an integer from {lo} to {hi} Hz")
+    if type(channels) is not int or not 1 <= channels <= limits.max_channels:
+        raise ProtocolError(INVALID, f"channels must be an integer from 1 to {limits.max_channels}")
+    if fmt not in FORMATS:
+        raise ProtocolError(UNSUPPORTED, f"unknown format {str(fmt)[:20]!r}; use f32le or s16le")
+    return Hello(rate, channels, fmt)
+
+
+def parse_control(text: str) -> None:
+    """A text message after the hello: only {"end": true}."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        d = None
+    if d != {"end": True}:
+        raise ProtocolError(UNSUPPORTED, 'after the hello, text messages are only {"end": true}')
+
+
+class PcmDecoder:
+    """Interleaved PCM messages -> 16 kHz mono float32, as a file's samples are made
+    (audio/decoding.py: channels averaged, clipped to +-1, soxr resampling)."""
+
+    def __init__(self, hello: Hello):
+        self.hello, self.stats, self.frames = hello, SourceStats(), 0
+        self.resampler = (soxr.ResampleStream(hello.sample_rate, SAMPLE_RATE, 1, dtype="float32")
+                          if hello.sample_rate != SAMPLE_RATE else None)
+
+    def feed(self, data: bytes) -> np.ndarray:
+        h = self.hello
+        if len(data) % h.frame_bytes:
+            raise ProtocolError(INVALID, f"a message of {len(data)} bytes is not whole {h.format} frames "
+                                         f"of {h.channels} channel(s) ({h.frame_bytes} bytes each)")
+        x = np.frombuffer(data, FORMATS[h.format]).reshape(-1, h.channels)
+        if h.format == "s16le":
+            x = x.astype(np.float32) / 32768.0
+        elif not np.isfinite(x).all():
+            raise ProtocolError(INVALID, "the audio holds NaN or infinite samples")
+        self.frames += len(x)
+        mono = condition(x, self.stats)
+        return self.resampler.resample_chunk(mono) if self.resampler is not None else mono
+
+    def flush(self) -> np.ndarray:
+        if self.resampler is None:
+            return np.zeros(0, np.float32)
+        return self.resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.hello.sample_rate

@@ -1,0 +1,124 @@
+"""`serve` on uvicorn: loopback by default, a token required beyond it, the message-size limit
+in the WebSocket layer, and SIGTERM / SIGINT draining the streams before the server stops."""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import uvicorn
+
+TOKEN_FILE_BYTES = 4096
+DRAIN_SECONDS = 30.0
+
+
+class ServeError(Exception):
+    """A serve option that cannot work, in one line."""
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return all(ipaddress.ip_address(info[4][0]).is_loopback
+                   for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP))
+    except (OSError, ValueError):
+        return False
+
+
+def read_token(path: str | Path) -> str:
+    """The token in ``path`` (its first line, at least 16 characters of printable ASCII)."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(TOKEN_FILE_BYTES + 1)
+    except OSError as e:
+        raise ServeError(f"cannot read the token file {p}: {e.strerror or e}") from None
+    if len(data) > TOKEN_FILE_BYTES:
+        raise ServeError(f"the token file {p} is over {TOKEN_FILE_BYTES} bytes")
+    lines = data.decode("ascii", "replace").splitlines()
+    token = lines[0].strip() if lines else ""
+    if len(token) < 16 or not all(33 <= ord(c) < 127 for c in token):
+        raise ServeError(f"the token in {p} must be one line of at least 16 printable ASCII characters, no spaces")
+    return token
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    if token is None and not is_loopback(host):
+        raise ServeError(f"--host {host} is reachable from other machines: give --token-file, "
+                         f"or serve on 127.0.0.1")
+
+
+class DrainingServer(uvicorn.Server):
+    """On the first SIGTERM or SIGINT: refuse new clients, let every stream finish its buffered
+    audio, send its verdict and close 1001, then stop (at most DRAIN_SECONDS). A second signal
+    stops at once."""
+
+    def __init__(self, config, app):
+        super().__init__(config)
+        self.app, self.draining = app, False
+
+    def handle_exit(self, sig, frame):
+        if self.draining or sig not in (signal.SIGTERM, signal.SIGINT) or not hasattr(self.app.state, "hub"):
+            return super().handle_exit(sig, frame)
+        self.draining = True
+        print(f"# {signal.Signals(sig).name}: draining {len(self.app.state.hub.connections)} streams",
+              file=sys.stderr, flush=True)
+        self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        hub = self.app.state.hub
+        await hub.drain()
+        deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
+        while hub.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)                        # the last verdicts and closes go out
+        self.should_exit = True
+
+    async def serve(self, sockets=None):
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_forever(spec, token: str | None, host: str, port: int) -> int:
+    """Serve until SIGTERM / SIGINT (then drain). The line ``# serving ws://HOST:PORT/v1/stream``
+    on stderr says the models are loaded and clients may connect."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .service import build_app
+    try:
+        ours = version("nystream")
+    except PackageNotFoundError:
+        ours = ""
+    try:
+        sock = bind(host, port)
+    except ServeError as e:
+        raise SystemExit(f"serve: {e}") from None
+    where = f"{host if ':' not in host else '[' + host + ']'}:{sock.getsockname()[1]}"
+
+    def started(hub):
+        print(f"# serving ws://{where}/v1/stream: up to {hub.capacity} streams, front end {hub.frontend}, "
+              f"models {', '.join(hub.models)}, device {hub.device}{', token required' if token else ''}",
+              file=sys.stderr, flush=True)
+
+    app = build_app(spec.build, token=token, limits=spec.limits, version=ours, on_start=started)
+    config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
+                            ws_ping_timeout=20.0, log_level="warning", lifespan="on")
+    DrainingServer(config, app).run(sockets=[sock])
+    print("# stopped", file=sys.stderr, flush=True)
+    return 0

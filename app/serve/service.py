@@ -1,0 +1,160 @@
+"""The ASGI application of `serve` (FastAPI on Starlette): ``GET /v1/health`` and the WebSocket
+``/v1/stream``, one stream of the hub's batched engine per connection (protocol v1,
+docs/serve.md). The same app runs under uvicorn (app/serve/server.py) and as a Ray Serve ingress
+(app/serve/ray_serve.py).
+
+The hub is made by ``make_hub()`` when the app starts (its lifespan), so that a Ray Serve replica
+builds its own engine where it runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+
+from .hub import Connection, Hub, hello_reply
+from .protocol import (INVALID, SERVER_ERROR, UNSUPPORTED, VERSION, Limits, ProtocolError, parse_control,
+                       parse_hello)
+
+
+def bearer_ok(header: str | None, token: str | None) -> bool:
+    """The Authorization header carries the server's token (constant-time comparison)."""
+    if token is None:
+        return True
+    given = (header or "").encode("utf-8", "replace")
+    return hmac.compare_digest(given, f"Bearer {token}".encode())
+
+
+def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), version: str = "",
+              on_start=None) -> FastAPI:
+    """The app; ``make_hub()`` -> Hub, called once at start-up, then ``on_start(hub)``."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        app.state.hub = hub = make_hub()
+        if on_start is not None:
+            on_start(hub)
+        loop_task = asyncio.create_task(hub.run())
+        try:
+            yield
+        finally:
+            loop_task.cancel()
+            hub.pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.token, app.state.limits = token, limits
+
+    @app.get("/v1/health")
+    async def health():
+        return {**app.state.hub.health(), "protocol": VERSION, "version": version, "limits": limits.doc()}
+
+    @app.websocket("/v1/stream")
+    async def stream(ws: WebSocket):
+        if not bearer_ok(ws.headers.get("authorization"), token):
+            await ws.close(code=1008)                  # before accepting: the upgrade answers 403
+            return
+        await ws.accept()
+        await serve_connection(ws, app.state.hub, limits)
+
+    return app
+
+
+async def serve_connection(ws: WebSocket, hub: Hub, limits: Limits) -> None:
+    conn = None
+    try:
+        try:
+            message = await asyncio.wait_for(ws.receive(), limits.hello_seconds)
+        except asyncio.TimeoutError:
+            raise ProtocolError(INVALID, f"no hello within {limits.hello_seconds:g} s") from None
+        if message["type"] == "websocket.disconnect":
+            return
+        hello = parse_hello(message.get("text"), limits)
+        conn = await hub.open(hello)
+        await ws.send_text(hello_reply(hub))
+        reader = asyncio.create_task(read_audio(ws, hub, conn, limits))
+        writer = asyncio.create_task(write_results(ws, conn))
+        done, _ = await asyncio.wait({reader, writer, conn.failure}, return_when=asyncio.FIRST_COMPLETED)
+        if conn.failure in done:
+            reader.cancel()
+            writer.cancel()
+            code, reason = conn.failure.result()
+            raise ProtocolError(code, reason)
+        if reader in done and reader.exception() is not None:
+            writer.cancel()
+            raise reader.exception()
+        if reader in done and reader.result() == "gone":
+            writer.cancel()
+            return
+        await asyncio.wait({writer, conn.failure}, return_when=asyncio.FIRST_COMPLETED)
+        reader.cancel()
+        if conn.failure.done():
+            raise ProtocolError(*conn.failure.result())
+        writer.result()
+    except ProtocolError as e:
+        if conn is not None:
+            hub.gone(conn)                             # its slot is free at the next hop, whatever the close does
+        await close(ws, e.code, e.reason)
+    except WebSocketDisconnect:
+        pass
+    except Exception as e:  # noqa: BLE001 - one connection's fault closes that connection only
+        await close(ws, SERVER_ERROR, f"server error: {type(e).__name__}")
+    finally:
+        if conn is not None:
+            hub.gone(conn)
+
+
+async def read_audio(ws: WebSocket, hub: Hub, conn: Connection, limits: Limits) -> str:
+    """Audio until {"end": true} ("ended") or a disconnect ("gone"); at most ``limits.speed``
+    times real time after a first burst, and never more than the outbox's worth of whole hops
+    waiting for the engine: beyond either, the server stops reading (the client's sends block)."""
+    start = time.monotonic()
+    max_ready = conn.outbox.maxsize
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return "gone"
+        if message.get("bytes") is not None:
+            hub.feed(conn, message["bytes"])
+            ahead = conn.source.decoder.seconds - limits.burst_seconds - limits.speed * (time.monotonic() - start)
+            if ahead > 0:
+                await asyncio.sleep(ahead / limits.speed)
+            while len(conn.source.ready) > max_ready and not conn.failure.done():
+                await asyncio.sleep(0.05)
+        elif message.get("text") is not None:
+            parse_control(message["text"])
+            hub.end(conn)
+            return "ended"
+        else:
+            raise ProtocolError(UNSUPPORTED, "an empty message")
+
+
+async def write_results(ws: WebSocket, conn: Connection) -> None:
+    """Records as the hub makes them; once the stream has left the engine, the verdict and the
+    close (1000, or 1001 while the server drains)."""
+    while True:
+        if conn.finished.is_set() and conn.outbox.empty():
+            break
+        get = asyncio.ensure_future(conn.outbox.get())
+        finished = asyncio.ensure_future(conn.finished.wait())
+        done, _ = await asyncio.wait({get, finished}, return_when=asyncio.FIRST_COMPLETED)
+        if get in done:
+            finished.cancel()
+            await ws.send_text(get.result())
+        else:
+            get.cancel()
+    await ws.send_text(json.dumps(conn.verdict()))
+    await close(ws, conn.close_code, "stream ended" if conn.close_code == 1000 else "the server is shutting down")
+
+
+CLOSE_SECONDS = 2.0
+
+
+async def close(ws: WebSocket, code: int, reason: str) -> None:
+    """Send the close frame; a client that reads nothing never lets it out: after CLOSE_SECONDS
+    the app returns and the server drops the connection."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(ws.close(code=code, reason=reason), CLOSE_SECONDS)

@@ -1,0 +1,251 @@
+"""`serve` and `listen` over real sockets on loopback (uvicorn in a thread, websockets clients):
+results equal `classify FILE --jsonl`, several clients join and leave, every refusal has its
+close code while a witness client's results stay those of classify, and a non-loopback host needs
+a token. (SIGTERM draining runs the real command: tests/serve/test_serve_process.py.)"""
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import uvicorn
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from app.cli import main
+from app.runtime.frontend_args import FrontEndSpec
+from app.serve.protocol import Limits
+from app.serve.server import bind
+from app.serve.service import build_app
+from app.serve.spec import HubSpec
+from audio.frontends import build_frontend, frontend_metadata
+from audio.gtzan import GENRES
+from audio.sources import FileSource
+from audio_helpers import tone, write
+from models.checkpoint import save_checkpoint
+from tiny import tiny_model
+
+TOKEN = "a-test-token-of-32-characters-ok"
+HELLO = {"sample_rate": 16000, "channels": 1, "format": "f32le"}
+# As tests/app/test_streams.py PROB_TOL (the same tiny models, the same front end): the server's
+# batched engine against classify's single-stream engine.
+PROB_TOL = 6e-6
+MODELS = [("continual", 1, 1), ("continual_nystrom", 2, 2)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("serve")
+    fe = build_frontend("musicnn")
+    checkpoints = []
+    for i, (variant, layers, seed) in enumerate(MODELS):
+        model = tiny_model(variant, n=8, in_dim=50, layers=layers, seed=seed)
+        save_checkpoint(model, d / f"m{i}.pt", classes=list(GENRES), frontend=frontend_metadata(fe))
+        checkpoints.append(str(d / f"m{i}.pt"))
+    songs = {"a": write(d / "a.wav", tone(3.0, 16000, 330.0), 16000),
+             "b": write(d / "b.wav", np.concatenate([tone(1.0, 16000, f) for f in (220, 440)]), 16000)}
+    return checkpoints, songs
+
+
+@contextmanager
+def server(checkpoints, *, capacity=3, limits=Limits(outbox_seconds=1.0, burst_seconds=2.0)):
+    spec = HubSpec(FrontEndSpec("musicnn"), capacity, tuple(checkpoints), None, {}, limits)
+    app = build_app(spec.build, token=TOKEN, limits=limits)
+    sock = bind("127.0.0.1", 0)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)   # accepted sockets inherit it
+    srv = uvicorn.Server(uvicorn.Config(app, ws_max_size=limits.message_bytes, log_level="warning"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not srv.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.started
+    try:
+        yield f"ws://127.0.0.1:{sock.getsockname()[1]}/v1/stream", app
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=20)
+
+
+def client(url, token=TOKEN, **kw):
+    return connect(url, additional_headers={"Authorization": f"Bearer {token}"} if token else None,
+                   proxy=None, open_timeout=20, **kw)
+
+
+def hops_of(path) -> list[np.ndarray]:
+    return list(FileSource(path))
+
+
+def stream(url, hops, *, wait=None) -> tuple[list[dict], dict, int]:
+    """Send a file's hops and end (``wait()`` runs after the second hop, the sending paused),
+    reading all the while: (records, verdict, close code)."""
+    records, verdict = [], None
+    with client(url) as ws:
+        ws.send(json.dumps(HELLO))
+        assert set(json.loads(ws.recv(timeout=20))) == {"classes", "models"}
+
+        def send():
+            for i, hop in enumerate(hops):
+                ws.send(hop.astype("<f4").tobytes())
+                if wait is not None and i == 1:
+                    wait()
+            ws.send(json.dumps({"end": True}))
+        sender = threading.Thread(target=send)
+        sender.start()
+        try:
+            for text in ws:
+                d = json.loads(text)
+                if "verdict" in d:
+                    verdict = d
+                else:
+                    records.append(d)
+        except ConnectionClosed:
+            pass
+        sender.join(timeout=120)
+        return records, verdict, ws.close_code
+
+
+def classify_jsonl(capsys, path, checkpoints) -> list[dict]:
+    assert main(["classify", str(path), "--jsonl", "--checkpoint", *checkpoints]) == 0
+    return [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+
+
+def same(errors, got: list[dict], want: list[dict]) -> None:
+    assert [(r["step"], r["audio_time"]) for r in got] == [(r["step"], r["audio_time"]) for r in want]
+    worst = 0.0
+    for g, w in zip(got, want):
+        assert list(g["models"]) == list(w["models"])
+        for name, m in g["models"].items():
+            worst = max(worst, max(abs(a - b) for a, b in zip(m["probabilities"], w["models"][name]["probabilities"])))
+            assert m["top"][0] == w["models"][name]["top"][0] or abs(m["top"][1] - w["models"][name]["top"][1]) < 1e-5
+    errors("served vs classify FILE --jsonl (probabilities)", worst, PROB_TOL)
+
+
+def test_two_clients_joining_at_different_times_each_get_what_classify_gives(files, capsys, errors):
+    checkpoints, songs = files
+    want = {k: classify_jsonl(capsys, p, checkpoints) for k, p in songs.items()}
+    with server(checkpoints) as (url, app):
+        got = {}
+        second = threading.Thread(target=lambda: got.__setitem__("b", stream(url, hops_of(songs["b"]))))
+        got["a"] = stream(url, hops_of(songs["a"]), wait=second.start)    # b joins after a's second hop
+        second.join(timeout=60)
+        for k in songs:
+            records, verdict, code = got[k]
+            assert code == 1000 and verdict["hops"] == len(want[k])
+            same(errors, records, want[k])
+            assert {n: v["steps"] for n, v in verdict["verdict"].items()} == {n: len(want[k]) for n in want[k][0]["models"]}
+        assert app.state.hub.health()["active_streams"] == 0
+
+
+def test_listen_prints_what_classify_prints(files, capsys, errors):
+    checkpoints, songs = files
+    want = classify_jsonl(capsys, songs["a"], checkpoints)
+    with server(checkpoints) as (url, _):
+        token = songs["a"].parent / "token"
+        token.write_text(TOKEN + "\n")
+        assert main(["listen", url, str(songs["a"]), "--fast", "--jsonl", "--token-file", str(token)]) == 0
+        out = capsys.readouterr()
+        same(errors, [json.loads(x) for x in out.out.splitlines()], want)
+        assert "# verdict over ws:" in out.err
+        assert main(["listen", url, str(songs["a"]), "--fast"]) == 1               # no token
+        assert "error: the server refused the connection: HTTP 403 (a missing or wrong token)" in capsys.readouterr().err
+
+
+def refused(url, first, then=(), token=TOKEN, **kw) -> tuple[int, str]:
+    """A client that sends ``first`` then ``then``: the server's close code and reason."""
+    with client(url, token, **kw) as ws:
+        ws.send(first)
+        try:
+            for m in then:
+                ws.send(m)
+            while True:
+                ws.recv(timeout=20)
+        except ConnectionClosed:
+            pass
+        return ws.close_code, ws.close_reason
+
+
+def test_faulty_clients_are_refused_with_their_codes_and_a_witness_is_unaffected(files, capsys, errors):
+    checkpoints, songs = files
+    want = classify_jsonl(capsys, songs["a"], checkpoints)
+    hello = json.dumps(HELLO)
+    with server(checkpoints, capacity=8) as (url, app):      # a refused stream's slot is free at the next hop
+        witness = {}
+
+        def faults():
+            for token in (None, "x" * 32):
+                with pytest.raises(InvalidStatus) as e:
+                    client(url, token)
+                assert e.value.response.status_code == 403
+            assert refused(url, "{not json")[0] == 1007
+            assert refused(url, json.dumps({**HELLO, "format": "f64le"}))[0] == 1003
+            assert refused(url, json.dumps({**HELLO, "sample_rate": 10 ** 9}))[0] == 1007
+            code, reason = refused(url, json.dumps({**HELLO, "format": "s16le"}), [b"\0\0\0"])
+            assert code == 1007 and "not whole s16le frames" in reason
+            assert refused(url, hello, [np.array([0.1, np.nan], "<f4").tobytes()]) == (1007, "the audio holds NaN or infinite samples")
+            assert refused(url, hello, [b"\0" * (Limits().message_bytes + 4)])[0] == 1009
+            assert refused(url, hello, ['{"end": false}'])[0] == 1003
+            # a client that leaves mid-stream: its slot is free at the next hop
+            ws = client(url)
+            ws.send(hello)
+            ws.recv(timeout=20)
+            ws.send(np.zeros(8000, "<f4").tobytes())
+            ws.close()
+
+        witness_thread = threading.Thread(target=lambda: witness.setdefault("r", stream(url, hops_of(songs["a"]), wait=faults)))
+        witness_thread.start()
+        witness_thread.join(timeout=240)
+        records, verdict, code = witness["r"]
+        assert code == 1000
+        same(errors, records, want)
+        deadline = time.monotonic() + 10
+        while app.state.hub.health()["active_streams"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.state.hub.health()["active_streams"] == 0
+
+
+def test_a_client_that_never_reads_leaves_the_engine(files):
+    """Its outbox fills (small socket buffers, no compression), its stream leaves the engine and
+    its slot is free; the close frame it never reads is its own problem."""
+    checkpoints, _ = files
+    with server(checkpoints) as (url, app):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", int(url.split(":")[2].split("/")[0])))
+        ws = client(url, sock=s, max_queue=1, compression=None, close_timeout=1)
+        ws.send(json.dumps(HELLO))
+
+        def flood():
+            chunk = np.full(16000, 0.1, "<f4").tobytes()
+            try:
+                while True:
+                    ws.send(chunk)
+            except (ConnectionClosed, OSError):
+                pass
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        hub, deadline = app.state.hub, time.monotonic() + 60
+        while not hub.connections and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert hub.connections
+        while hub.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not hub.connections and hub.engine.streams == []
+        s.shutdown(socket.SHUT_RDWR)
+        sender.join(timeout=10)
+
+
+def test_a_full_server_answers_1013(files):
+    checkpoints, _ = files
+    with server(checkpoints, capacity=1) as (url, _):
+        with client(url) as first:
+            first.send(json.dumps(HELLO))
+            first.recv(timeout=20)
+            assert refused(url, json.dumps(HELLO))[0] == 1013
+
+
+def test_a_host_beyond_loopback_needs_a_token(capsys):
+    with pytest.raises(SystemExit, match="reachable from other machines: give --token-file"):
+        main(["serve", "--host", "0.0.0.0"])
