@@ -26,9 +26,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .assets import assets_dir
 from .errors import MusicnnWeightsError
 
-WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "musicnn"
+WEIGHTS_DIR = assets_dir() / "musicnn"
 MODELS = ("MSD_musicnn",)
 PATCH_FRAMES = 187
 BANDS = 96

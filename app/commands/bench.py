@@ -37,6 +37,10 @@ def add_arguments(p) -> None:
                    help="instead: S = 1, 2, 4, ... demo streams in one engine (musicnn and the shipped "
                         "models) until the p95 hop passes 125 ms; the real-time capacity")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="with --streams: where it runs")
+    p.add_argument("--serve", type=POSITIVE, metavar="N",
+                   help="instead: N WebSocket clients streaming real audio in real time to `serve` on "
+                        "loopback; latency, dropped hops, server CPU and memory per stream")
+    p.add_argument("--serve-seconds", type=SECONDS, default=20.0, help="with --serve: audio per client")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -140,7 +144,12 @@ def run(args) -> int:
         r = streams_bench(args.device)
         print_streams(r)
         page(f"streams-{args.device}", r)
-    if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams:
+    if args.serve:
+        from app.offline.bench_serve import print_serve, serve_bench
+        r = serve_bench(args.serve, args.serve_seconds)
+        print_serve(r)
+        page(f"serve-{args.serve}", r)
+    if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams or args.serve:
         return 0
     from app.offline import bench
     data = bench.run(args.windows, steps=args.steps, budget_s=args.budget,

@@ -1,5 +1,5 @@
 """`python main.py serve`: classify live audio from WebSocket clients, one stream of one batched
-engine per connection (docs/serve.md); with ``--ray``, replicas on a Ray Serve cluster."""
+engine per connection (docs/serve.md)."""
 from __future__ import annotations
 
 from models.sda import VARIANTS
@@ -25,9 +25,6 @@ def add_arguments(p) -> None:
     p.add_argument("--window", type=WINDOW, default=None, help="window n of untrained models in tokens")
     p.add_argument("--landmarks", type=POSITIVE, default=4, help="Nyström landmarks m of untrained models")
     p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
-    p.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
-                   help="deploy on Ray Serve (a running cluster's ADDRESS, else a local one)")
-    p.add_argument("--replicas", type=POSITIVE, default=1, help="with --ray: replicas, each one batched engine")
 
 
 def hub_spec(args):
@@ -50,9 +47,5 @@ def run(args) -> int:
         check_exposure(args.host, token)
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
-    spec = hub_spec(args)
-    if args.ray:
-        from app.serve.ray_serve import deploy
-        return deploy(spec, token, args.host, args.port, args.replicas, args.ray)
     from app.serve.server import serve_forever
-    return serve_forever(spec, token, args.host, args.port)
+    return serve_forever(hub_spec(args), token, args.host, args.port)

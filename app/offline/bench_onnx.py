@@ -12,13 +12,14 @@ import torch
 
 from app.runtime.onnx_step import OnnxStep
 from models.checkpoint import load_checkpoint
+from audio.assets import assets_dir
 from models.landmarks import fit_fixed_landmarks
 from .onnx_export import export_onnx
 from models.transformer import ModelConfig, build_model
 
 from .bench_timing import time_steps
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
+ASSETS = assets_dir() / "models"
 SHIPPED = ("musicnn-continual", "musicnn-continual_nystrom", "musicnn-continual_nystrom-fixed")
 
 

@@ -226,6 +226,19 @@ def streams_body(runs: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def serve_body(runs: dict) -> str:
+    from .bench_serve import GOAL_P95_MS, serve_table
+    out = []
+    for kind, e in sorted(runs.items(), key=lambda kv: kv[1]["data"]["clients"]):
+        r = e["data"]
+        ok = r["latency_ms_p95"] <= GOAL_P95_MS and r["dropped"] == 0
+        out += [provenance(e), "", f"{r['clients']} clients, {r['audio']}, {r['seconds']:g} s of audio each; "
+                f"server resident {r['server_rss_mb']:.0f} MB at the end.", ""]
+        out += serve_table(r) + ["", f"Real time (p95 at most {GOAL_P95_MS:g} ms, nothing dropped): "
+                                     f"**{'yes' if ok else 'no'}**.", ""]
+    return "\n".join(out) + "\n"
+
+
 SECTIONS = [
     ("Attention and model steps", ["attention"],
      "Per-step latency, batch 1, CPU, window full, of every variant's SDA (16 heads of d = 12 folded "
@@ -267,12 +280,19 @@ SECTIONS = [
      onnx_body),
     ("Many streams in one engine", ["streams-cpu", "streams-cuda"],
      "`bench --streams [--device cpu|cuda]`: S demo streams (seeds 0..S-1) in one engine, S = 1, 2, 4, ... "
-     "until the p95 hop passes half a hop (125 ms). A hop: every stream's audio and musicnn front end "
-     "(per stream, its continual caches), then each of the five shipped models stepped once for all "
-     "streams (models/stream/batch.py). FLOPs per stream-hop: the front end's and the five models' "
+     "until the p95 hop passes half a hop (125 ms). A hop: every stream's audio and log-mel, the musicnn "
+     "network once for all streams (audio/musicnn_batch.py, each stream's continual caches in a slot), "
+     "then each of the five shipped models stepped once for all streams (models/stream/batch.py). FLOPs per stream-hop: the front end's and the five models' "
      "(the formulas of the single-stream steps); GFLOP/s against one `torch.mm` of 2 x 512^3 FLOPs. "
      "The capacity is the largest S whose p95 hop is at most 125 ms.",
      streams_body),
+    ("Serving clients over WebSocket", [f"serve-{n}" for n in range(1, 1025)],
+     "`bench --serve N`: the real `serve` command (musicnn and the five shipped models) in its own "
+     "process, and N WebSocket clients on loopback in the bench's process, each streaming real audio "
+     "(the shared GTZAN excerpts) in real time, one 0.25 s hop per message. Latency: from a hop's last "
+     "sample sent to its record received. Server CPU (cores, /proc) and resident memory per stream. "
+     "The clients run on the same cores as the server.",
+     serve_body),
     ("Evaluation speed", ["evaluate"],
      "`bench --evaluate`: `evaluate` on 300 synthetic sequences x 120 steps x 6 checkpoints.",
      evaluate_body),

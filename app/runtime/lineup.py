@@ -8,12 +8,13 @@ from pathlib import Path
 
 import torch
 
+from audio.assets import assets_dir
 from audio.gtzan import GENRES
 from audio.frontends import token_dim
 from models.checkpoint import CheckpointError, load_checkpoint
 from models.transformer import ModelConfig, build_model
 
-ASSETS = Path(__file__).resolve().parents[2] / "assets" / "models"
+ASSETS = assets_dir() / "models"
 UNTRAINED_WINDOW = {"musicnn": 29, "vggish": 120}     # default n of untrained models
 
 

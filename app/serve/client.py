@@ -19,6 +19,8 @@ from websockets.sync.client import connect
 from app.runtime.records import csv_row, human, record_from_dict
 from app.runtime.verdict import Verdict, verdict_table
 
+from audio.melspec import HOP_SECONDS
+
 from .protocol import GOING_AWAY, NORMAL
 
 HELLO = json.dumps({"sample_rate": 16000, "channels": 1, "format": "f32le"})
@@ -129,3 +131,46 @@ def listen(url: str, source, token: str | None, printer: Printer) -> int:
             print(f"# the connection dropped after {hops.sent * 0.25:.2f} s of audio; "
                   f"reconnecting: a fresh stream from there", file=sys.stderr, flush=True)
     raise ListenError(f"the connection dropped {RECONNECTS + 1} times")
+
+
+# ----------------------------------------------------------------------------- bench --serve
+
+async def timed_client(url: str, hops: list, start: float) -> dict:
+    """One client sending hop k when its last sample "plays" (start + (k + 1) * 0.25 s) and
+    timing each record from that send: {"latencies" (ms), "records", "verdict", "close"}."""
+    import asyncio
+    import time
+
+    from websockets.asyncio.client import connect as connect_async
+    sent: dict[int, float] = {}
+    latencies, verdict = [], None
+    async with connect_async(url, proxy=None, max_size=1 << 22, open_timeout=60) as ws:
+        await ws.send(HELLO)
+        await ws.recv()
+
+        async def send():
+            for k, hop in enumerate(hops):
+                await asyncio.sleep(max(0.0, start + (k + 1) * HOP_SECONDS - time.monotonic()))
+                sent[k] = time.monotonic()
+                await ws.send(hop.astype("<f4").tobytes())
+            await ws.send(json.dumps({"end": True}))
+
+        sender = asyncio.create_task(send())
+        async for text in ws:
+            d = json.loads(text)
+            if "verdict" in d:
+                verdict = d
+            else:
+                latencies.append((time.monotonic() - sent[d["step"]]) * 1e3)
+        await sender
+        return {"latencies": latencies, "records": len(latencies), "verdict": verdict is not None,
+                "close": ws.close_code}
+
+
+async def timed_clients(url: str, audio: list[list]) -> list[dict]:
+    """Every client of ``audio`` (its hops) at once, their starts spread over one hop."""
+    import asyncio
+    import time
+    t0 = time.monotonic() + 0.5
+    return await asyncio.gather(*(timed_client(url, hops, t0 + i * HOP_SECONDS / len(audio))
+                                  for i, hops in enumerate(audio)))

@@ -1,10 +1,9 @@
 """The ASGI application of `serve` (FastAPI on Starlette): ``GET /v1/health`` and the WebSocket
 ``/v1/stream``, one stream of the hub's batched engine per connection (protocol v1,
-docs/serve.md). The same app runs under uvicorn (app/serve/server.py) and as a Ray Serve ingress
-(app/serve/ray_serve.py).
+docs/serve.md), run by uvicorn (app/serve/server.py).
 
-The hub is made by ``make_hub()`` when the app starts (its lifespan), so that a Ray Serve replica
-builds its own engine where it runs.
+The hub is made by ``make_hub()`` when the app starts (its lifespan), in the process that serves:
+a process that receives the app (a Ray Serve replica, say) builds its own engine.
 """
 from __future__ import annotations
 

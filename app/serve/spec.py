@@ -1,5 +1,5 @@
-"""What a server process (uvicorn, or a Ray Serve replica on another node) needs to build its
-hub: plain values, picklable."""
+"""What a server process needs to build its hub: plain values, picklable (for a process other
+than the one that parsed the command line)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

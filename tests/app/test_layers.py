@@ -10,9 +10,10 @@ PACKAGES = ("models", "audio", "app")
 FORBIDDEN = {
     "models": ("audio", "app"),
     "audio": ("app", "models"),
-    "app.runtime": ("app.commands", "app.offline", "app.gui", "app.cli"),
+    "app.runtime": ("app.commands", "app.offline", "app.gui", "app.cli", "app.serve"),
     "app.offline": ("app.commands", "app.gui", "app.cli"),
-    "app.gui": ("app.commands", "app.offline", "app.cli"),
+    "app.gui": ("app.commands", "app.offline", "app.cli", "app.serve"),
+    "app.serve": ("app.commands", "app.offline", "app.gui", "app.cli"),
     "app.commands": ("app.cli",),
 }
 
@@ -43,6 +44,26 @@ def graph() -> dict[str, set[str]]:
     files = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")]
     names = {module_name(p) for p in files}
     return {module_name(p): {m for m in imports(p) if m in names and m != module_name(p)} for p in files}
+
+
+# third-party stacks -> the only package that may import them
+CONFINED = {"PySide6": "app.gui", "pyqtgraph": "app.gui", "fastapi": "app.serve", "starlette": "app.serve",
+            "uvicorn": "app.serve", "websockets": "app.serve"}
+
+
+def test_qt_and_the_web_stack_stay_in_their_rooms():
+    bad = []
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            mod = module_name(path)
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                for name in names:
+                    home = CONFINED.get(name.split(".")[0])
+                    if home and not (mod == home or mod.startswith(home + ".")):
+                        bad.append(f"{mod} imports {name}")
+    assert not bad, bad
 
 
 def test_layers_import_one_way():
