@@ -72,7 +72,9 @@ class Hops:
             return hop
 
 
-def send_all(ws, hops: Hops, stop: threading.Event) -> None:
+def send_all(ws, hops: Hops, stop: threading.Event, failed: list) -> None:
+    """The hops, then the end; a source that fails (a file damaged mid-way, a lost microphone)
+    is kept in ``failed`` and the connection closed."""
     try:
         while not stop.is_set():
             hop = hops.next()
@@ -82,6 +84,9 @@ def send_all(ws, hops: Hops, stop: threading.Event) -> None:
             ws.send(hop.astype("<f4").tobytes())
     except ConnectionClosed:
         pass
+    except Exception as e:  # noqa: BLE001 - the source's error, said by listen in one line
+        failed.append(e)
+        ws.close()
 
 
 def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str:
@@ -95,13 +100,12 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
                           + (" (a missing or wrong token)" if e.response.status_code in (401, 403) else "")) from None
     except (OSError, TimeoutError) as e:
         raise ListenError(f"cannot connect to {url}: {e}") from None
-    stop, verdict = threading.Event(), None
+    stop, verdict, failed = threading.Event(), None, []
     with ws:
         ws.send(HELLO)
-        sender = None
         try:
             json.loads(ws.recv(timeout=30))                       # {"classes", "models"}
-            sender = threading.Thread(target=send_all, args=(ws, hops, stop), daemon=True)
+            sender = threading.Thread(target=send_all, args=(ws, hops, stop, failed), daemon=True)
             sender.start()
             for text in ws:
                 d = json.loads(text)
@@ -115,6 +119,8 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
         finally:
             stop.set()
         code, reason = (ws.close_code, ws.close_reason) if ws.close_code is not None else (1006, "")
+    if failed:
+        raise failed[0]
     if verdict is not None and code in (NORMAL, GOING_AWAY):
         return "done"
     if code in (1006, 1011, 1012) and not hops.done:

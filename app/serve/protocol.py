@@ -38,11 +38,12 @@ class Limits:
     burst_seconds: float = 5.0          # ... beyond a first burst of this much audio
     outbox_seconds: float = 5.0         # results a client may leave unread before it is closed
     hello_seconds: float = 10.0         # time to send the hello
+    idle_seconds: float = 60.0          # a stream that sends nothing this long is closed (1008)
 
     def doc(self) -> dict:
         return {"hello_bytes": self.hello_bytes, "message_bytes": self.message_bytes,
                 "sample_rates": list(self.rates), "max_channels": self.max_channels,
-                "speed": self.speed, "outbox_seconds": self.outbox_seconds}
+                "speed": self.speed, "outbox_seconds": self.outbox_seconds, "idle_seconds": self.idle_seconds}
 
 
 @dataclass(frozen=True)

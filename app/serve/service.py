@@ -16,7 +16,7 @@ import time
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from .hub import Connection, Hub, hello_reply
-from .protocol import (INVALID, SERVER_ERROR, UNSUPPORTED, VERSION, Limits, ProtocolError, parse_control,
+from .protocol import (INVALID, POLICY, SERVER_ERROR, UNSUPPORTED, VERSION, Limits, ProtocolError, parse_control,
                        parse_hello)
 
 
@@ -113,7 +113,10 @@ async def read_audio(ws: WebSocket, hub: Hub, conn: Connection, limits: Limits) 
     start = time.monotonic()
     max_ready = conn.outbox.maxsize
     while True:
-        message = await ws.receive()
+        try:
+            message = await asyncio.wait_for(ws.receive(), limits.idle_seconds)
+        except asyncio.TimeoutError:
+            raise ProtocolError(POLICY, f"no message for {limits.idle_seconds:g} s; closed") from None
         if message["type"] == "websocket.disconnect":
             return "gone"
         if message.get("bytes") is not None:

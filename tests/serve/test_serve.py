@@ -188,11 +188,10 @@ def test_faulty_clients_are_refused_with_their_codes_and_a_witness_is_unaffected
             assert refused(url, hello, [b"\0" * (Limits().message_bytes + 4)])[0] == 1009
             assert refused(url, hello, ['{"end": false}'])[0] == 1003
             # a client that leaves mid-stream: its slot is free at the next hop
-            ws = client(url)
-            ws.send(hello)
-            ws.recv(timeout=20)
-            ws.send(np.zeros(8000, "<f4").tobytes())
-            ws.close()
+            with client(url) as ws:
+                ws.send(hello)
+                ws.recv(timeout=20)
+                ws.send(np.zeros(8000, "<f4").tobytes())
 
         witness_thread = threading.Thread(target=lambda: witness.setdefault("r", stream(url, hops_of(songs["a"]), wait=faults)))
         witness_thread.start()
@@ -214,7 +213,7 @@ def test_a_client_that_never_reads_leaves_the_engine(files):
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(("127.0.0.1", int(url.split(":")[2].split("/")[0])))
-        ws = client(url, sock=s, max_queue=1, compression=None, close_timeout=1)
+        ws = client(url, sock=s, max_queue=1, compression=None, close_timeout=1).__enter__()
         ws.send(json.dumps(HELLO))
 
         def flood():
@@ -237,13 +236,16 @@ def test_a_client_that_never_reads_leaves_the_engine(files):
         sender.join(timeout=10)
 
 
-def test_a_full_server_answers_1013(files):
+def test_a_full_server_answers_1013_and_a_silent_client_is_closed(files):
     checkpoints, _ = files
-    with server(checkpoints, capacity=1) as (url, _):
+    with server(checkpoints, capacity=1, limits=Limits(idle_seconds=1.0)) as (url, app):
         with client(url) as first:
             first.send(json.dumps(HELLO))
             first.recv(timeout=20)
             assert refused(url, json.dumps(HELLO))[0] == 1013
+            with pytest.raises(ConnectionClosed):
+                first.recv(timeout=20)                       # it sent nothing for 1 s
+            assert (first.close_code, first.close_reason) == (1008, "no message for 1 s; closed")
 
 
 def test_a_host_beyond_loopback_needs_a_token(capsys):
