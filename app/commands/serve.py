@@ -1,5 +1,5 @@
 """`python main.py serve`: classify live audio from WebSocket clients, one stream of one batched
-engine per connection (docs/serve.md)."""
+engine per connection (docs/serve.md); with ``--ray``, K replicas on Ray Serve."""
 from __future__ import annotations
 
 from models.sda import VARIANTS
@@ -25,6 +25,9 @@ def add_arguments(p) -> None:
     p.add_argument("--window", type=WINDOW, default=None, help="window n of untrained models in tokens")
     p.add_argument("--landmarks", type=POSITIVE, default=4, help="Nyström landmarks m of untrained models")
     p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="deploy on Ray Serve: a local Ray instance, or join the cluster at ADDRESS (auto, HOST:PORT)")
+    p.add_argument("--replicas", type=POSITIVE, default=1, help="with --ray: replicas, each one batched engine")
 
 
 def hub_spec(args):
@@ -47,5 +50,8 @@ def run(args) -> int:
         check_exposure(args.host, token)
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
+    if args.ray:
+        from app.serve.ray_serve import deploy
+        return deploy(hub_spec(args), token, args.host, args.port, args.replicas, args.ray)
     from app.serve.server import serve_forever
     return serve_forever(hub_spec(args), token, args.host, args.port)

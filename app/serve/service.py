@@ -29,19 +29,24 @@ def bearer_ok(header: str | None, token: str | None) -> bool:
 
 
 def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), version: str = "",
-              on_start=None) -> FastAPI:
-    """The app; ``make_hub()`` -> Hub, called once at start-up, then ``on_start(hub)``."""
+              on_start=None, peers=None) -> FastAPI:
+    """The app; ``make_hub()`` -> Hub, called once at start-up, then ``on_start(hub)``. With
+    ``peers`` (a Ray Serve replica: app/serve/ray_serve.py), the hub's health is reported to them
+    every second and ``/v1/health`` answers their sum."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         app.state.hub = hub = make_hub()
         if on_start is not None:
             on_start(hub)
-        loop_task = asyncio.create_task(hub.run())
+        tasks = [asyncio.create_task(hub.run())]
+        if peers is not None:
+            tasks.append(asyncio.create_task(report(hub, peers)))
         try:
             yield
         finally:
-            loop_task.cancel()
+            for task in tasks:
+                task.cancel()
             hub.pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -49,7 +54,11 @@ def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), 
 
     @app.get("/v1/health")
     async def health():
-        return {**app.state.hub.health(), "protocol": VERSION, "version": version, "limits": limits.doc()}
+        mine = app.state.hub.health()
+        if peers is not None:
+            await peers.report(mine)
+            mine = {**mine, **await peers.total()}
+        return {**mine, "protocol": VERSION, "version": version, "limits": limits.doc()}
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket):
@@ -60,6 +69,13 @@ def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), 
         await serve_connection(ws, app.state.hub, limits)
 
     return app
+
+
+async def report(hub: Hub, peers) -> None:
+    while True:
+        with contextlib.suppress(Exception):
+            await peers.report(hub.health())
+        await asyncio.sleep(1.0)
 
 
 async def serve_connection(ws: WebSocket, hub: Hub, limits: Limits) -> None:

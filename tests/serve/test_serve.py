@@ -20,33 +20,13 @@ from app.serve.protocol import Limits
 from app.serve.server import bind
 from app.serve.service import build_app
 from app.serve.spec import HubSpec
-from audio.frontends import build_frontend, frontend_metadata
-from audio.gtzan import GENRES
 from audio.sources import FileSource
-from audio_helpers import tone, write
-from models.checkpoint import save_checkpoint
-from tiny import tiny_model
 
 TOKEN = "a-test-token-of-32-characters-ok"
 HELLO = {"sample_rate": 16000, "channels": 1, "format": "f32le"}
 # As tests/app/test_streams.py PROB_TOL (the same tiny models, the same front end): the server's
 # batched engine against classify's single-stream engine.
 PROB_TOL = 6e-6
-MODELS = [("continual", 1, 1), ("continual_nystrom", 2, 2)]
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("serve")
-    fe = build_frontend("musicnn")
-    checkpoints = []
-    for i, (variant, layers, seed) in enumerate(MODELS):
-        model = tiny_model(variant, n=8, in_dim=50, layers=layers, seed=seed)
-        save_checkpoint(model, d / f"m{i}.pt", classes=list(GENRES), frontend=frontend_metadata(fe))
-        checkpoints.append(str(d / f"m{i}.pt"))
-    songs = {"a": write(d / "a.wav", tone(3.0, 16000, 330.0), 16000),
-             "b": write(d / "b.wav", np.concatenate([tone(1.0, 16000, f) for f in (220, 440)]), 16000)}
-    return checkpoints, songs
 
 
 @contextmanager

@@ -1,0 +1,115 @@
+"""`serve --ray [ADDRESS] --replicas K`: the same ASGI app (app/serve/service.py) as a Ray Serve
+ingress deployment of K replicas, each building its own hub (one batched engine) where it runs.
+
+- A WebSocket connection goes through Ray Serve's proxy to one replica for its whole life.
+- The code and the shipped assets reach every node through the job's runtime environment
+  (``working_dir``: this project's files, minus what .gitignore and EXCLUDES leave out), not
+  through a shared checkout path.
+- ``/v1/health`` sums the replicas: each reports its hub's health to a named actor every second;
+  a replica silent for 3 s is not counted.
+- A replica that dies closes its clients' connections (the proxy's close); `listen` reconnects
+  with a fresh stream. The other replicas' clients are not touched.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray
+from ray import serve
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "nystream"
+REGISTRY = "nystream-serve-registry"
+NAMESPACE = "nystream"
+EXCLUDES = [".git", ".venv", "tests", "docs", "scripts", "bench_results", "*.egg-info", "__pycache__"]
+STALE_S = 3.0
+_registry = None
+
+
+@ray.remote(num_cpus=0)
+class Registry:
+    """Each replica's last health, by replica."""
+
+    def __init__(self):
+        self.seen: dict[str, tuple[float, dict]] = {}
+
+    def report(self, replica: str, health: dict) -> None:
+        self.seen[replica] = (time.monotonic(), health)
+
+    def total(self) -> dict:
+        now = time.monotonic()
+        alive = [h for t, h in self.seen.values() if now - t <= STALE_S]
+        return {"replicas": len(alive), "active_streams": sum(h["active_streams"] for h in alive),
+                "capacity": sum(h["capacity"] for h in alive)}
+
+
+class RayPeers:
+    """What a replica's app uses to report itself and read the sum (service.build_app(peers=))."""
+
+    def __init__(self):
+        self.registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
+        self.me = serve.get_replica_context().replica_id.unique_id
+
+    async def report(self, health: dict) -> None:
+        await self.registry.report.remote(self.me, health)
+
+    async def total(self) -> dict:
+        return await self.registry.total.remote()
+
+
+def ingress(spec, token: str | None, version: str):
+    """The deployment class: its replicas build the app (and so their hub) when they start."""
+    def build():
+        from .service import build_app
+        return build_app(spec.build, token=token, limits=spec.limits, version=version, peers=RayPeers())
+    return serve.ingress(build)()
+
+
+def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_per_replica: float = 1.0) -> str:
+    """Deploy on the connected Ray (``ray.init`` done by the caller); the stream's URL."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        ours = version("nystream")
+    except PackageNotFoundError:
+        ours = ""
+    global _registry                 # held here: an actor without a handle is gone
+    _registry = Registry.options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True).remote()
+    serve.start(http_options={"host": host, "port": port})
+    deployment = serve.deployment(ingress(spec, token, ours), name=APP, num_replicas=replicas,
+                                  max_ongoing_requests=spec.capacity + 8,
+                                  ray_actor_options={"num_cpus": cpus_per_replica})
+    serve.run(deployment.bind(), name=APP, route_prefix="/")
+    return f"ws://{host}:{port}/v1/stream"
+
+
+def runtime_env() -> dict:
+    return {"working_dir": str(ROOT), "excludes": EXCLUDES, "env_vars": {"OMP_NUM_THREADS": "1"}}
+
+
+def deploy(spec, token: str | None, host: str, port: int, replicas: int, address: str) -> int:
+    """`serve --ray`: start (a local Ray, or join ADDRESS), deploy, serve until SIGTERM / SIGINT."""
+    try:
+        ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env(),   # "local": a new instance
+                 include_dashboard=False, log_to_driver=False, configure_logging=False)
+    except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError, ...
+        raise SystemExit(f"serve: cannot {'start Ray' if address == 'local' else f'reach the Ray cluster at {address!r}'}: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    stop = threading.Event()
+    try:
+        url = start(spec, token, host, port, replicas)
+        print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each"
+              f"{', token required' if token else ''}", file=sys.stderr, flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        while not stop.is_set():
+            time.sleep(0.2)
+    finally:
+        if address != "local":          # a cluster that lives on: remove this app from it
+            serve.delete(APP)
+        ray.shutdown()                  # a local instance: everything ends with it
+    print("# stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,110 @@
+"""`serve --ray`: the same app on a real local Ray instance as a Ray Serve deployment of 2
+replicas (the code shipped in the job's working_dir). Health sums the replicas; each client's
+records equal `classify FILE --jsonl`; a killed replica cuts only its own client's stream."""
+import json
+import socket
+import threading
+import time
+import urllib.request
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from app.runtime.frontend_args import FrontEndSpec  # noqa: E402
+from app.serve import ray_serve  # noqa: E402
+from app.serve.spec import HubSpec  # noqa: E402
+from audio.sources import FileSource  # noqa: E402
+from test_serve import HELLO, classify_jsonl, same  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def deployed(files):
+    checkpoints, _ = files
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ray.init(address="local", num_cpus=2, namespace=ray_serve.NAMESPACE, runtime_env=ray_serve.runtime_env(),
+             include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
+    try:
+        # one stream per replica: a second client is refused (1013) and lands on the other one
+        spec = HubSpec(FrontEndSpec("musicnn"), 1, tuple(checkpoints))
+        yield ray_serve.start(spec, None, "127.0.0.1", port, 2, cpus_per_replica=0.5), port
+    finally:
+        ray.shutdown()
+
+
+def health(port) -> dict:
+    return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=30).read())
+
+
+def accepted(url):
+    """A connection whose hello was accepted (retrying a full replica's 1013)."""
+    for _ in range(20):
+        ws = connect(url, proxy=None, open_timeout=30).__enter__()
+        ws.send(json.dumps(HELLO))
+        try:
+            json.loads(ws.recv(timeout=30))
+            return ws
+        except ConnectionClosed:
+            assert ws.close_code == 1013
+    raise AssertionError("no replica took the stream")
+
+
+def stream(ws, hops, got: dict, pace: float) -> None:
+    records, verdict = [], None
+
+    def send():
+        try:
+            for hop in hops:
+                ws.send(hop.astype("<f4").tobytes())
+                time.sleep(pace)
+            ws.send(json.dumps({"end": True}))
+        except ConnectionClosed:
+            pass
+    threading.Thread(target=send, daemon=True).start()
+    try:
+        for text in ws:
+            d = json.loads(text)
+            verdict = d if "verdict" in d else verdict
+            if "verdict" not in d:
+                records.append(d)
+    except ConnectionClosed:
+        pass
+    got.update(records=records, verdict=verdict, close=ws.close_code)
+
+
+def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys, errors):
+    url, port = deployed
+    checkpoints, songs = files
+    want = classify_jsonl(capsys, songs["a"], checkpoints)
+    h = health(port)
+    assert (h["replicas"], h["capacity"], len(h["models"])) == (2, 2, 2)
+    hops = list(FileSource(songs["a"]))
+    clients = [accepted(url), accepted(url)]                 # one on each replica
+    deadline = time.monotonic() + 10
+    while health(port)["active_streams"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert health(port)["active_streams"] == 2
+    got = [{}, {}]
+    threads = [threading.Thread(target=stream, args=(ws, hops, g, 0.25)) for ws, g in zip(clients, got)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    replica = next(a for a in ray.util.list_named_actors(all_namespaces=True)
+                   if a["name"].startswith("SERVE_REPLICA::") and a["namespace"] == "serve")
+    ray.kill(ray.get_actor(replica["name"], namespace="serve"), no_restart=True)
+    for t in threads:
+        t.join(timeout=60)
+    cut = [g for g in got if g["close"] != 1000]
+    whole = [g for g in got if g["close"] == 1000]
+    assert len(cut) == 1 and len(whole) == 1, [g["close"] for g in got]
+    assert cut[0]["close"] in (1006, 1011, 1012)      # the proxy drops it (1006 here): listen reconnects
+    assert cut[0]["verdict"] is None and len(cut[0]["records"]) < len(want)
+    same(errors, whole[0]["records"], want)
+    assert whole[0]["verdict"]["hops"] == len(want)
