@@ -40,7 +40,10 @@ class NetworkSource:
         self.ended = False
 
     def push(self, samples: np.ndarray) -> None:
-        """16 kHz samples (event-loop thread)."""
+        """16 kHz samples (event-loop thread); none once the stream has ended (a drain ends it
+        while the client may still be sending)."""
+        if self.ended:
+            return
         self.pending = np.concatenate([self.pending, samples])
         while len(self.pending) >= HOP:
             self.ready.append(self.pending[:HOP].copy())
