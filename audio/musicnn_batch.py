@@ -27,7 +27,7 @@ from torch import Tensor
 
 from .musicnn import (BANDS, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, Musicnn,
                       head_macs, same_padding, timbral_macs_per_frame)
-from .musicnn_stream import MusicnnStream, SignedBN, toeplitz_taps
+from .musicnn_stream import MusicnnStream, toeplitz_taps
 
 P, EDGE = PATCH_FRAMES, 3
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
@@ -42,18 +42,10 @@ class MusicnnBatch:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.net, self.capacity = net, capacity
         self.device = next(net.buffers()).device
-        self.timbral = []
-        for conv, bn, w in zip(net.timbral, net.timbral_bn, TIMBRAL):
-            sbn = SignedBN(bn)
-            self.timbral.append((w, sbn, conv.weight.flatten(1).t() * sbn.sign, conv.bias * sbn.sign))
-        self.temporal = []
-        for conv, bn, kernel in zip(net.temporal, net.temporal_bn, TEMPORAL):
-            sbn = SignedBN(bn)
-            weight = conv.weight * sbn.sign.view(-1, 1, 1, 1)                          # (C', 1, K, 1)
-            self.temporal.append((kernel, sbn, weight, conv.bias * sbn.sign, weight[:, 0, :, 0].t().contiguous()))
+        one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
+        self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)
+        self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
         self._taps: dict = {}
-        # the silence a slot starts from, one stream's worth, copied at every join
-        one = MusicnnStream(net)
         self.template = self._state_of(one)
         self.state = {name: t.new_zeros((capacity, *t.shape)) for name, t in self.template.items()}
         self.start = np.zeros(capacity, np.int64)        # ring index of patch row 0, per slot
@@ -80,10 +72,6 @@ class MusicnnBatch:
         for name, t in self.template.items():
             self.state[name][slot] = t
         self.start[slot] = 0
-
-    @property
-    def slot_nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.template.values())
 
     # ------------------------------------------------------------------ a hop
     @torch.no_grad()

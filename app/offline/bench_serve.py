@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.runtime.memory import rss_mb
 from app.runtime.records import percentile
 from app.serve.client import timed_clients
 from audio.melspec import HOP_SECONDS
@@ -50,13 +51,6 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def proc_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def serve_bench(clients: int, seconds: float = 20.0) -> dict:
     audio, what = audio_for(clients, seconds)
     server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0",
@@ -68,9 +62,9 @@ def serve_bench(clients: int, seconds: float = 20.0) -> dict:
         if not line:
             raise RuntimeError("the server did not start")
         url = re.search(r"(ws://\S+/v1/stream)", line).group(1)
-        rss0, cpu0, wall0 = proc_rss_mb(server.pid), proc_cpu_seconds(server.pid), time.monotonic()
+        rss0, cpu0, wall0 = rss_mb(server.pid), proc_cpu_seconds(server.pid), time.monotonic()
         results = asyncio.run(timed_clients(url, audio))
-        wall, cpu, rss = time.monotonic() - wall0, proc_cpu_seconds(server.pid) - cpu0, proc_rss_mb(server.pid)
+        wall, cpu, rss = time.monotonic() - wall0, proc_cpu_seconds(server.pid) - cpu0, rss_mb(server.pid)
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -79,8 +79,8 @@ class Connection:
     """One client's stream: its source, outbox (records as JSON text) and verdict."""
 
     def __init__(self, number: int, hello: Hello, limits: Limits):
-        self.number, self.hello = number, hello
         self.source = NetworkSource(f"ws:{number}", PcmDecoder(hello))
+        self.stream = None                  # its Stream in the engine, once joined
         self.outbox: asyncio.Queue = asyncio.Queue(maxsize=max(1, int(limits.outbox_seconds / HOP_SECONDS)))
         self.failure: asyncio.Future = asyncio.get_running_loop().create_future()
         self.tally = Tally()
@@ -125,7 +125,7 @@ class Hub:
         conn = Connection(self.joined, hello, self.limits)
         self.joined += 1
         try:
-            await self._engine(self.engine.join, conn.source)
+            conn.stream = await self._engine(self.engine.join, conn.source)
         except ValueError as e:                          # every slot taken (a leaver not yet gone)
             raise ProtocolError(TRY_LATER, str(e)) from None
         self.connections[conn.source.name] = conn        # after the join: the loop retires no stream it cannot see
@@ -186,17 +186,16 @@ class Hub:
                 self.wake.set()
 
     def _retire(self) -> None:
-        """Connections whose stream has left the engine: their records are all out."""
-        active = {s.name for s in self.engine.streams}
-        errors = {s.name: why for s, why in self.engine.errors}
-        for name in [n for n in self.connections if n not in active]:
+        """Connections whose stream has left the engine: their records are all out. (The
+        engine's list of failed streams is not kept: each connection's stream says its own.)"""
+        self.engine.errors.clear()
+        active = {id(s) for s in self.engine.streams}
+        for name in [n for n, c in self.connections.items() if id(c.stream) not in active]:
             conn = self.connections.pop(name)
-            if name in errors:
-                conn.error = errors[name]
-                conn.fail(SERVER_ERROR, errors[name])
+            if conn.stream.error is not None:
+                conn.error = conn.stream.error
+                conn.fail(SERVER_ERROR, conn.error)
             conn.finished.set()
-        if len(self.engine.errors) > 1024:
-            del self.engine.errors[:-1024]
 
     def health(self) -> dict:
         return {"active_streams": len(self.connections), "capacity": self.capacity, "models": self.models,

@@ -91,7 +91,6 @@ def bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ServeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     sock.listen(128)
-    sock.set_inheritable(True)
     return sock
 
 

@@ -1,27 +1,20 @@
 """The "Use it from Python" page's example runs exactly as printed (docs/python.md), in a fresh
 interpreter outside the checkout, on a real music file, and prints one line per hop."""
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from doc_example import example
 from audio_helpers import tone, write
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def example() -> str:
-    text = (ROOT / "docs" / "python.md").read_text()
-    block = re.search(r"<!-- example: begin -->\n```python\n(.*?)```\n<!-- example: end -->", text, re.S)
-    assert block, "the example's markers are missing from docs/python.md"
-    return block.group(1)
-
-
 def test_the_python_page_example_runs_as_printed(tmp_path):
-    code = example()
+    code = example("python.md")
     assert len(code.strip().splitlines()) < 30
     write(tmp_path / "song.wav", np.concatenate([tone(1.0, 22050, f) for f in (220, 330, 440, 660)] * 2), 22050)
     (tmp_path / "example.py").write_text(code)

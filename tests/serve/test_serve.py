@@ -218,16 +218,22 @@ def test_a_client_that_never_reads_leaves_the_engine(files):
 
 def test_a_full_server_answers_1013_and_a_silent_client_is_closed(files):
     checkpoints, _ = files
-    with server(checkpoints, capacity=1, limits=Limits(idle_seconds=1.0)) as (url, app):
+    with server(checkpoints, capacity=1, limits=Limits(idle_seconds=3.0)) as (url, app):
         with client(url) as first:
             first.send(json.dumps(HELLO))
             first.recv(timeout=20)
             assert refused(url, json.dumps(HELLO))[0] == 1013
             with pytest.raises(ConnectionClosed):
-                first.recv(timeout=20)                       # it sent nothing for 1 s
-            assert (first.close_code, first.close_reason) == (1008, "no message for 1 s; closed")
+                first.recv(timeout=20)                       # it sent nothing for 3 s
+            assert (first.close_code, first.close_reason) == (1008, "no message for 3 s; closed")
 
 
-def test_a_host_beyond_loopback_needs_a_token(capsys):
+def test_a_host_beyond_loopback_needs_a_token(monkeypatch):
+    """Refused before anything is bound (a documentation-range address, and bind forbidden)."""
+    import app.serve.server as server_module
+
+    def no_bind(*args):
+        raise AssertionError("serve bound a socket before refusing")
+    monkeypatch.setattr(server_module, "bind", no_bind)
     with pytest.raises(SystemExit, match="reachable from other machines: give --token-file"):
-        main(["serve", "--host", "0.0.0.0"])
+        main(["serve", "--host", "192.0.2.1"])

@@ -17,18 +17,12 @@ from websockets.sync.client import connect
 
 from audio.frontends import build_frontend, frontend_metadata
 from audio.gtzan import GENRES
+from doc_example import example
 from audio_helpers import tone, write
 from models.checkpoint import save_checkpoint
 from tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def example() -> str:
-    text = (ROOT / "docs" / "serve.md").read_text()
-    block = re.search(r"<!-- example: begin -->\n```python\n(.*?)```\n<!-- example: end -->", text, re.S)
-    assert block, "the example's markers are missing from docs/serve.md"
-    return block.group(1)
 
 
 def test_the_example_runs_and_sigterm_drains(tmp_path):
@@ -43,7 +37,7 @@ def test_the_example_runs_and_sigterm_drains(tmp_path):
         url = re.search(r"(ws://\S+/v1/stream)", line).group(1)
         # the page's example, as printed, on a 44.1 kHz stereo WAV
         write(tmp_path / "song.wav", tone(2.0, 44100, 330.0, channels=2), 44100)
-        (tmp_path / "example.py").write_text(example())
+        (tmp_path / "example.py").write_text(example("serve.md"))
         r = subprocess.run([sys.executable, "example.py", url, "song.wav"], cwd=tmp_path, capture_output=True,
                            text=True, timeout=120, env={**os.environ, "PYTHONPATH": ""})
         assert r.returncode == 0, r.stderr[-2000:]
