@@ -87,7 +87,8 @@ class _Slots:
 
     def push(self, slots: list[int], hops: list[np.ndarray]) -> list[HopToken]:
         """One hop of each stream in ``slots``: its log-mel alone, the network for all at once;
-        each token's ``network_ms`` is its share of the batched call."""
+        each token's ``network_ms`` is its share of the batched call. The tokens stay on the
+        network's device (on CUDA the call returns before the device is done)."""
         mels, mel_ms = [], []
         for slot, hop in zip(slots, hops):
             t0 = time.perf_counter()
@@ -95,7 +96,6 @@ class _Slots:
             mel_ms.append((time.perf_counter() - t0) * 1e3)
         t0 = time.perf_counter()
         tokens, flops = self.network(slots, mels)
-        tokens = tokens.cpu()
         share = (time.perf_counter() - t0) * 1e3 / max(len(slots), 1)
         return [HopToken(tokens[i:i + 1], self.shown(mels[i]), mel_ms[i], share, flops[i])
                 for i in range(len(slots))]

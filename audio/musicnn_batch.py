@@ -10,8 +10,11 @@ frames that leave and arrive. What changes is the layout:
 * the streams of a hop are grouped by how many frames they bring (15 or 16 for 0.25 s hops):
   one group's timbral rows are one matrix product per branch, its temporal updates one product
   per branch with the streams side by side in the columns (the tap matrices depend on k only);
-* only the temporal rows a hop changed are reduced over frequency (a per-slot feature cache);
-* the mid-end and back-end run once for every stream of the hop.
+* only the temporal rows a hop changed are reduced over frequency (a per-slot feature cache),
+  all slots' changed rows in one gather;
+* the mid-end and back-end run once for every stream of the hop;
+* no step waits for the device: ring indices come from host state (``start``) and reach the
+  device by asynchronous copies, the hop's frames in one.
 
 Each stream's taggram equals MusicnnStream's for it alone, and Musicnn's on its 187 frames,
 within float32 rounding (tests/audio/test_musicnn_batch.py). Every operation is row- or
@@ -25,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .musicnn import (BANDS, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, Musicnn,
+from .musicnn import (BANDS, float32, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, Musicnn,
                       head_macs, same_padding, timbral_macs_per_frame)
 from .musicnn_stream import MusicnnStream, toeplitz_taps
 
@@ -76,42 +79,52 @@ class MusicnnBatch:
     # ------------------------------------------------------------------ a hop
     @torch.no_grad()
     def push(self, slots: list[int], frames: list[Tensor | np.ndarray]) -> Tensor:
-        """frames[i]: (k_i, 96) new log-mel frames of stream ``slots[i]`` -> (S, 50) taggrams."""
-        new = [torch.as_tensor(np.asarray(f, dtype=np.float32), device=self.device) for f in frames]
-        groups: dict[int, list[int]] = {}
-        for i, f in enumerate(new):
-            groups.setdefault(min(len(f), P), []).append(i)
+        """frames[i]: (k_i, 96) new log-mel frames of stream ``slots[i]`` -> (S, 50) taggrams on
+        the network's device. Nothing here waits for the device: indices are built on the host
+        from host state and copied without blocking, the frames in one copy."""
+        with float32():
+            return self._push(np.asarray(slots, np.int64), frames)
+
+    def _push(self, slots: np.ndarray, frames) -> Tensor:
+        arrays = [np.asarray(f.cpu() if isinstance(f, Tensor) else f, dtype=np.float32).reshape(-1, BANDS)
+                  for f in frames]
+        ks = np.array([min(len(a), P) for a in arrays], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(ks)[:-1]]) if len(ks) else ks
+        new = self._dev(np.concatenate([a[len(a) - k:] for a, k in zip(arrays, ks)] + [np.zeros((0, BANDS), np.float32)]))
         out = torch.empty(len(slots), TAGS, device=self.device)
-        moved = []                                       # positions in ``slots`` whose patch moved
-        for k, members in groups.items():
-            idx = [slots[i] for i in members]
-            if k == 0:                                   # nothing new: the last taggram again
-                out[members] = self.state["last"][idx]
-                self.macs[idx] = 0
-                continue
-            x = torch.stack([self.net.normalize(new[i][None, -k:])[0] for i in members])   # (G, k, 96)
+        moved = np.flatnonzero(ks > 0)                   # positions in ``slots`` whose patch moves
+        still = np.flatnonzero(ks == 0)                  # nothing new: the last taggram again
+        if len(still):
+            out[self._dev(still)] = self.state["last"][self._dev(slots[still])]
+            self.macs[slots[still]] = 0
+        for k in np.unique(ks[moved]).tolist():
+            members = np.flatnonzero(ks == k)
+            idx = slots[members]
+            rows = offsets[members][:, None] + np.arange(k)                          # (G, k)
+            x = self.net.normalize(new[self._dev(rows.reshape(-1))].view(len(members), k, BANDS))
             if k > P - max(TEMPORAL):                    # a jump: every cache from the new patch
                 self._refill(idx, x)
             else:
                 self._shift(idx, x, k)
-            moved += members
-        if moved:
-            idx = [slots[i] for i in moved]
-            logits = self.net.head(self._front(idx))                                   # (M, 50)
-            out[moved] = self.state["last"][idx] = torch.sigmoid(logits)
-            self.macs[idx] += head_macs()
+        if len(moved):
+            idx = self._dev(slots[moved])
+            taggrams = torch.sigmoid(self.net.head(self._front(slots[moved])))           # (M, 50)
+            self.state["last"][idx] = taggrams
+            out[self._dev(moved)] = taggrams
+            self.macs[slots[moved]] += head_macs()
         return out
 
-    def _ring(self, idx: list[int], rows: range) -> Tensor:
-        """(G * len(rows),) flat indices (slot * P + ring row) of patch rows ``rows`` of slots idx."""
-        s = np.asarray(idx)[:, None]
-        flat = s * P + (self.start[s] + np.arange(rows.start, rows.stop)[None]) % P
-        return torch.from_numpy(flat.reshape(-1)).to(self.device)
+    def _dev(self, a: np.ndarray) -> Tensor:
+        """A host array on the device without waiting (pinned and asynchronous on CUDA)."""
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        return t if self.device.type == "cpu" else t.pin_memory().to(self.device, non_blocking=True)
 
-    def _run(self, slot: int, first: int, n: int) -> list[slice]:
-        """Ring slices of slot's patch rows first, first + 1, ... (n of them, cyclic)."""
-        lo = (int(self.start[slot]) + first) % P
-        return [slice(lo, lo + n)] if lo + n <= P else [slice(lo, P), slice(0, lo + n - P)]
+    def _ring(self, idx: np.ndarray, first: int, count: int, start: np.ndarray | None = None) -> Tensor:
+        """(G * count,) flat indices (slot * P + ring row) of patch rows first .. first + count - 1
+        (cyclic) of slots idx, for ring starts ``start`` (default: the slots' own)."""
+        s = np.asarray(idx)[:, None]
+        start = self.start[s] if start is None else np.asarray(start)[:, None]
+        return self._dev((s * P + (start + np.arange(first, first + count)[None]) % P).reshape(-1))
 
     def _timbral_rows(self, segments: list[Tensor]) -> list[Tensor]:
         """(G, L_i, 96) normalised segments (padding in place) -> [(G, L_i - 6, 408)]: both
@@ -132,46 +145,43 @@ class MusicnnBatch:
             self._taps[j, key] = toeplitz_taps(w, same_padding(kernel)[0], rows, frames, skip_below)
         return self._taps[j, key]
 
-    def _shift(self, idx: list[int], x: Tensor, k: int) -> None:
+    def _shift(self, idx: np.ndarray, x: Tensor, k: int) -> None:
         """Slots ``idx`` receive k normalised frames x (G, k, 96): every cache updated."""
         st = self.state
-        sl = torch.tensor(idx, device=self.device)
-        old = st["patch"][sl]                                                          # (G, P, 96)
+        old = st["patch"].view(-1, BANDS)[self._ring(idx, 0, P)].view(len(idx), P, BANDS)   # (G, P, 96) row order
         patch = torch.cat([old[:, k:], x], dim=1)
-        st["patch"][sl] = patch
+        st["patch"].view(-1, BANDS)[self._ring(idx, 0, k)] = x.reshape(-1, BANDS)   # rows 0..k-1 leave, the new take their ring rows
         # temporal: frames 0..k-1 of the old patch leave old rows k .. k+b-1 (one product per
         # branch for the group: (G, b*C', 96) = taps (b*C', k) @ frames (G, k, 96))
         for j, (kernel, _, _, _, _) in enumerate(self.temporal):
             b, a = same_padding(kernel)
             out = self._taps_for(j, ("out", k), range(k, k + b), range(0, k)) @ old[:, :k]
             st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS).index_add_(
-                0, self._ring(idx, range(k, k + b)), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
+                0, self._ring(idx, k, b), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
         self.start[idx] = (self.start[idx] + k) % P                                    # old row p is now p - k
         macs = 0
         for j, (kernel, bn, _, bias, _) in enumerate(self.temporal):
             b, a = same_padding(kernel)
-            z, f = st[f"z{j}"], st[f"f{j}"]
-            z.view(-1, TEMPORAL_CH, BANDS)[self._ring(idx, range(P - k, P))] = bias.view(-1, 1)
-            rows = range(P - k - a, P)
-            taps = self._taps_for(j, ("in", k), rows, range(P - k - b, P), P - k)   # (R*C', k+b)
-            z.view(-1, TEMPORAL_CH, BANDS).index_add_(
-                0, self._ring(idx, rows), (taps @ patch[:, P - k - b:]).view(-1, TEMPORAL_CH, BANDS))
-            # the rows changed, P-k-a .. P-1 and 0 .. b-1, are one cyclic run of the ring
-            for slot in idx:
-                for ring in self._run(slot, P - k - a, k + kernel - 1):
-                    f[slot, ring] = bn.max_relu(z[slot, ring], dim=2)
+            z, f = st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS), st[f"f{j}"].view(-1, TEMPORAL_CH)
+            z[self._ring(idx, P - k, k)] = bias.view(-1, 1)
+            taps = self._taps_for(j, ("in", k), range(P - k - a, P), range(P - k - b, P), P - k)   # (R*C', k+b)
+            z.index_add_(0, self._ring(idx, P - k - a, a + k), (taps @ patch[:, P - k - b:]).view(-1, TEMPORAL_CH, BANDS))
+            # the rows changed, P-k-a .. P-1 and 0 .. b-1: one cyclic run of each slot's ring
+            changed = self._ring(idx, P - k - a, k + kernel - 1)
+            f[changed] = bn.max_relu(z[changed], dim=2)
             macs += TEMPORAL_CH * BANDS * (b * k + (a + k) * (k + b))
         # timbral: rows P-3-k .. P-4 became interior (the 3 + 3 edge rows: ``_front``)
         fresh = self._timbral_rows([patch[:, P - k - 2 * EDGE:]])[0]                   # (G, k, 408)
-        st["timbral"].view(-1, TIMBRAL_FEATS)[self._ring(idx, range(P - EDGE - k, P - EDGE))] = fresh.reshape(-1, TIMBRAL_FEATS)
+        st["timbral"].view(-1, TIMBRAL_FEATS)[self._ring(idx, P - EDGE - k, k)] = fresh.reshape(-1, TIMBRAL_FEATS)
         self.macs[idx] = macs + (k + 2 * EDGE) * timbral_macs_per_frame()
 
-    def _refill(self, idx: list[int], x: Tensor) -> None:
+    def _refill(self, idx: np.ndarray, x: Tensor) -> None:
         """Slots ``idx`` jumped by a whole patch or more: their caches recomputed from it."""
-        st, sl = self.state, torch.tensor(idx, device=self.device)
-        patch = torch.cat([st["patch"][sl], x], dim=1)[:, -P:]                         # (G, P, 96)
-        st["patch"][sl] = patch
+        st, sl = self.state, self._dev(idx)
+        old = st["patch"].view(-1, BANDS)[self._ring(idx, 0, P)].view(len(idx), P, BANDS)
+        patch = torch.cat([old, x], dim=1)[:, -P:]                                     # (G, P, 96)
         self.start[idx] = 0
+        st["patch"][sl] = patch
         padded = torch.nn.functional.pad(patch, (0, 0, EDGE, EDGE))
         st["timbral"][sl] = self._timbral_rows([padded])[0]
         macs = P * timbral_macs_per_frame()
@@ -184,15 +194,14 @@ class MusicnnBatch:
             macs += TEMPORAL_CH * BANDS * P * kernel
         self.macs[idx] = macs
 
-    def _front(self, idx: list[int]) -> Tensor:
+    def _front(self, idx: np.ndarray) -> Tensor:
         """(M, P, 561) front-end features of slots idx, patch row order."""
         st, M = self.state, len(idx)
-        sl = torch.tensor(idx, device=self.device)
-        patch = st["patch"][sl]
+        order = self._ring(idx, 0, P)
+        patch = st["patch"].view(-1, BANDS)[order].view(M, P, BANDS)
         zeros = patch.new_zeros(M, EDGE, BANDS)
         head, tail = self._timbral_rows([torch.cat([zeros, patch[:, :2 * EDGE]], dim=1),
                                          torch.cat([patch[:, -2 * EDGE:], zeros], dim=1)])
-        order = self._ring(idx, range(0, P))
         inner = st["timbral"].view(-1, TIMBRAL_FEATS)[order].view(M, P, -1)[:, EDGE:P - EDGE]
         temporal = [st[f"f{j}"].view(-1, TEMPORAL_CH)[order].view(M, P, -1) for j in range(len(TEMPORAL))]
         return torch.cat([torch.cat([head, inner, tail], dim=1)] + temporal, dim=2)

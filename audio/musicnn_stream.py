@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from .musicnn import (BANDS, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, Musicnn, head_macs,
+from .musicnn import (BANDS, float32, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, Musicnn, head_macs,
                       patch_macs, same_padding, timbral_macs_per_frame)
 
 
@@ -203,6 +203,10 @@ class MusicnnStream:
     @torch.no_grad()
     def push(self, frames: np.ndarray | Tensor) -> Tensor:
         """frames: (k, 96) new log-mel frames (k may be 0) -> (50,) taggram of the patch."""
+        with float32():
+            return self._push(frames)
+
+    def _push(self, frames: np.ndarray | Tensor) -> Tensor:
         new = torch.as_tensor(np.asarray(frames, dtype=np.float32), device=self.device)
         k = min(len(new), PATCH_FRAMES)
         old = self.patch

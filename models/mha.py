@@ -16,6 +16,11 @@ from .sda import (LANDMARK_MODES, VARIANTS, attention, inference, nystrom_attent
 from .sda.window import FoldedKeyValues
 
 
+def _forget_fitted(module, incompatible_keys) -> None:
+    """After a state dict is loaded, ``has_fixed`` is read again when next asked."""
+    module._fitted = None
+
+
 class MultiheadAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, window: int, variant: str, *,
                  num_landmarks: int | None = None, landmark_mode: str | None = None,
@@ -39,6 +44,8 @@ class MultiheadAttention(nn.Module):
         self.register_buffer("fixed_q_land", torch.zeros(heads, m, self.d_head))
         self.register_buffer("fixed_k_land", torch.zeros(heads, m, self.d_head))
         self.register_buffer("has_fixed", torch.zeros((), dtype=torch.bool))
+        self._fitted: bool | None = None                 # has_fixed read once (a forward never waits on it)
+        self.register_load_state_dict_post_hook(_forget_fitted)
         # a 'fixed' model gets its landmarks from a state dict or a fit; the kernel takes them
         # when a stream starts (reset) or the mode is switched live
         self.sda = streaming_sda(variant, window, retroactive=retroactive,
@@ -71,13 +78,22 @@ class MultiheadAttention(nn.Module):
             self.fixed_q_land.copy_(q_land)
             self.fixed_k_land.copy_(k_land)
             self.has_fixed.fill_(True)
+        self._fitted = True
         self.set_landmark_mode("fixed")
+
+    @property
+    def fixed_fitted(self) -> bool:
+        """Whether fixed landmarks are fitted: the buffer ``has_fixed`` read once after a fit
+        or a load, so that no forward waits for the device to tell."""
+        if self._fitted is None:
+            self._fitted = bool(self.has_fixed)
+        return self._fitted
 
     def set_landmark_mode(self, mode: str) -> None:
         """Switch landmark mode, also mid-stream ('fixed' needs fitted landmarks)."""
         if self.num_landmarks is None:
             raise ValueError(f"variant {self.variant!r} has no landmarks")
-        if mode == "fixed" and not bool(self.has_fixed):
+        if mode == "fixed" and not self.fixed_fitted:
             raise ValueError("landmark_mode 'fixed' needs fitted landmarks: run "
                              "models.landmarks.fit_fixed_landmarks(model, sequences) first")
         if mode not in LANDMARK_MODES[self.variant]:
@@ -92,7 +108,7 @@ class MultiheadAttention(nn.Module):
         if self.num_landmarks is None:
             return
         if self.landmark_mode == "fixed":
-            if not bool(self.has_fixed):
+            if not self.fixed_fitted:
                 raise ValueError("this model's fixed landmarks are not fitted: load them from a "
                                  "checkpoint or run models.landmarks.fit_fixed_landmarks first")
             self.sda.set_landmark_mode("fixed", (self.fixed_q_land, self.fixed_k_land))
@@ -112,7 +128,7 @@ class MultiheadAttention(nn.Module):
     def default_landmarks(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """Batch landmarks for folded q, k (B*H, T, d_head): fixed ones, or segment means."""
         if self.landmark_mode == "fixed":
-            if not bool(self.has_fixed):
+            if not self.fixed_fitted:
                 raise ValueError("this model's fixed landmarks are not fitted: load them from a "
                                  "checkpoint or run models.landmarks.fit_fixed_landmarks first")
             reps = q.shape[0] // self.heads

@@ -240,7 +240,7 @@ class GenreTransformer(nn.Module):
 
     @property
     def has_fixed_landmarks(self) -> bool:
-        return self.cfg.nystrom and all(bool(b.attn.has_fixed) for b in self.blocks)
+        return self.cfg.nystrom and all(b.attn.fixed_fitted for b in self.blocks)
 
     def set_landmark_mode(self, mode: str) -> None:
         """Switch every block between 'continual'/'segment' and 'fixed' landmarks, also mid-stream."""

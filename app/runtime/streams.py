@@ -10,10 +10,12 @@ network once for every stream of the hop (its continual caches in per-stream slo
 audio/musicnn_batch.py).
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
+On CUDA a hop waits for the device once, when it copies every model's probabilities back; the
+network's and each model's times are then read from CUDA events recorded between them (the
+device's timeline, launch gaps included).
 """
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -120,16 +122,40 @@ class StreamsEngine:
             hops.append(hop)
         if not taken:
             return []
+        start = self._clock()
         tokens = self.frontend_batch.push([s.frontend_slot for s in taken], hops)
+        marks = [self._clock()]
         taken = list(zip(taken, tokens))
-        x = torch.stack([t.token[0] for t in tokens]).to(self.device)                                   # (S, D)
-        answers: dict[str, tuple[torch.Tensor, float]] = {}
+        x = torch.cat([t.token for t in tokens]).to(self.device, non_blocking=True)                  # (S, D)
+        probabilities = []
         for name, e in self.entries.items():
-            slots = torch.tensor([s.slots[name][s.step % e.spacing] for s, _ in taken])
-            t0 = time.perf_counter()
-            logits = self.batches[name].step(slots, x)
-            answers[name] = (torch.softmax(logits.float(), dim=-1), (time.perf_counter() - t0) * 1e3 / len(taken))
+            slots = [s.slots[name][s.step % e.spacing] for s, _ in taken]
+            probabilities.append(torch.softmax(self.batches[name].step(slots, x).float(), dim=-1))
+            marks.append(self._clock())
+        host = torch.cat(probabilities, dim=1).cpu().numpy()         # the hop's one wait for the device
+        if self.device.type == "cuda":                                # the network's device time, shared
+            share = self._ms(start, marks[0]) / len(taken)
+            for t in tokens:
+                t.network_ms = share
+        answers, column = {}, 0
+        for (name, e), a, b in zip(self.entries.items(), marks, marks[1:]):
+            width = len(e.classes)
+            answers[name] = (host[:, column:column + width], self._ms(a, b) / len(taken))
+            column += width
         return self._records(taken, answers)
+
+    def _clock(self):
+        """Now: a CUDA event recorded on the current stream (read after the hop's copy, so no
+        wait), or the host clock."""
+        if self.device.type != "cuda":
+            return time.perf_counter()
+        mark = torch.cuda.Event(enable_timing=True)
+        mark.record()
+        return mark
+
+    @staticmethod
+    def _ms(a, b) -> float:
+        return a.elapsed_time(b) if isinstance(a, torch.cuda.Event) else (b - a) * 1e3
 
     def _records(self, taken, answers) -> list[StepResult]:
         out = []
@@ -138,7 +164,7 @@ class StreamsEngine:
             for name, e in self.entries.items():
                 p, latency = answers[name]
                 probabilities = [round(v, 6) for v in p[i].tolist()]
-                if not all(map(math.isfinite, probabilities)):
+                if not np.isfinite(p[i]).all():
                     self.leave(stream, f"{name} answered non-finite probabilities at hop {stream.step}; "
                                        f"this stream stopped")
                     models = None

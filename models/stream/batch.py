@@ -15,12 +15,21 @@ step recomputes each stream's window with the model's batch forward, one call pe
 A stream starts when it joins: its position is set to 0, and the graph replaces every state
 tensor by zeros at position 0, so a slot left by another stream needs no clearing.
 
+No step waits for the device: the slots' positions are mirrored on the host (a step adds one),
+so the recomputing variants group their streams by window length without asking the device,
+and a step's events stay on the device until ``step_flops`` or ``landmark_updated`` first reads
+them (one copy for the whole step). On CUDA, a step whose streams are past warm-up (every step of
+a continual variant) is a CUDA graph replayed from one captured per bucket of batch sizes
+(1, 2, 4, ... up to the capacity): the step's slots and tokens are copied into the graph's
+static inputs, the rows up to the bucket's size padded with a spare slot that no stream holds.
+
 Shapes: S streams stepped, C slots; tokens (S, in_dim), logits (S, classes).
 """
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -34,30 +43,36 @@ class SlotsFull(RuntimeError):
 
 
 class StreamBatch:
-    """C slots of one model (a GenreTransformer in eval mode; its weights are shared, not copied)."""
+    """C slots of one model (a GenreTransformer in eval mode; its weights are shared, not copied).
+    ``graphs``: replay captured CUDA graphs (default: on CUDA)."""
 
-    def __init__(self, model, capacity: int):
+    def __init__(self, model, capacity: int, *, graphs: bool | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.model, self.cfg, self.capacity = model, model.cfg, capacity
-        device = next(model.parameters()).device
-        self.t = torch.zeros(capacity, dtype=torch.int64, device=device)        # (C,) next position
+        self.device = device = next(model.parameters()).device
+        rows = capacity + 1                                  # slot C: the spare that pads a bucket
+        self.t = torch.zeros(rows, dtype=torch.int64, device=device)            # (C + 1,) next position
+        self.positions = np.zeros(rows, np.int64)                                # its host mirror
         self.taken = [False] * capacity
         self.continual = self.cfg.variant in EXPORTABLE
         if self.continual:
-            self.graph = stream_graph(model, masked=True).eval()
-            self.state = [torch.zeros((capacity, *s.shape), dtype=s.dtype, device=device)
+            self.graph = stream_graph(model, masked=True).eval().to(device)
+            self.state = [torch.zeros((rows, *s.shape), dtype=s.dtype, device=device)
                           for s in self.graph.state_spec()]
             self.batched = torch.func.vmap(self.graph.forward)
         else:
-            self.ring = torch.zeros(capacity, self.cfg.window, self.cfg.in_dim, device=device)   # (C, n, D)
+            self.ring = torch.zeros(rows, self.cfg.window, self.cfg.in_dim, device=device)   # (C + 1, n, D)
         self.events = torch.zeros(0, 3, dtype=torch.int64)     # (S, 3) of the last step (continual)
-        self.stepped = torch.zeros(0, dtype=torch.int64)       # (S,) positions + 1 after the last step
+        self._events_host: np.ndarray | None = None
+        self.stepped = np.zeros(0, np.int64)                   # (S,) positions + 1 after the last step
         self.mode = model.landmark_mode
         self._flops: dict[tuple, dict[str, int]] = {}          # (position up to n + 1, events) -> FLOPs
         per_slot = ([math.prod(s.shape) * s.dtype.itemsize for s in self.graph.state_spec()]
                     if self.continual else [self.cfg.window * self.cfg.in_dim * 4])
         self.slot_nbytes = sum(per_slot)
+        self.graphs = device.type == "cuda" if graphs is None else graphs
+        self._captured: dict[int, _Captured] = {}
 
     # ------------------------------------------------------------------ slots
     def join(self) -> int:
@@ -68,6 +83,7 @@ class StreamBatch:
             raise SlotsFull(f"all {self.capacity} slots hold a stream") from None
         self.taken[slot] = True
         self.t[slot] = 0
+        self.positions[slot] = 0
         return slot
 
     def leave(self, slot: int) -> None:
@@ -78,12 +94,18 @@ class StreamBatch:
         return sum(self.taken)
 
     # ------------------------------------------------------------------ what the last step did
+    def events_host(self) -> np.ndarray:
+        """(S, 3) events of the last step, copied from the device once."""
+        if self._events_host is None:
+            self._events_host = self.events.cpu().numpy()
+        return self._events_host
+
     def step_flops(self, i: int) -> dict[str, int]:
         """FLOPs of the last step of the i-th stream stepped (models/flops.py: the formulas of the
         single-stream step for its position and events; the masked branches not taken are not
         counted). They depend on the position only up to n + 1, so each count is made once."""
         t = min(int(self.stepped[i]), self.cfg.window + 1)
-        key = (t, tuple(self.events[i].tolist())) if self.continual else (t,)
+        key = (t, tuple(self.events_host()[i].tolist())) if self.continual else (t,)
         if key not in self._flops:
             detail = (F.graph_step(self.cfg, self.mode, t, key[1]) if self.continual
                       else F.recompute_step(self.cfg, min(t, self.cfg.window), self.mode))
@@ -91,40 +113,103 @@ class StreamBatch:
         return dict(self._flops[key])
 
     def landmark_updated(self, i: int) -> bool:
-        return self.continual and bool(self.events[i, 1])
+        return self.continual and bool(self.events_host()[i, 1])
 
     def window_full(self, i: int) -> bool:
         return int(self.stepped[i]) >= self.cfg.window
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()
-    def step(self, slots: Tensor, tokens: Tensor) -> Tensor:
-        """One token for each stream in ``slots`` (S,) -> its logits (S, classes)."""
+    def step(self, slots, tokens: Tensor) -> Tensor:
+        """One token for each stream in ``slots`` (S ints, or an (S,) host tensor) -> its logits
+        (S, classes) on the model's device."""
+        slots = np.asarray(slots.tolist() if isinstance(slots, Tensor) else slots, np.int64)
+        t = self.positions[slots]
+        self.positions[slots] = t + 1
+        self.stepped, self._events_host = t + 1, None
+        tokens = tokens.to(self.device, non_blocking=True)
+        if self.graphs and (self.continual or t.min(initial=self.cfg.window) >= self.cfg.window):
+            return self._replay(slots, tokens)
+        index = torch.from_numpy(slots).to(self.device, non_blocking=True)
         if self.continual:
-            return self._continual(slots, tokens)
-        return self._recompute(slots, tokens)
+            logits, self.events = self._continual(index, tokens)
+            return logits
+        return self._recompute(index, tokens, t)
 
-    def _continual(self, slots: Tensor, tokens: Tensor) -> Tensor:
+    def _continual(self, slots: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
         state = [s.index_select(0, slots) for s in self.state]
-        logits, t_next, self.events, *state = self.batched(tokens.unsqueeze(1), self.t.index_select(0, slots), *state)
+        logits, t_next, events, *state = self.batched(tokens.unsqueeze(1), self.t.index_select(0, slots), *state)
         for whole, part in zip(self.state, state):
             whole.index_copy_(0, slots, part)
         self.t.index_copy_(0, slots, t_next)
-        self.stepped = t_next
-        return logits.squeeze(1)
+        return logits.squeeze(1), events
 
-    def _recompute(self, slots: Tensor, tokens: Tensor) -> Tensor:
+    def _recompute(self, slots: Tensor, tokens: Tensor, t: np.ndarray) -> Tensor:
+        """t: the streams' positions (host), which group them by window length."""
+        n = self.cfg.window
+        n_t = np.minimum(t + 1, n)
+        if n_t.min() == n:                                  # past warm-up: one call, no grouping
+            return self._window(slots, tokens, n)
+        logits = tokens.new_empty(len(slots), self.cfg.num_classes)
+        for length in np.unique(n_t).tolist():
+            rows = torch.from_numpy(np.flatnonzero(n_t == length)).to(self.device, non_blocking=True)
+            logits[rows] = self._window(slots.index_select(0, rows), tokens.index_select(0, rows), length)
+        return logits
+
+    def _window(self, slots: Tensor, tokens: Tensor, length: int) -> Tensor:
+        """Streams whose windows hold ``length`` tokens after this one: ring write, then the
+        model's batch forward on each window in stream order."""
         n, period = self.cfg.window, self.cfg.period
         t = self.t.index_select(0, slots)                                        # (S,)
         self.ring[slots, t % n] = tokens
         self.t.index_copy_(0, slots, t + 1)
-        self.stepped = t + 1
-        n_t = torch.clamp(t + 1, max=n)
-        logits = tokens.new_empty(len(slots), self.cfg.num_classes)
-        for length in torch.unique(n_t).tolist():                  # past warm-up: one length
-            rows = torch.nonzero(n_t == length).squeeze(1)
-            first = t.index_select(0, rows) + 1 - length                        # (R,) oldest position
-            order = (first.unsqueeze(1) + torch.arange(length, device=t.device)) % n          # (R, length)
-            window = self.ring[slots.index_select(0, rows).unsqueeze(1), order]              # (R, length, D)
-            logits[rows] = self.model(window, start=first % period)
+        first = t + 1 - length                                                   # (S,) oldest position
+        order = (first.unsqueeze(1) + torch.arange(length, device=t.device)) % n  # (S, length)
+        window = self.ring[slots.unsqueeze(1), order]                            # (S, length, D)
+        return self.model(window, start=first % period)
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _replay(self, slots: np.ndarray, tokens: Tensor) -> Tensor:
+        size = min(1 << (len(slots) - 1).bit_length(), 1 << (self.capacity - 1).bit_length())
+        captured = self._captured.get(size) or self._capture(size)
+        logits, self.events = captured.replay(slots, tokens, self.capacity)
         return logits
+
+    def _capture(self, size: int) -> "_Captured":
+        body = ((lambda s, x: self._continual(s, x)) if self.continual
+                else (lambda s, x: (self._window(s, x, self.cfg.window), x.new_zeros(len(s), 3, dtype=torch.int64))))
+        self._captured[size] = captured = _Captured(body, size, self.cfg.in_dim, self.device, spare=self.capacity)
+        return captured
+
+
+class _Captured:
+    """One bucket's CUDA graph of ``body(slots, tokens) -> (logits, events)``, captured with every
+    row on the spare slot (so the warm-up runs and the capture change no stream), replayed with
+    the step's slots and tokens in its static inputs."""
+
+    def __init__(self, body, size: int, in_dim: int, device, spare: int):
+        self.size = size
+        self.host = torch.full((size,), spare, dtype=torch.int64).pin_memory()
+        self.copied = torch.cuda.Event()
+        self.slots = torch.full((size,), spare, dtype=torch.int64, device=device)
+        self.tokens = torch.zeros(size, in_dim, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):                       # library handles and workspaces first
+            for _ in range(2):
+                body(self.slots, self.tokens)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits, self.events = body(self.slots, self.tokens)
+
+    def replay(self, slots: np.ndarray, tokens: Tensor, spare: int) -> tuple[Tensor, Tensor]:
+        S = len(slots)
+        self.copied.synchronize()                           # the last replay's slots have left the host buffer
+        host = self.host.numpy()
+        host[:S], host[S:] = slots, spare
+        self.slots.copy_(self.host, non_blocking=True)
+        self.copied.record()
+        self.tokens[:S].copy_(tokens)
+        self.graph.replay()
+        return self.logits[:S].clone(), self.events[:S].clone()

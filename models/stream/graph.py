@@ -120,7 +120,7 @@ class StreamGraph(nn.Module, abc.ABC):
     def fresh(t: Tensor, state: list[Tensor]) -> list[Tensor]:
         """At t = 0, the initial state (zeros) whatever ``state`` holds."""
         start = t == 0
-        return [torch.where(start, torch.zeros((), dtype=s.dtype), s) for s in state]
+        return [torch.where(start, s.new_zeros(()), s) for s in state]
 
 
 class ContinualGraph(StreamGraph):
@@ -144,7 +144,7 @@ class ContinualGraph(StreamGraph):
         scores = torch.matmul(k_ring, (q * self.scale).unsqueeze(-1)).squeeze(-1)     # (H, n)
         scores = scores.masked_fill((self.slots > t).view(1, self.n), float("-inf"))
         a = torch.matmul(torch.softmax(scores, dim=-1).unsqueeze(1), v_ring).squeeze(1)
-        return a, torch.zeros(3, dtype=torch.int64), k_ring, v_ring
+        return a, t.new_zeros(3), k_ring, v_ring
 
 
 class RetroactiveGraph(StreamGraph):
@@ -169,7 +169,7 @@ class RetroactiveGraph(StreamGraph):
     def attend(self, t, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak):
         q_ring, k_ring, v_ring, key_scores, den, num, peak = self.fresh(
             t, [q_ring, k_ring, v_ring, key_scores, den, num, peak])
-        ref = torch.where(t == 0, torch.full((), float("-inf")), ref)
+        ref = torch.where(t == 0, ref.new_full((), float("-inf")), ref)
         here = self.slot_mask(t)
         valid = self.slots < t + 1                          # (n,) filled slots, keys and rows alike
         q_ring = torch.where(here.view(1, -1, 1), q.unsqueeze(1), q_ring)
@@ -184,8 +184,8 @@ class RetroactiveGraph(StreamGraph):
         num, peak = torch.where(here.view(1, -1, 1), nm, num), torch.where(here, d, peak)
         ref, den, num, peak, stale = refresh(valid, key_scores, v_ring, ref, den, num, peak,
                                              rows=valid & (t > 0), masked=self.masked)
-        a = torch.where(valid.view(1, -1, 1), num / den.unsqueeze(-1), torch.zeros(()))
-        events = torch.stack([torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64), stale])
+        a = torch.where(valid.view(1, -1, 1), num / den.unsqueeze(-1), num.new_zeros(()))
+        events = torch.stack([stale.new_zeros(()), stale.new_zeros(()), stale])
         return a, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak
 
 
@@ -194,7 +194,7 @@ class RetroactiveGraph(StreamGraph):
 def dense(*xs: Tensor) -> tuple[Tensor, ...]:
     """Branch outputs as new, contiguous tensors: torch.cond needs both branches' strides to
     agree and no output to alias an input (x + 0 is x, -inf included, and never an alias)."""
-    return tuple((x.reshape(-1) + torch.zeros((), dtype=x.dtype)).reshape(x.shape) for x in xs)
+    return tuple((x.reshape(-1) + x.new_zeros(())).reshape(x.shape) for x in xs)
 
 
 def fresh_rows(scores: Tensor, valid: Tensor, v_ring: Tensor, dtype=F64) -> tuple[Tensor, Tensor, Tensor]:
@@ -215,7 +215,7 @@ def present_pinv(ql: Tensor, kl: Tensor, present: Tensor, iters: int) -> Tensor:
     s = 1.0 / math.sqrt(ql.shape[-1])
     logits = torch.matmul(ql.to(F64) * s, kl.to(F64).transpose(-1, -2))
     kernel = torch.softmax(masked(logits, present), dim=-1)
-    eye = torch.eye(ql.shape[1], dtype=F64)
+    eye = torch.eye(ql.shape[1], dtype=F64, device=ql.device)
     return pinv(torch.where(present.view(1, -1, 1), kernel, eye), iters).to(ql.dtype)
 
 
@@ -312,7 +312,7 @@ class FixedNystromGraph(StreamGraph):
             q_ring, *state = state
             q_ring = torch.where(self.slot_mask(t).view(1, -1, 1), q.unsqueeze(1), q_ring)
         v_ring, key_scores, ref, den, num, peak = state
-        ref = torch.where(t == 0, torch.full((), float("-inf"), dtype=F64), ref)
+        ref = torch.where(t == 0, ref.new_full((), float("-inf")), ref)
         here = self.slot_mask(t)
         v_ring, key_scores, ref, den, num, peak = slide(
             here, t >= self.n, torch.matmul(self.q_scaled, k.unsqueeze(-1)).squeeze(-1), v,
@@ -320,7 +320,7 @@ class FixedNystromGraph(StreamGraph):
         ref, den, num, peak, stale = refresh(self.slots < t + 1, key_scores, v_ring, ref, den, num, peak,
                                              masked=self.masked)
         a = landmark_output(self, q, q_ring, self.k_scaled_t, self.z64, den, num)
-        events = torch.stack([torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64), stale])
+        events = torch.stack([stale.new_zeros(()), stale.new_zeros(()), stale])
         queries = [q_ring] if self.retroactive else []
         return (a, events, *queries, v_ring, key_scores, ref, den, num, peak)
 
@@ -336,7 +336,7 @@ def slide(here: Tensor, full: Tensor, scores: Tensor, v: Tensor, v_ring, key_sco
     slot = torch.argmax(here.to(torch.int64)).view(1)
     gone_scores = torch.index_select(key_scores, 1, slot).squeeze(1)                 # (H, R)
     gone_v = torch.index_select(v_ring, 1, slot).squeeze(1)                          # (H, dh)
-    e = torch.where(full, torch.exp(gone_scores.to(dt) - ref), torch.zeros((), dtype=dt))
+    e = torch.where(full, torch.exp(gone_scores.to(dt) - ref), ref.new_zeros(()))
     den = den - e
     num = num - e.unsqueeze(-1) * gone_v.to(dt).unsqueeze(1)
     v_ring = torch.where(here.view(1, -1, 1), v.unsqueeze(1), v_ring)

@@ -25,6 +25,7 @@ class ContinualNystromGraph(StreamGraph):
         super().__init__(model, block)
         self.m, self.iters = self.attn.num_landmarks, self.attn.pinv_iters
         self.register_buffer("sizes", torch.tensor(segment_sizes(self.n, self.m)))
+        self.register_buffer("marks", torch.arange(self.m))                    # (m,) landmark index
         self.warmup_means = SegmentMeans(self.n, self.m)
 
     def state_spec(self) -> list[StateTensor]:
@@ -57,10 +58,10 @@ class ContinualNystromGraph(StreamGraph):
         slot = completed % self.m
         size = torch.index_select(self.sizes, 0, slot.view(1)).squeeze(0)
         done = seg_count == size
-        mark = (torch.arange(self.m) == slot).view(1, self.m, 1) & done
+        mark = (self.marks == slot).view(1, self.m, 1) & done
         q_land = torch.where(mark, (seg_q / size.to(seg_q.dtype)).unsqueeze(1), q_land)
         k_land = torch.where(mark, (seg_k / size.to(seg_k.dtype)).unsqueeze(1), k_land)
-        zero = torch.zeros((), dtype=seg_q.dtype)
+        zero = seg_q.new_zeros(())
         seg_q, seg_k = torch.where(done, zero, seg_q), torch.where(done, zero, seg_k)
         seg_count = torch.where(done, torch.zeros_like(seg_count), seg_count)
         return seg_q, seg_k, seg_count, completed + done.to(completed.dtype), q_land, k_land, done
@@ -107,7 +108,7 @@ class ContinualNystromGraph(StreamGraph):
         q_ring, k_ring, v_ring = self.write(here, q, k, v, q_ring, k_ring, v_ring)
         operands = (t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed)
         out = branch(completed >= self.m, self.from_slots, self.from_window, operands, self.masked)
-        return dense(out[0], q_ring, k_ring, v_ring, *out[1:], torch.zeros((), dtype=torch.int64))
+        return dense(out[0], q_ring, k_ring, v_ring, *out[1:], t.new_zeros(()))
 
     def from_slots(self, t, n_t, q, q_ring, k_ring, v_ring, q_land, k_land, completed):
         return dense(*self.rebuild(q_land, k_land, q, q_ring, k_ring, v_ring, n_t))
@@ -140,7 +141,7 @@ class ContinualNystromGraph(StreamGraph):
                 q_scaled, k_scaled_t, z64, completed):
         """The landmark of the segment just completed: new pseudo-inverse, its row over the window."""
         q_scaled, k_scaled_t, z64 = self.install(q_land, k_land)
-        row = (torch.arange(self.m) == (completed - 1) % self.m)                     # (m,)
+        row = (self.marks == (completed - 1) % self.m)                     # (m,)
         scores = torch.matmul(q_scaled, k_ring.transpose(1, 2))                      # (H, m, n)
         r, d, nm = fresh_rows(scores, self.slots < n_t, v_ring)
         key_scores = torch.where(row.view(1, 1, -1) & (self.slots < n_t).view(1, -1, 1),

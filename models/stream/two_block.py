@@ -76,7 +76,7 @@ class TwoBlockGraph(nn.Module):
     def forward(self, token: Tensor, t: Tensor, *state: Tensor):
         first, n, d = self.first, self.n, self.d
         *state, x_ring = state
-        x_ring = torch.where(t == 0, torch.zeros(()), x_ring)
+        x_ring = torch.where(t == 0, x_ring.new_zeros(()), x_ring)
         h, q, k, v = first.project(token, t)
         a, events, *state = first.attend(t, q, k, v, *state)                   # (H, n, dh)
         here = first.slot_mask(t)

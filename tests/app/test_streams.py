@@ -1,10 +1,12 @@
 """Many sources in one engine (app/runtime/streams.py) and `classify FILE FILE ...`: each stream's
 records equal the single-stream engine's for that source alone, whenever it joined and whatever
-else ran; a stream that fails leaves alone."""
+else ran (on CUDA too, skipped without it: the batched front end and models against the CPU's
+single-stream engine); a stream that fails leaves alone."""
 import json
 
 import numpy as np
 import pytest
+import torch
 
 from app.runtime.engine import Engine
 from app.runtime.lineup import Entry
@@ -32,11 +34,11 @@ def frontend():
     return build_frontend("musicnn")
 
 
-def entries(frontend: str = "musicnn", models=MODELS):
+def entries(frontend: str = "musicnn", models=MODELS, device: str = "cpu"):
     out = []
     for i, (variant, mode, layers, spacing) in enumerate(models):
         model = tiny_model(variant, n=8, in_dim={"musicnn": 50, "vggish": 128}[frontend], layers=layers,
-                           seed=i).use_fused(True)
+                           seed=i).use_fused(device == "cpu").to(device)
         out.append(Entry(f"{variant}/{layers}/{spacing}", model, True, spacing, frontend))
     return out
 
@@ -65,11 +67,14 @@ def named(source, name: str):
     return source
 
 
-def test_streams_joining_at_different_hops_each_equal_their_source_alone(frontend, tmp_path, errors):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_streams_joining_at_different_hops_each_equal_their_source_alone(frontend, device, tmp_path, errors):
     song = write(tmp_path / "song.wav", tone(3.0, 22050, 330.0, channels=2), 22050)
     make = {"demo:0": lambda: named(DemoSource(seed=0, seconds=5), "demo:0"), "file:song.wav": lambda: FileSource(song),
             "demo:3": lambda: named(DemoSource(seed=3, seconds=2), "demo:3")}
-    engine = StreamsEngine(frontend, entries(), capacity=3)
+    streams_frontend = frontend if device == "cpu" else build_frontend("musicnn", device=device)
+    engine = StreamsEngine(streams_frontend, entries(device=device), capacity=3)
     got = {name: [] for name in make}
     engine.join(make["demo:0"]())
     engine.join(make["file:song.wav"]())

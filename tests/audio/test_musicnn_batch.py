@@ -2,7 +2,8 @@
 every hop, equals the original network's in float64 on that stream's own 187 frames, whatever
 else is in the batch, whenever the stream joined, whatever number of frames each hop brings;
 its multiply-accumulates are MusicnnStream's for the same hop; a hop that brings no frame costs
-nothing; a stream's NaN frames reach no other stream."""
+nothing; a stream's NaN frames reach no other stream. On CUDA (skipped without it) the same, and
+a hop never waits for the device."""
 import copy
 import math
 
@@ -27,10 +28,18 @@ def taggram_tol(logits64: torch.Tensor) -> float:
     return STAGES * EPS32 * math.sqrt(TERMS) * max(1.0, logits64.abs().max().item()) / 4
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+
 @pytest.fixture(scope="module")
 def nets():
     net, _ = musicnn.build_musicnn()
     return net, copy.deepcopy(net).double()
+
+
+def on(net, device: str):
+    return net if device == "cpu" else copy.deepcopy(net).to(device)
 
 
 def frames(rng, k: int) -> np.ndarray:
@@ -43,10 +52,11 @@ def patch_of(history: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(x[-musicnn.PATCH_FRAMES:]).double()[None]
 
 
-def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_network(nets, errors):
+@pytest.mark.parametrize("device", DEVICES)
+def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_network(nets, device, errors):
     net, net64 = nets
     rng = np.random.default_rng(0)
-    batch = MusicnnBatch(net, capacity=4)
+    batch = MusicnnBatch(on(net, device), capacity=4)
     histories: dict[int, list] = {}
     singles: dict[int, MusicnnStream] = {}
     worst, tol = 0.0, float("inf")
@@ -63,7 +73,7 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
         # 0.25 s hops bring 15 or 16 frames; also none, one, a jump past the temporal kernels, a whole patch
         ks = {s: [15, 16, 16, 0, 1, 80, 16, 200, 15][(hop + s) % 9] for s in slots}
         pushed = [frames(rng, ks[s]) for s in slots]
-        got = batch.push(slots, pushed)                                             # (S, 50)
+        got = batch.push(slots, pushed).cpu()                                       # (S, 50)
         for i, s in enumerate(slots):
             histories[s].append(pushed[i])
             singles[s].push(pushed[i])
@@ -75,11 +85,12 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
             tol = min(tol, taggram_tol(logits64))
             if 0 < ks[s] <= musicnn.PATCH_FRAMES - max(musicnn.TEMPORAL):      # (0: the last taggram again)
                 assert batch.macs[s] == singles[s].last_macs
-    errors("batched musicnn taggrams vs the float64 network", worst, tol)
+    errors(f"batched musicnn taggrams on {device} vs the float64 network", worst, tol)
 
 
-def test_a_streams_nan_frames_reach_no_other_stream(nets):
-    net, _ = nets
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_streams_nan_frames_reach_no_other_stream(nets, device):
+    net = on(nets[0], device)
     rng = np.random.default_rng(1)
     runs = []
     for poison in (False, True):
@@ -92,8 +103,26 @@ def test_a_streams_nan_frames_reach_no_other_stream(nets):
             pushed = [frames(rng, 16) for _ in range(3)]
             if poison and hop == 1:
                 pushed[1][5, 7] = np.nan
-            out.append(batch.push([0, 1, 2], pushed))
+            out.append(batch.push([0, 1, 2], pushed).cpu())
         runs.append(torch.stack(out))                                               # (hops, 3, 50)
     clean, poisoned = runs
     assert torch.isnan(poisoned[1:, 1]).all()
     assert torch.equal(clean[:, [0, 2]], poisoned[:, [0, 2]])                      # bit for bit
+
+
+@CUDA
+def test_a_cuda_hop_never_waits_for_the_device(nets):
+    """Indices from host state, copied without blocking: torch's sync debug mode raises on any
+    host synchronisation, over hops of 15 and 16 frames, none, and a jump."""
+    batch = MusicnnBatch(on(nets[0], "cuda"), capacity=3)
+    rng = np.random.default_rng(2)
+    for s in range(3):
+        batch.reset(s)
+    batch.push([0, 1, 2], [frames(rng, 16)] * 3)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for ks in ((15, 16, 16), (16, 0, 15), (80, 16, 15)):
+            batch.push([0, 1, 2], [frames(rng, k) for k in ks])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -1,6 +1,8 @@
 """Many streams of one model in one batch (models/stream/batch.py): each stream's logits equal
 its own single-stream float64 step at every step, whatever else is in the batch and whenever it
-joined; one stream's NaN tokens or events change no other stream's values."""
+joined; one stream's NaN tokens or events change no other stream's values. On CUDA (skipped
+without it) the same, through the captured CUDA graphs, and a steady step never waits for the
+device."""
 import copy
 import random
 
@@ -22,6 +24,10 @@ CASES = [(v, mode, layers) for layers in (1, 2) for v, mode in (
     ("continual_nystrom", "continual"), ("continual_nystrom", "fixed"))]
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+
 def model_of(variant: str, mode: str | None, layers: int, seed: int = 0):
     model = tiny_model(variant, n=N, in_dim=D, landmarks=M, layers=layers, seed=seed)
     if mode == "fixed":
@@ -31,10 +37,11 @@ def model_of(variant: str, mode: str | None, layers: int, seed: int = 0):
     return model.use_fused(False)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant, mode, layers", CASES)
-def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(variant, mode, layers, errors, seed):
+def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(variant, mode, layers, device, errors, seed):
     model = model_of(variant, mode, layers, seed)
-    batch = StreamBatch(model, capacity=4)
+    batch = StreamBatch(copy.deepcopy(model).to(device), capacity=4)
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     alone: dict[int, tuple] = {}                 # slot -> (float64 model, its tokens so far)
     worst, joined, left = (0.0, 1.0), 0, 0
@@ -52,7 +59,7 @@ def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(varia
         slots = torch.tensor(sorted(alone))
         scale = 1 + 9 * (hop % 20 >= 10)                          # the tokens' scale swings 10x
         tokens = torch.rand(len(slots), D, generator=g) * scale
-        got = batch.step(slots, tokens)
+        got = batch.step(slots, tokens).cpu()
         for i, slot in enumerate(slots.tolist()):
             exact, seen = alone[slot]
             seen.append(tokens[i].double())
@@ -64,15 +71,16 @@ def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(varia
             if err / tol > worst[0] / worst[1]:
                 worst = (err, tol)
     assert joined >= 8 and left == 5                                   # streams came and went
-    errors(f"stream batch {variant}/{mode} {layers} block(s) vs float64", *worst)
+    errors(f"stream batch {variant}/{mode} {layers} block(s) on {device} vs float64", *worst)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant, mode, layers", [c for c in CASES if c[2] == 1] + [("continual_nystrom", "continual", 2)])
-def test_a_streams_nan_tokens_and_events_change_no_other_stream(variant, mode, layers):
+def test_a_streams_nan_tokens_and_events_change_no_other_stream(variant, mode, layers, device):
     """Three streams at different positions (so at different events: warm-up, landmark
     replacement, steady): the first two give the same bits whether the third is fed NaN, huge
     or ordinary tokens."""
-    model = model_of(variant, mode, layers)
+    model = model_of(variant, mode, layers).to(device)
     g = torch.Generator().manual_seed(1)
     tokens = torch.rand(40, 3, D, generator=g)
     runs = []
@@ -86,7 +94,7 @@ def test_a_streams_nan_tokens_and_events_change_no_other_stream(variant, mode, l
             x = tokens[hop, :len(slots)].clone()
             if len(slots) == 3:
                 x[2] = {"ordinary": x[2], "nan": torch.full((D,), float("nan")), "huge": x[2] * 1e6}[third]
-            outs.append(batch.step(slots, x)[:2].clone())
+            outs.append(batch.step(slots, x)[:2].cpu())
         runs.append(outs)
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
@@ -122,3 +130,24 @@ def test_flops_follow_the_single_stream_formulas():
             assert got["sda"] >= want["sda"] and got["model"] - want["model"] == got["sda"] - want["sda"]
             assert (got == want) or variant != "regular"
             assert batch.window_full(0) == single.window_full()
+
+
+@CUDA
+@pytest.mark.parametrize("variant, mode, layers", CASES)
+def test_a_steady_cuda_step_never_waits_for_the_device(variant, mode, layers):
+    """Past warm-up (continual variants: from the first step), a step is a replayed CUDA graph:
+    torch's sync debug mode raises on any host synchronisation."""
+    batch = StreamBatch(model_of(variant, mode, layers).to("cuda"), capacity=5)
+    slots = [batch.join() for _ in range(5)]
+    x = torch.rand(5, D, device="cuda")
+    for _ in range(N + 1):
+        batch.step(slots, x)
+    for size in (3, 1):                                 # buckets 8, 4, 1: captured on first use
+        batch.step(slots[:size], x[:size])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for size in (5, 3, 1, 5):
+            batch.step(slots[:size], x[:size])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
