@@ -135,13 +135,15 @@ def run(args) -> int:
     if args.streams:
         import torch
 
-        from app.offline.bench_streams import print_streams, streams_bench
+        from app.offline.bench_streams import print_streams, step_bench, streams_bench, tensor_bench
         if args.device == "cuda" and not torch.cuda.is_available():
             print("error: --device cuda: no CUDA device here", file=sys.stderr)
             return 1
         if args.threads:
             torch.set_num_threads(args.threads)
         r = streams_bench(args.device)
+        r["tensor"] = tensor_bench(args.device)
+        r["steps"] = step_bench(args.device)
         print_streams(r)
         page(f"streams-{args.device}", r)
     if args.serve:

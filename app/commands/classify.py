@@ -200,14 +200,15 @@ def run_streams(args) -> int:
     from app.runtime.streams import StreamsEngine
     from app.runtime.verdict import Tally
 
-    if args.mic or args.realtime or args.loop or args.onnx or args.cuda:
+    if args.mic or args.realtime or args.loop or args.onnx:
         raise SystemExit("classify: several streams run from files or --demo N, as fast as they "
-                         "decode, on the CPU, with torch models (not --mic, --realtime, --loop, --onnx, --cuda)")
+                         "decode, with torch models (not --mic, --realtime, --loop, --onnx)")
     sources, failed = stream_sources(args)
     if not sources:
         return 1
-    frontend = frontend_from_args(args, "cpu")
-    entries = default_lineup(frontend, "cpu", checkpoints=args.checkpoint, variants=args.variant,
+    device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
+    frontend = frontend_from_args(args, device)
+    entries = default_lineup(frontend, device, checkpoints=args.checkpoint, variants=args.variant,
                              layers=args.layers, window=args.window, landmarks=args.landmarks, seed=args.seed)
     engine = StreamsEngine(frontend, entries, capacity=len(sources))
     print(f"# {len(sources)} streams in one engine; front end: {frontend.description}; models: "

@@ -37,8 +37,9 @@ def speed_index_ms() -> float:
 
 def machine() -> dict:
     import torch
+    gpu = {"gpu": torch.cuda.get_device_name()} if torch.cuda.is_available() else {}
     return {"cores": os.cpu_count(), "cpu": cpu_name(), "torch": torch.__version__,
-            "speed_index_ms": round(speed_index_ms(), 3)}
+            "speed_index_ms": round(speed_index_ms(), 3), **gpu}
 
 
 def cpu_name() -> str:
@@ -74,7 +75,8 @@ def stored(store: Path = STORE) -> dict[str, dict]:
 
 def provenance(e: dict) -> str:
     m = e["machine"]
-    return (f"*`{e['command']}`, {e['date']}, {m['cores']} cores ({m['cpu']}), torch {m['torch']}, "
+    gpu = f", {m['gpu']}" if m.get("gpu") else ""
+    return (f"*`{e['command']}`, {e['date']}, {m['cores']} cores ({m['cpu']}){gpu}, torch {m['torch']}, "
             f"speed index {m['speed_index_ms']:.2f} ms (torch's 1-layer encoder step at n = 120, one thread).*")
 
 
@@ -214,7 +216,7 @@ def onnx_body(runs: dict) -> str:
 
 
 def streams_body(runs: dict) -> str:
-    from .bench_streams import streams_table, streams_why
+    from .bench_streams import step_table, streams_table, streams_why, tensor_table
     out = []
     for kind, e in runs.items():
         r = e["data"]
@@ -223,6 +225,13 @@ def streams_body(runs: dict) -> str:
                 f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB.", ""]
         out += streams_table(r) + ["", f"Real-time capacity: **{r['capacity']} streams** ({r['device']}). "
                                    + (streams_why(r) if "frontend_flops_per_stream_hop" in r["rows"][-1] else ""), ""]
+        if "tensor" in r:
+            out += ["The hop's batched tensor work alone (the musicnn network's push of 15 or 16 log-mel "
+                    "frames per stream, the five models' steps, the probabilities copied back; no audio, "
+                    "log-mel or records):", ""] + tensor_table(r) + [
+                    "", f"Tensor work within 125 ms: **{r['tensor']['capacity']} streams** ({r['device']}).", ""]
+        if "steps" in r:
+            out += ["One stream's model step past warm-up (median):", ""] + step_table(r) + [""]
     return "\n".join(out) + "\n"
 
 

@@ -4,6 +4,11 @@ for S = 1, 2, 4, ... until the hop's p95 passes half a hop (125 ms): the hop's t
 stream's audio, front end and every model's batched step), FLOPs per stream-hop, GFLOP/s against
 the machine's matmul peak, resident memory per added stream, and the real-time capacity: the
 largest S whose p95 hop is at most 125 ms.
+
+Two more measurements say where the hop's time goes: ``tensor_bench``, the hop's batched tensor
+work alone (the musicnn network's push of 15 or 16 log-mel frames per stream and each model's
+step, the probabilities copied back; no audio, log-mel or records), and ``step_bench``, one
+stream's model step per shipped model (on CUDA: eager and the replayed CUDA graph).
 """
 from __future__ import annotations
 
@@ -19,13 +24,33 @@ from audio.melspec import HOP_SECONDS
 REAL_TIME_MS = 1e3 * HOP_SECONDS / 2          # p95 hop at most half a hop: 125 ms
 
 
+def device_peak(device: str) -> float:
+    """GFLOP/s of one float32 matrix product: 512^3 on the CPU (bench_attention.matmul_peak),
+    8192^3 on CUDA (TF32 off, as the front end runs)."""
+    from .bench_attention import matmul_peak
+    if device != "cuda":
+        return matmul_peak(2 * 512 ** 3)
+    a = 8192
+    x, y = torch.randn(a, a, device="cuda"), torch.randn(a, a, device="cuda")
+    times = []
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.mm(x, y)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 2 * a ** 3 / (statistics.median(times[1:]) * 1e9)
+
+
+def device_mb() -> float:
+    return torch.cuda.memory_allocated() / 2 ** 20 if torch.cuda.is_available() else 0.0
+
+
 def streams_bench(device: str = "cpu", hops: int = 24, warm: int = 4, max_streams: int = 1 << 16) -> dict:
     from app.runtime.lineup import default_lineup
     from app.runtime.streams import StreamsEngine
     from audio.frontends import build_frontend
     from audio.sources import DemoSource
-
-    from .bench_attention import matmul_peak
 
     frontend = build_frontend("musicnn", device=device)
     rows, base = [], rss_mb()
@@ -46,7 +71,7 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int = 4, max_stream
                 front += [r.frontend_flops for r in records]
         row = {"streams": streams, "hop_ms_median": statistics.median(times), "hop_ms_p95": percentile(times, 0.95),
                "flops_per_stream_hop": statistics.mean(flops), "frontend_flops_per_stream_hop": statistics.mean(front),
-               "rss_mb": rss_mb() - base}
+               "rss_mb": rss_mb() - base, "device_mb": device_mb()}
         row["gflops"] = row["flops_per_stream_hop"] * streams / (row["hop_ms_median"] * 1e6)
         rows.append(row)
         print(f"  {streams:6d} streams: hop median {row['hop_ms_median']:8.1f} ms, p95 {row['hop_ms_p95']:8.1f} ms, "
@@ -61,14 +86,108 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int = 4, max_stream
                                     for a, b in zip(rows, rows[1:])) if len(fitting) else float("nan"))
     return {"device": device, "threads": torch.get_num_threads(), "frontend": frontend.description,
             "models": [e.name for e in default_lineup(frontend, device)], "rows": rows,
-            "peak_gflops": matmul_peak(2 * 512 ** 3), "mb_per_stream": per_stream,
+            "peak_gflops": device_peak(device), "mb_per_stream": per_stream,
             "capacity": max(ok) if ok else 0, "hops": hops}
+
+
+def tensor_bench(device: str = "cpu", hops: int = 12, warm: int = 3, max_streams: int = 1 << 16) -> dict:
+    """The hop's batched tensor work alone for S = 1, 2, 4, ... streams until its p95 passes 125 ms
+    (or the device's memory runs out): the musicnn network's push of 15 or 16 random log-mel
+    frames per stream, each shipped model's step on the taggrams, the probabilities copied back."""
+    import numpy as np
+
+    from app.runtime.lineup import default_lineup
+    from audio.frontends import build_frontend
+    from audio.musicnn_batch import MusicnnBatch
+    from models.stream.batch import StreamBatch
+
+    frontend = build_frontend("musicnn", device=device)
+    entries = default_lineup(frontend, device)
+    rng = np.random.default_rng(0)
+    rows, streams = [], 1
+    while streams <= max_streams:
+        base = device_mb() if device == "cuda" else rss_mb()
+        try:
+            net = MusicnnBatch(frontend.net, streams)
+            batches = [StreamBatch(e.model, streams) for e in entries]
+            slots = list(range(streams))
+            for s in slots:
+                net.reset(s)
+                for b in batches:
+                    b.join()
+            pattern = [[(rng.random((15 + (s + h) % 2, 96), dtype=np.float32) * 4) for s in slots] for h in range(2)]
+            times, flops = [], []
+            for k in range(warm + hops):
+                t0 = time.perf_counter()
+                tags = net.push(slots, pattern[k % 2])
+                probabilities = [torch.softmax(b.step(slots, tags), dim=-1) for b in batches]
+                torch.cat(probabilities, dim=1).cpu()
+                if k >= warm:
+                    times.append((time.perf_counter() - t0) * 1e3)
+                    flops.append(2 * int(net.macs[0]) + sum(b.step_flops(0)["model"] for b in batches))
+        except torch.OutOfMemoryError:
+            print(f"  {streams:6d} streams: out of device memory", flush=True)
+            break
+        used = (device_mb() if device == "cuda" else rss_mb()) - base
+        row = {"streams": streams, "hop_ms_median": statistics.median(times), "hop_ms_p95": percentile(times, 0.95),
+               "flops_per_stream_hop": statistics.mean(flops), "mb_per_stream": used / streams}
+        row["gflops"] = row["flops_per_stream_hop"] * streams / (row["hop_ms_median"] * 1e6)
+        rows.append(row)
+        print(f"  {streams:6d} streams, tensor work alone: hop median {row['hop_ms_median']:8.1f} ms, "
+              f"p95 {row['hop_ms_p95']:8.1f} ms, {row['gflops']:8.1f} GFLOP/s, {row['mb_per_stream']:.1f} MB/stream", flush=True)
+        del net, batches
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        if row["hop_ms_p95"] > REAL_TIME_MS:
+            break
+        streams *= 2
+    ok = [r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS]
+    return {"rows": rows, "capacity": max(ok) if ok else 0, "hops": hops}
+
+
+def step_bench(device: str = "cpu", steps: int = 200) -> list[dict]:
+    """One stream's model step per shipped model past warm-up, median microseconds: on the CPU
+    the model's own step (fused where it has one); on CUDA the eager step and the replayed graph
+    of a one-stream StreamBatch (the window's and `classify --cuda`'s path)."""
+    from app.runtime.lineup import default_lineup
+    from audio.frontends import build_frontend
+    from models.stream.batch import StreamBatch
+
+    frontend = build_frontend("musicnn", device=device)
+    out = []
+    for e in default_lineup(frontend, device):
+        x = torch.rand(1, e.model.cfg.in_dim, device=device)
+        row = {"model": e.name}
+        paths = {"graph": True, "eager": False} if device == "cuda" else {"step": None}
+        for path, graphs in paths.items():
+            if graphs is None:
+                e.model.reset(1)
+                step = lambda: e.model.step(x)                                  # noqa: E731
+            else:
+                batch = StreamBatch(e.model, 1, graphs=graphs)
+                slots = [batch.join()]
+                step = lambda: batch.step(slots, x)                             # noqa: E731
+            for _ in range(e.model.cfg.window + 2):
+                step()
+            times = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                step()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                times.append((time.perf_counter() - t0) * 1e6)
+            row[f"{path}_us"] = statistics.median(times)
+        out.append(row)
+        print(f"  one stream, {e.name}: " + ", ".join(f"{k[:-3]} {v:.0f} us" for k, v in row.items() if k != "model"), flush=True)
+    return out
 
 
 def print_streams(r: dict) -> None:
     print(f"streams in one engine on {r['device']} ({r['threads']} threads), {r['frontend']} + "
           f"{len(r['models'])} models, {r['hops']} timed hops each; matmul peak {r['peak_gflops']:.1f} GFLOP/s; "
           f"resident memory per added stream {r['mb_per_stream']:.1f} MB")
+    if "tensor" in r:
+        print(f"tensor work alone: {r['tensor']['capacity']} streams within 125 ms ({r['device']})")
     print(f"real-time capacity: {r['capacity']} streams ({r['device']})")
 
 
@@ -90,4 +209,23 @@ def streams_table(r: dict) -> list[str]:
         lines.append(f"| {row['streams']} | {row['hop_ms_median']:.1f} | {row['hop_ms_p95']:.1f} | "
                      f"{row['flops_per_stream_hop'] / 1e6:.1f} | {row['gflops']:.2f} | "
                      f"{100 * row['gflops'] / r['peak_gflops']:.0f} % | {row['rss_mb']:.0f} |")
+    return lines
+
+
+def tensor_table(r: dict) -> list[str]:
+    lines = ["| streams | hop median (ms) | hop p95 (ms) | MFLOPs per stream-hop | GFLOP/s | of matmul peak | MB per stream |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in r["tensor"]["rows"]:
+        lines.append(f"| {row['streams']} | {row['hop_ms_median']:.1f} | {row['hop_ms_p95']:.1f} | "
+                     f"{row['flops_per_stream_hop'] / 1e6:.1f} | {row['gflops']:.1f} | "
+                     f"{100 * row['gflops'] / r['peak_gflops']:.0f} % | {row['mb_per_stream']:.1f} |")
+    return lines
+
+
+def step_table(r: dict) -> list[str]:
+    paths = [k for k in r["steps"][0] if k.endswith("_us")]
+    lines = ["| model | " + " | ".join(f"{p[:-3]} (us)" for p in paths) + " |",
+             "| --- | " + " | ".join("---:" for _ in paths) + " |"]
+    for row in r["steps"]:
+        lines.append(f"| {row['model']} | " + " | ".join(f"{row[p]:.0f}" for p in paths) + " |")
     return lines

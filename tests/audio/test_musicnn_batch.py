@@ -29,7 +29,9 @@ def taggram_tol(logits64: torch.Tensor) -> float:
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+# (device, accumulate): the temporal accumulators (the CPU's default) and the recomputed rows
+# (CUDA's default) on each device
+MODES = [("cpu", True), ("cpu", False), pytest.param("cuda", True, marks=CUDA), pytest.param("cuda", False, marks=CUDA)]
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +54,11 @@ def patch_of(history: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(x[-musicnn.PATCH_FRAMES:]).double()[None]
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_network(nets, device, errors):
+@pytest.mark.parametrize("device, accumulate", MODES)
+def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_network(nets, device, accumulate, errors):
     net, net64 = nets
     rng = np.random.default_rng(0)
-    batch = MusicnnBatch(on(net, device), capacity=4)
+    batch = MusicnnBatch(on(net, device), capacity=4, accumulate=accumulate)
     histories: dict[int, list] = {}
     singles: dict[int, MusicnnStream] = {}
     worst, tol = 0.0, float("inf")
@@ -84,17 +86,25 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
             worst = max(worst, (got[i].double() - torch.sigmoid(logits64)).abs().max().item())
             tol = min(tol, taggram_tol(logits64))
             if 0 < ks[s] <= musicnn.PATCH_FRAMES - max(musicnn.TEMPORAL):      # (0: the last taggram again)
-                assert batch.macs[s] == singles[s].last_macs
-    errors(f"batched musicnn taggrams on {device} vs the float64 network", worst, tol)
+                assert batch.macs[s] == (singles[s].last_macs if accumulate else recomputed_macs(ks[s]))
+    errors(f"batched musicnn taggrams on {device} ({'accumulated' if accumulate else 'recomputed'}) "
+           f"vs the float64 network", worst, tol)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_streams_nan_frames_reach_no_other_stream(nets, device):
+def recomputed_macs(k: int) -> int:
+    """A hop of k frames without accumulators: k + K - 1 temporal rows of K taps per branch,
+    k + 6 timbral rows, the head."""
+    temporal = sum((k + K - 1) * K for K in musicnn.TEMPORAL) * musicnn.TEMPORAL_CH * musicnn.BANDS
+    return temporal + (k + 6) * musicnn.timbral_macs_per_frame() + musicnn.head_macs()
+
+
+@pytest.mark.parametrize("device, accumulate", MODES)
+def test_a_streams_nan_frames_reach_no_other_stream(nets, device, accumulate):
     net = on(nets[0], device)
     rng = np.random.default_rng(1)
     runs = []
     for poison in (False, True):
-        batch = MusicnnBatch(net, capacity=3)
+        batch = MusicnnBatch(net, capacity=3, accumulate=accumulate)
         for s in range(3):
             batch.reset(s)
         rng = np.random.default_rng(1)
