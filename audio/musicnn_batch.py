@@ -40,19 +40,19 @@ class MusicnnBatch:
     """``reset(slot)`` starts a stream in a slot (preceded by silence, as ``MusicnnStream.reset``);
     ``push(slots, frames) -> (S, 50)`` taggrams. Which slots are free is the caller's business.
 
-    ``accumulate`` (default: on the CPU) keeps the temporal pre-activations of every patch row
+    ``accumulate`` (the default) keeps the temporal pre-activations of every patch row
     (3 x 187 x 51 x 96 floats, 11 MB per slot) and updates them by the frames that leave and
-    arrive: the fewest multiply-accumulates. Without it (default on CUDA) only the features are
-    kept (0.1 MB) and the k + K - 1 rows a hop changes are recomputed by one convolution per
-    branch and end of the patch: 2.2x the temporal multiply-accumulates, no scattered adds, and
-    a twentieth of the memory, so that thousands of streams fit on one GPU."""
+    arrive: the fewest multiply-accumulates. Without it only the features are kept (0.1 MB per
+    slot) and the k + K - 1 rows a hop changes are recomputed by one convolution per branch and
+    end of the patch: 2.2x the temporal multiply-accumulates, no scattered adds, a twentieth of
+    the memory (for many thousands of streams on one GPU; its speed there is not measured yet)."""
 
-    def __init__(self, net: Musicnn, capacity: int, *, accumulate: bool | None = None):
+    def __init__(self, net: Musicnn, capacity: int, *, accumulate: bool = True):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.net, self.capacity = net, capacity
         self.device = next(net.buffers()).device
-        self.accumulate = self.device.type == "cpu" if accumulate is None else accumulate
+        self.accumulate = accumulate
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
         self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)
         self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')

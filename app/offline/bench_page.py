@@ -292,8 +292,10 @@ SECTIONS = [
      "until the p95 hop passes half a hop (125 ms). A hop: every stream's audio and log-mel, the musicnn "
      "network once for all streams (audio/musicnn_batch.py, each stream's continual caches in a slot), "
      "then each of the five shipped models stepped once for all streams (models/stream/batch.py). FLOPs per stream-hop: the front end's and the five models' "
-     "(the formulas of the single-stream steps); GFLOP/s against one `torch.mm` of 2 x 512^3 FLOPs. "
-     "The capacity is the largest S whose p95 hop is at most 125 ms.",
+     "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
+     "the CPU, 2 x 8192^3 on CUDA). The capacity is the largest S whose p95 hop is at most 125 ms. Two more "
+     "tables say where a hop's time goes: its batched tensor work alone, and one stream's model step "
+     "(on CUDA: the eager step and the replayed CUDA graph that a step is).",
      streams_body),
     ("Serving clients over WebSocket", [f"serve-{n}" for n in range(1, 1025)],
      "`bench --serve N`: the real `serve` command (musicnn and the five shipped models) in its own "

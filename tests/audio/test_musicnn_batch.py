@@ -29,8 +29,7 @@ def taggram_tol(logits64: torch.Tensor) -> float:
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-# (device, accumulate): the temporal accumulators (the CPU's default) and the recomputed rows
-# (CUDA's default) on each device
+# (device, accumulate): the temporal accumulators (the default) and the recomputed rows, on each device
 MODES = [("cpu", True), ("cpu", False), pytest.param("cuda", True, marks=CUDA), pytest.param("cuda", False, marks=CUDA)]
 
 
