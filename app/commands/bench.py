@@ -41,6 +41,9 @@ def add_arguments(p) -> None:
                    help="instead: N WebSocket clients streaming real audio in real time to `serve` on "
                         "loopback; latency, dropped hops, server CPU and memory per stream")
     p.add_argument("--serve-seconds", type=SECONDS, default=20.0, help="with --serve: audio per client")
+    p.add_argument("--ray", type=POSITIVE, metavar="K",
+                   help="with --serve: then the same clients against K replicas on a local Ray Serve, "
+                        "their results compared with the one server's")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -148,9 +151,9 @@ def run(args) -> int:
         page(f"streams-{args.device}", r)
     if args.serve:
         from app.offline.bench_serve import print_serve, serve_bench
-        r = serve_bench(args.serve, args.serve_seconds)
+        r = serve_bench(args.serve, args.serve_seconds, ray=args.ray)
         print_serve(r)
-        page(f"serve-{args.serve}", r)
+        page(f"serve-{args.serve}" + (f"-ray{args.ray}" if args.ray else ""), r)
     if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams or args.serve:
         return 0
     from app.offline import bench

@@ -1,11 +1,14 @@
-"""`bench --serve N`: the real `serve` command in its own process (musicnn and the shipped
-models), and N WebSocket clients on loopback in this process, each streaming real audio (the
-shared GTZAN excerpts, else the demo signal with its own seed) in real time, one 0.25 s hop per
-message, for ``seconds`` of audio.
+"""`bench --serve N [--ray K]`: the real `serve` command in its own process (musicnn and the
+shipped models), and N WebSocket clients on loopback in this process, each streaming real audio
+(the shared GTZAN excerpts, else the demo signal with its own seed) in real time, one 0.25 s hop
+per message, for ``seconds`` of audio. With ``--ray K`` the same clients and audio then run
+against `serve --ray local --replicas K` (a fresh local Ray, the streams split over K
+replicas), and each record's probabilities are compared with the one server's.
 
 Reported: latency from a hop's last sample sent to its record received (median, p95), hops sent
 without a record (dropped), whether every client got its verdict and a close 1000, and the
-server's CPU (cores, from /proc) and resident memory per stream. Real time: p95 at most 150 ms
+server's CPU (cores, from /proc, summed over its process tree: with Ray, the replicas and Ray's
+own servers) and resident memory per stream. Real time: p95 at most 150 ms
 and nothing dropped. The clients share the machine with the server (their decoding and sockets
 count against it).
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -46,15 +51,47 @@ def audio_for(clients: int, seconds: float) -> tuple[list[list[np.ndarray]], str
     return out, ("GTZAN excerpts (../shared/data)" if files else "the demo signal")
 
 
+def process_tree(pid: int) -> list[int]:
+    """pid and every process below it (Linux /proc: a local Ray's servers and replicas are
+    children of the `serve --ray` process)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return out
+
+
 def proc_cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """User and system CPU seconds of a process; 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def serve_bench(clients: int, seconds: float = 20.0) -> dict:
-    audio, what = audio_for(clients, seconds)
-    server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0",
-                               "--max-streams", str(clients)], stderr=subprocess.PIPE, text=True)
+def tree_usage(pid: int) -> dict[int, tuple[float, float]]:
+    """pid -> (CPU seconds, resident MB) of every process of the server's tree."""
+    return {p: (proc_cpu_seconds(p), rss_mb(p)) for p in process_tree(pid)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_server(audio, clients: int, ray: int | None) -> tuple[list[dict], dict]:
+    """The real `serve` (``ray``: `serve --ray local --replicas K`, streams split over them) in its
+    own process and the clients here; their results and the server tree's CPU and memory."""
+    command = [sys.executable, str(ROOT / "main.py"), "serve", "--max-streams", str(-(-clients // (ray or 1)))]
+    command += ["--ray", "local", "--replicas", str(ray), "--port", str(free_port())] if ray else ["--port", "0"]
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()
         while line and "# serving" not in line:
@@ -62,37 +99,76 @@ def serve_bench(clients: int, seconds: float = 20.0) -> dict:
         if not line:
             raise RuntimeError("the server did not start")
         url = re.search(r"(ws://\S+/v1/stream)", line).group(1)
-        rss0, cpu0, wall0 = rss_mb(server.pid), proc_cpu_seconds(server.pid), time.monotonic()
+        before, wall0 = tree_usage(server.pid), time.monotonic()
         results = asyncio.run(timed_clients(url, audio))
-        wall, cpu, rss = time.monotonic() - wall0, proc_cpu_seconds(server.pid) - cpu0, rss_mb(server.pid)
+        wall, after = time.monotonic() - wall0, tree_usage(server.pid)
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    cpu = sum(c for c, _ in after.values()) - sum(before[p][0] for p in after if p in before)
+    rss0, rss = sum(m for _, m in before.values()), sum(m for _, m in after.values())
+    return results, {"cores": cpu / wall, "rss_mb": rss, "rss0_mb": rss0, "processes": len(after)}
+
+
+def serve_bench(clients: int, seconds: float = 20.0, ray: int | None = None) -> dict:
+    """One server; with ``ray`` = K also K Ray Serve replicas, each client's probabilities
+    compared with the one server's."""
+    audio, what = audio_for(clients, seconds)
+    results, usage = run_server(audio, clients, None)
+    out = summary(results, usage, clients, seconds, what, len(audio[0]))
+    if ray:
+        ray_results, ray_usage = run_server(audio, clients, ray)
+        diffs = [abs(a - b) for one, other in zip(results, ray_results)
+                 for step in set(one["probabilities"]) & set(other["probabilities"])
+                 for pa, pb in zip(one["probabilities"][step], other["probabilities"][step])
+                 for a, b in zip(pa, pb)]
+        out["ray"] = {**summary(ray_results, ray_usage, clients, seconds, what, len(audio[0])), "replicas": ray,
+                      "max_probability_difference": max(diffs) if diffs else float("nan"),
+                      "compared_records": sum(len(set(a["probabilities"]) & set(b["probabilities"]))
+                                              for a, b in zip(results, ray_results))}
+    return out
+
+
+def summary(results: list[dict], usage: dict, clients: int, seconds: float, what: str, hops: int) -> dict:
     latencies = [x for r in results for x in r["latencies"]]
-    sent = clients * len(audio[0])
-    return {"clients": clients, "seconds": seconds, "audio": what, "hops_sent": sent,
-            "records": sum(r["records"] for r in results), "dropped": sent - sum(r["records"] for r in results),
+    sent, got = clients * hops, sum(r["records"] for r in results)
+    return {"clients": clients, "seconds": seconds, "audio": what, "hops_sent": sent, "records": got,
+            "dropped": sent - got,
             "latency_ms_median": statistics.median(latencies) if latencies else float("nan"),
             "latency_ms_p95": percentile(latencies, 0.95),
             "verdicts": sum(r["verdict"] and r["close"] == 1000 for r in results),
-            "server_cores": cpu / wall, "server_cores_per_stream": cpu / wall / clients,
-            "server_mb_per_stream": (rss - rss0) / clients, "server_rss_mb": rss,
-            "threads": os.cpu_count()}
+            "server_cores": usage["cores"], "server_cores_per_stream": usage["cores"] / clients,
+            "server_mb_per_stream": (usage["rss_mb"] - usage["rss0_mb"]) / clients, "server_rss_mb": usage["rss_mb"],
+            "server_processes": usage["processes"], "threads": os.cpu_count()}
 
 
 def print_serve(r: dict) -> None:
-    ok = r["latency_ms_p95"] <= GOAL_P95_MS and r["dropped"] == 0
-    print(f"serve: {r['clients']} clients streaming {r['audio']} in real time for {r['seconds']:g} s; "
-          f"latency median {r['latency_ms_median']:.1f} ms, p95 {r['latency_ms_p95']:.1f} ms; "
-          f"{r['dropped']} of {r['hops_sent']} hops dropped; {r['verdicts']} verdicts with close 1000; "
-          f"server {r['server_cores']:.2f} cores ({r['server_cores_per_stream']:.3f} per stream), "
-          f"+{r['server_mb_per_stream']:.1f} MB per stream")
-    print(f"real time (p95 <= {GOAL_P95_MS:g} ms, nothing dropped): {'yes' if ok else 'no'}")
+    for label, x in [("serve", r)] + ([(f"serve --ray ({r['ray']['replicas']} replicas)", r["ray"])] if "ray" in r else []):
+        print(f"{label}: {x['clients']} clients streaming {x['audio']} in real time for {x['seconds']:g} s; "
+              f"latency median {x['latency_ms_median']:.1f} ms, p95 {x['latency_ms_p95']:.1f} ms; "
+              f"{x['dropped']} of {x['hops_sent']} hops dropped; {x['verdicts']} verdicts with close 1000; "
+              f"server {x['server_cores']:.2f} cores ({x['server_cores_per_stream']:.3f} per stream), "
+              f"+{x['server_mb_per_stream']:.1f} MB per stream")
+    if "ray" in r:
+        print(f"Ray Serve vs one server: {r['ray']['compared_records']} records compared, largest probability "
+              f"difference {r['ray']['max_probability_difference']:.1e}")
+    print(f"real time (p95 <= {GOAL_P95_MS:g} ms, nothing dropped): {'yes' if real_time(r) else 'no'}"
+          + (f"; with Ray Serve: {'yes' if real_time(r['ray']) else 'no'}" if "ray" in r else ""))
+
+
+def real_time(x: dict) -> bool:
+    return x["latency_ms_p95"] <= GOAL_P95_MS and x["dropped"] == 0
 
 
 def serve_table(r: dict) -> list[str]:
-    return ["| clients | latency median (ms) | latency p95 (ms) | dropped hops | verdicts | server cores | "
-            "cores per stream | MB per stream |", "| --- | --- | --- | --- | --- | --- | --- | --- |",
-            f"| {r['clients']} | {r['latency_ms_median']:.1f} | {r['latency_ms_p95']:.1f} | {r['dropped']} of "
-            f"{r['hops_sent']} | {r['verdicts']} | {r['server_cores']:.2f} | {r['server_cores_per_stream']:.3f} | "
-            f"{r['server_mb_per_stream']:.1f} |"]
+    lines = ["| server | clients | latency median (ms) | latency p95 (ms) | dropped hops | verdicts | server cores | "
+             "cores per stream | MB per stream |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, x in [("one process", r)] + ([(f"Ray Serve, {r['ray']['replicas']} replicas", r["ray"])] if "ray" in r else []):
+        lines.append(f"| {label} | {x['clients']} | {x['latency_ms_median']:.1f} | {x['latency_ms_p95']:.1f} | "
+                     f"{x['dropped']} of {x['hops_sent']} | {x['verdicts']} | {x['server_cores']:.2f} | "
+                     f"{x['server_cores_per_stream']:.3f} | {x['server_mb_per_stream']:.1f} |")
+    return lines

@@ -143,13 +143,14 @@ def listen(url: str, source, token: str | None, printer: Printer) -> int:
 
 async def timed_client(url: str, hops: list, start: float) -> dict:
     """One client sending hop k when its last sample "plays" (start + (k + 1) * 0.25 s) and
-    timing each record from that send: {"latencies" (ms), "records", "verdict", "close"}."""
+    timing each record from that send: {"latencies" (ms), "records", "verdict", "close",
+    "probabilities" (step -> each model's)}."""
     import asyncio
     import time
 
     from websockets.asyncio.client import connect as connect_async
     sent: dict[int, float] = {}
-    latencies, verdict = [], None
+    latencies, verdict, probabilities = [], None, {}
     async with connect_async(url, proxy=None, max_size=1 << 22, open_timeout=60) as ws:
         await ws.send(HELLO)
         await ws.recv()
@@ -168,9 +169,10 @@ async def timed_client(url: str, hops: list, start: float) -> dict:
                 verdict = d
             else:
                 latencies.append((time.monotonic() - sent[d["step"]]) * 1e3)
+                probabilities[d["step"]] = [m["probabilities"] for m in d["models"].values()]
         await sender
         return {"latencies": latencies, "records": len(latencies), "verdict": verdict is not None,
-                "close": ws.close_code}
+                "close": ws.close_code, "probabilities": probabilities}
 
 
 async def timed_clients(url: str, audio: list[list]) -> list[dict]:
