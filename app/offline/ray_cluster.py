@@ -49,8 +49,11 @@ def ray_session(address: str = LOCAL, num_cpus: int | None = None, modules=PROJE
         check_workers(ray, "the connected Ray", modules)
         yield ray
         return
+    # Workers start their OpenMP runtime as this process did (unset here: 2 threads): on some CPUs
+    # MKL and oneDNN pick other kernels in a process started with OMP_NUM_THREADS=1, and tokens
+    # computed on one torch thread would then differ from this process's in the last bits.
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-                        "OMP_NUM_THREADS": "1"}}
+                        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}}
     kw = dict(runtime_env=env, log_to_driver=False, include_dashboard=False,
               configure_logging=False)
     try:

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data not f
 
 
 def runtime_env():
-    return {"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}}
+    return {"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}}   # as app/offline/ray_cluster.py
 
 
 @pytest.fixture(scope="class")

@@ -133,6 +133,70 @@ def test_listen_prints_what_classify_prints(files, capsys, errors):
         assert "error: the server refused the connection: HTTP 403 (a missing or wrong token)" in capsys.readouterr().err
 
 
+def test_listen_resumes_a_dropped_stream_as_a_fresh_one(files, capsys, monkeypatch):
+    """The server fails the first connection after two hops (a server error, 1011): listen says
+    so in one line, reconnects and sends the rest of the file as a fresh stream, to its verdict."""
+    checkpoints, songs = files
+    with server(checkpoints) as (url, app):
+        hub, fed = app.state.hub, []
+        feed = hub.feed
+
+        def failing(conn, data):
+            fed.append(conn)
+            if len(fed) == 3:
+                raise RuntimeError("a fault injected into the first connection")
+            feed(conn, data)
+        monkeypatch.setattr(hub, "feed", failing)
+        token = songs["a"].parent / "token"
+        token.write_text(TOKEN + "\n")
+        assert main(["listen", url, str(songs["a"]), "--fast", "--jsonl", "--token-file", str(token)]) == 0
+        out = capsys.readouterr()
+    steps = [json.loads(x)["step"] for x in out.out.splitlines()]
+    starts = [i for i, step in enumerate(steps) if step == 0]        # each stream's records from step 0
+    assert 1 <= len(starts) <= 2 and all(steps[i:j] == list(range(j - i)) for i, j in zip(starts, starts[1:] + [len(steps)]))
+    assert "reconnecting: a fresh stream from there" in out.err and out.err.count("# verdict over ws:") == 1
+    assert len({id(c) for c in fed}) == 2                                       # two connections
+
+
+def test_a_flooding_client_is_read_at_the_rate_limit(files):
+    """Limits(speed=1, burst 1 s): a client sending audio as fast as it can is read at most one
+    second plus real time (plus the message in hand); the rest waits in its own socket."""
+    checkpoints, _ = files
+    limits = Limits(outbox_seconds=2.0, burst_seconds=1.0, speed=1.0)
+    with server(checkpoints, limits=limits) as (url, app):
+        with client(url) as ws:
+            ws.send(json.dumps(HELLO))
+            ws.recv(timeout=20)
+            start, stop = time.monotonic(), threading.Event()       # before the server's own start
+
+            def flood():
+                hop = np.full(4000, 0.1, "<f4").tobytes()
+                try:
+                    while not stop.is_set():
+                        ws.send(hop)
+                except (ConnectionClosed, OSError):
+                    pass
+
+            def drain():
+                try:
+                    while True:
+                        ws.recv(timeout=30)
+                except (ConnectionClosed, TimeoutError):
+                    pass
+            threads = [threading.Thread(target=f, daemon=True) for f in (flood, drain)]
+            for t in threads:
+                t.start()
+            read = []
+            while time.monotonic() - start < 3.0:
+                time.sleep(0.1)
+                conn = next(iter(app.state.hub.connections.values()), None)
+                if conn is not None:
+                    read.append((conn.source.decoder.seconds, time.monotonic() - start))
+            stop.set()
+    assert read and max(r for r, _ in read) >= 1.0                              # the burst is read
+    assert all(r <= 1.0 + t + 0.25 for r, t in read), read                       # then real time
+
+
 def refused(url, first, then=(), token=TOKEN, **kw) -> tuple[int, str]:
     """A client that sends ``first`` then ``then``: the server's close code and reason."""
     with client(url, token, **kw) as ws:
