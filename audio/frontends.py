@@ -1,7 +1,7 @@
 """Front ends: 16 kHz audio -> one token per 0.25 s hop, pluggable.
 
   musicnn (default; its pretrained weights ship with the ``musicnn`` package): taggram (50,) of
-      the latest 3 s, computed continually (audio/musicnn_stream.py). Its token files (the
+      the latest 3 s, computed continually (audio/musicnn/stream.py). Its token files (the
       original implementation's grid) are 61 mel frames = 0.976 s apart, so models trained on
       them are fed every 4th hop (``native_spacing``).
   vggish (the paper's): embedding (128,) of the latest 0.96 s, AudioSet weights from
@@ -20,7 +20,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from . import melspec, musicnn_mel
+from . import melspec
+from .musicnn import mel as musicnn_mel
 
 FRONTENDS = ("musicnn", "vggish")
 DEFAULT_FRONTEND = "musicnn"
@@ -211,7 +212,7 @@ class MusicnnFrontEnd:
 
 class _MusicnnStream:
     def __init__(self, net, continual: bool):
-        from .musicnn_stream import MusicnnStream
+        from .musicnn.stream import MusicnnStream
         self.mel, self.net = musicnn_mel.StreamingMel(), MusicnnStream(net, continual=continual)
 
     def push(self, hop: np.ndarray) -> HopToken:
@@ -231,7 +232,7 @@ class _MusicnnSlots(_Slots):
         super().__init__(capacity)
         self.net, self.continual = net, continual
         if continual:
-            from .musicnn_batch import MusicnnBatch
+            from .musicnn.batch import MusicnnBatch
             self.caches = MusicnnBatch(net, capacity)
         else:
             from .musicnn import PATCH_FRAMES, patch_macs

@@ -8,7 +8,7 @@ every tensor's CRC32C):
     python scripts/convert_musicnn.py [--model MSD_musicnn] [--out FILE]
 
 Only the tensors inference uses are kept (weights, biases and batch-norm statistics: no optimiser
-state), renamed and laid out as audio/musicnn.py's ``Musicnn`` state dict.
+state), renamed and laid out as audio/musicnn/__init__.py's ``Musicnn`` state dict.
 tests/audio/test_audio_musicnn.py checks that the shipped file holds the same tensors, bit for
 bit, and the same metadata as a fresh conversion of the installed wheel (the header's key order
 is the safetensors library's, so the files are compared by content, not byte for byte).

@@ -35,7 +35,7 @@ def run(args) -> int:
     from app.runtime.lineup import default_lineup
     from audio.errors import AudioError
     from audio.frontends import build_frontend
-    from app.offline.ray_cluster import RayClusterError
+    from app.offline.ray.cluster import RayClusterError
     from audio.checksums import file_sha256
     from models.checkpoint import CheckpointError
     try:
@@ -62,9 +62,9 @@ def run(args) -> int:
             "files": [str(p) for p, _ in files], "frontend": frontend.description,
             "checkpoints": [[str(e.path), file_sha256(e.path)] for e in entries]}, log)
         if args.ray:
-            from app.offline.ray_accuracy import RayAccuracy
-            from app.offline.ray_cluster import ray_session
-            from app.offline.ray_extract import FrontEndSpec
+            from app.offline.ray.accuracy import RayAccuracy
+            from app.offline.ray.cluster import ray_session
+            from app.offline.ray.extract import FrontEndSpec
             with ray_session(args.ray) as ray:
                 job = RayAccuracy(FrontEndSpec(frontend.name), [str(e.path) for e in entries],
                                   ray_workers(ray, args.workers))

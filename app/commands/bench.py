@@ -1,8 +1,8 @@
 """`python main.py bench`: per-step latency and FLOPs of every variant against torch's recompute
-(app/offline/bench.py); `--gui` the live window (app/gui/bench.py); `--control` a control storm on a
-live stream (app/offline/bench_control.py); `--evaluate` evaluation speed; `--onnx` the exported
-step against the torch and fused steps (app/offline/bench_onnx.py); `--streams` many streams in one
-engine (app/offline/bench_streams.py)."""
+(app/offline/bench/steps.py); `--gui` the live window (app/gui/bench.py); `--control` a control storm on a
+live stream (app/offline/bench/control.py); `--evaluate` evaluation speed; `--onnx` the exported
+step against the torch and fused steps (app/offline/bench/onnx.py); `--streams` many streams in one
+engine (app/offline/bench/streams.py)."""
 from __future__ import annotations
 
 import sys
@@ -100,7 +100,7 @@ def soak_progress(seconds: float, rss: float, dropped: int) -> None:
 def run(args) -> int:
     def page(kind: str, data) -> None:
         if args.page:
-            from app.offline.bench_page import record
+            from app.offline.bench.page import record
             record(kind, data)
     if args.evaluate:
         from app.offline.evaluate_speed import evaluate_speed
@@ -121,24 +121,24 @@ def run(args) -> int:
         print_soak(r)
         page("soak", r)
     if args.control:
-        from app.offline.bench_control import control_storm, print_control
+        from app.offline.bench.control import control_storm, print_control
         r = control_storm(args.control, fe)
         print_control(r)
         page("control", r)
     if args.scale:
-        from app.offline.bench_scale import print_scale, scale
+        from app.offline.bench.scale import print_scale, scale
         r = scale(args.scale, fe)
         print_scale(r)
         page("scale", r)
     if args.onnx:
-        from app.offline.bench_onnx import onnx_bench, print_onnx
+        from app.offline.bench.onnx import onnx_bench, print_onnx
         r = onnx_bench(args.steps, args.budget, only=args.only)
         print_onnx(r)
         page("onnx", r)
     if args.streams:
         import torch
 
-        from app.offline.bench_streams import print_streams, step_bench, streams_bench, tensor_bench
+        from app.offline.bench.streams import print_streams, step_bench, streams_bench, tensor_bench
         if args.device == "cuda" and not torch.cuda.is_available():
             print("error: --device cuda: no CUDA device here", file=sys.stderr)
             return 1
@@ -150,13 +150,13 @@ def run(args) -> int:
         print_streams(r)
         page(f"streams-{args.device}", r)
     if args.serve:
-        from app.offline.bench_serve import print_serve, serve_bench
+        from app.offline.bench.serve import print_serve, serve_bench
         r = serve_bench(args.serve, args.serve_seconds, ray=args.ray)
         print_serve(r)
         page(f"serve-{args.serve}" + (f"-ray{args.ray}" if args.ray else ""), r)
     if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams or args.serve:
         return 0
-    from app.offline import bench
+    from app.offline.bench import steps as bench
     data = bench.run(args.windows, steps=args.steps, budget_s=args.budget,
                      out=args.out, threads=args.threads,
                      frontends=("musicnn", "vggish") if args.frontend == "all" else (args.frontend,),

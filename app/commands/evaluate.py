@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from app.offline.evaluate import EvaluateError, evaluate
-from audio.token_cache import TokenFileError
+from audio.tokens.cache import TokenFileError
 from models.checkpoint import CheckpointError
 
 from . import command

@@ -6,10 +6,10 @@ import sys
 from pathlib import Path
 
 from app.offline.extract import extract_gtzan
-from app.offline.ray_cluster import RayClusterError
+from app.offline.ray.cluster import RayClusterError
 from app.runtime.frontend_args import add_frontend_arguments
 from audio.errors import AudioError
-from audio.token_cache import convert_musicnn, save_tokens
+from audio.tokens.cache import convert_musicnn, save_tokens
 
 from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
@@ -68,8 +68,8 @@ def run(args) -> int:
             if not args.ray:
                 extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)
                 return 0
-            from app.offline.ray_cluster import ray_session
-            from app.offline.ray_extract import FrontEndSpec, RayJob
+            from app.offline.ray.cluster import ray_session
+            from app.offline.ray.extract import FrontEndSpec, RayJob
             spec = FrontEndSpec(frontend.name, args.vggish_weights, random_seed(args),
                                 not getattr(args, "recompute_frontend", False))
             with ray_session(args.ray) as ray:

@@ -53,11 +53,11 @@ def add_arguments(p) -> None:
 @command("sweep", "train and evaluate a grid of variants x blocks x windows x seeds; one report", add_arguments)
 def run(args) -> int:
     from app.offline.evaluate import EvaluateError, evaluate
-    from app.offline.ray_cluster import RayClusterError
+    from app.offline.ray.cluster import RayClusterError
     from app.offline.report import write_report
     from app.offline.sweep import SweepConfig, UntrustedWorkError, run_sweep
     from app.offline.train import TrainError
-    from audio.token_cache import TokenFileError
+    from audio.tokens.cache import TokenFileError
     from models.checkpoint import CheckpointError
     from models.sda import VARIANTS
     variants = tuple(v for v in args.variants.split(",") if v)

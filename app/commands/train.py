@@ -10,7 +10,7 @@ import torch
 from app.offline.train import TrainError, train
 from audio.checksums import file_sha256
 from audio.frontends import frontend_of_tokens
-from audio.token_cache import TokenFileError, load_tokens
+from audio.tokens.cache import TokenFileError, load_tokens
 from models.checkpoint import CheckpointError, checkpoint_bytes, load_checkpoint, save_checkpoint
 from models.sda import LANDMARK_MODES, VARIANTS
 from models.training import TrainConfig

@@ -88,7 +88,7 @@ def run_files(files, frontend, entries, log, parts: Path | None = None, ray=None
     """Per model and feeding, the final prediction of each file read (in file order), those files,
     and {file index: why} for the files skipped. ``parts``: a
     folder where each finished file's predictions are written atomically and found again by a
-    rerun; ``ray``: a RayAccuracy (app/offline/ray_accuracy.py) to stream the files in Ray workers."""
+    rerun; ``ray``: a RayAccuracy (app/offline/ray/accuracy.py) to stream the files in Ray workers."""
     from audio.files import atomic_write_json
     done: dict[int, dict] = {}
     if parts is not None:

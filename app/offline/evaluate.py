@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from audio.checksums import file_sha256
-from audio.token_cache import TokenSet, load_tokens
+from audio.tokens.cache import TokenSet, load_tokens
 from models.checkpoint import load_checkpoint
 from models.evaluation import Costs, measure_costs, regular_reference, stream_metrics
 from models.fused import default_fused

@@ -14,7 +14,7 @@ def evaluate_speed(sequences: int = 300, steps: int = 120) -> dict:
     from app.offline.evaluate import evaluate
     from app.offline.train import train
     from audio.gtzan import GENRES
-    from audio.token_cache import pack, save_tokens
+    from audio.tokens.cache import pack, save_tokens
     from models.checkpoint import save_checkpoint
     from models.training import TrainConfig
     from models.transformer import ModelConfig

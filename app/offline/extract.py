@@ -20,7 +20,7 @@ from audio import melspec
 from audio.errors import AudioFileError, printable
 from audio.gtzan import GENRES, discover
 from audio.files import atomic_write, atomic_write_json, atomic_write_text, own_folder
-from audio.token_cache import TokenFileError, pack, save_tokens
+from audio.tokens.cache import TokenFileError, pack, save_tokens
 
 from .progress import Progress
 
@@ -77,7 +77,7 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
     """Tokens of every GTZAN track under ``gtzan_dir`` into the token file ``out``. ``frontend``:
     a FrontEnd or a VGGish Embedder. VGGish: one token per 0.25 s hop; musicnn: the original
     implementation's grid (one taggram every 61 frames, as in the shared token files).
-    ``ray``: a RayJob (app/offline/ray_extract.py) to compute the tracks in Ray Data workers
+    ``ray``: a RayJob (app/offline/ray/extract.py) to compute the tracks in Ray Data workers
     instead of here; the token file is the same, bit for bit."""
     from audio.frontends import as_frontend, frontend_metadata
     frontend = as_frontend(frontend)

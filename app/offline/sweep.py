@@ -68,7 +68,7 @@ def run_trial(cfg: SweepConfig, point: GridPoint, log=lambda s: None) -> dict:
     from app.offline.train import train
     from audio.checksums import file_sha256
     from audio.frontends import frontend_of_tokens
-    from audio.token_cache import load_tokens
+    from audio.tokens.cache import load_tokens
     from models.checkpoint import load_checkpoint, save_checkpoint
     from models.training import TrainConfig
     from models.transformer import ModelConfig
@@ -109,7 +109,7 @@ def tune_trial(config: dict) -> None:
 def run_sweep(cfg: SweepConfig, *, ray_address: str | None = None, workers: int | None = None,
               log=lambda s: print(s, file=sys.stderr, flush=True)) -> list[Path]:
     """Every trial, then the checkpoints in grid order."""
-    from audio.token_cache import load_tokens
+    from audio.tokens.cache import load_tokens
 
     from .progress import Progress
     points = cfg.grid(load_tokens(cfg.tokens).X.shape[1])
@@ -147,7 +147,7 @@ def run_tune(cfg: SweepConfig, points: list[GridPoint], address: str, workers: i
     """The trials as Ray Tune trials, one CPU each; an interrupted run is restored."""
     from ray import tune
 
-    from .ray_cluster import ray_session
+    from .ray.cluster import ray_session
     storage = (Path(cfg.work) / "tune").resolve()
     with ray_session(address) as ray:
         slots = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))

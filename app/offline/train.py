@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from audio.gtzan import stratified_split
-from audio.token_cache import TokenSet
+from audio.tokens.cache import TokenSet
 from models.training import TrainConfig, fit, score
 from models.transformer import ModelConfig
 

@@ -31,7 +31,7 @@ import torch
 from audio.errors import FrontEndMismatchError
 from audio.frontends import FrontEnd, as_frontend
 from audio.gtzan import GENRES
-from audio.token_stream import TokenStream
+from audio.tokens.stream import TokenStream
 from models.fused import default_fused
 from models.interleaved import InterleavedStreams
 from models.landmarks import fit_fixed_landmarks

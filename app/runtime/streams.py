@@ -7,7 +7,7 @@ non-finite values: the others go on, and no stream's values depend on which othe
 batch. Each stream's records equal what ``Engine`` gives it alone, within float32 rounding
 (tests/app/test_streams.py). The front end is batched too: each stream's log-mel alone, then the
 network once for every stream of the hop (its continual caches in per-stream slots,
-audio/musicnn_batch.py).
+audio/musicnn/batch.py).
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 On CUDA a hop waits for the device once, when it copies every model's probabilities back; the

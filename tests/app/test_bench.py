@@ -2,7 +2,7 @@
 with the same FLOPs per step (one set of formulas, the same steps), ratios taken in one run."""
 import json
 
-from app.offline import bench
+from app.offline.bench import steps as bench
 
 
 def test_bench_only_rows_fused_and_torch_paths_count_the_same_flops(tmp_path):
@@ -31,7 +31,7 @@ def test_bench_only_rows_fused_and_torch_paths_count_the_same_flops(tmp_path):
 def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
     """`bench ... --page`: each run kind stored as JSON with its command, date and machine; the
     page is rendered from every stored run, a new run of a kind replacing its section."""
-    from app.offline import bench_page
+    from app.offline.bench import page as bench_page
     data = bench.run(windows=(12,), steps=10, budget_s=0.2, out=tmp_path / "b.md", only="SDA continual (")
     store, page = tmp_path / "runs", tmp_path / "benchmarks.md"
     bench_page.record("attention", data, ["bench", "--windows", "12", "--page"], store=store, page=page)
@@ -54,8 +54,8 @@ def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
 
 
 def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_path):
-    from app.offline import bench_page
-    from app.offline.bench_onnx import onnx_bench
+    from app.offline.bench import page as bench_page
+    from app.offline.bench.onnx import onnx_bench
     r = onnx_bench(steps=20, budget_s=0.2, only="musicnn-continual (")
     (row,) = r["rows"]
     assert row["model"] == "musicnn-continual (trained, n = 29)" and row["bytes"] > 1e6
@@ -73,7 +73,7 @@ def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_
 
 def test_paired_medians_time_each_function_in_alternating_blocks():
     import time
-    from app.offline.bench_timing import paired_medians
+    from app.offline.bench.timing import paired_medians
     calls = []
 
     def fast():

@@ -15,7 +15,7 @@ from app.cli import build_parser
 from app.runtime.engine import Engine, NonFiniteOutputError
 from audio.frontends import build_frontend
 from audio.sources import DemoSource
-from audio.token_cache import pack, save_tokens
+from audio.tokens.cache import pack, save_tokens
 from models.checkpoint import save_checkpoint
 
 

@@ -9,7 +9,7 @@ from tiny import tiny_model
 from app.runtime.engine import Engine
 from audio.gtzan import GENRES
 from audio.sources import DemoSource
-from audio.token_stream import TokenStream
+from audio.tokens.stream import TokenStream
 from audio.vggish import build_embedder
 
 

@@ -15,7 +15,7 @@ from app.runtime.lineup import ASSETS, shipped_checkpoints
 from audio.errors import FrontEndMismatchError
 from audio.frontends import MusicnnFrontEnd, build_frontend
 from audio.sources import DemoSource
-from audio.token_stream import TokenStream
+from audio.tokens.stream import TokenStream
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.interleaved import InterleavedStreams
 
@@ -127,7 +127,7 @@ def test_shipped_models_reach_their_recorded_accuracy_on_the_evaluation_tracks(s
     """Recomputed, not read back: each shipped model's batch forward on the shared musicnn
     evaluation tokens (290 tracks never used for training) gives the test accuracy its
     checkpoint records, and it is at least 75 %."""
-    from audio.token_cache import convert_musicnn
+    from audio.tokens.cache import convert_musicnn
     from models.training import score
     tokens = convert_musicnn(shared_data / "gtzan_musicnn_tokens")
     X, labels = torch.as_tensor(tokens.X), torch.as_tensor(tokens.labels)

@@ -225,13 +225,13 @@ def test_a_token_file_with_a_huge_label_and_no_genres_is_refused(tmp_path):
 
 
 def test_a_token_file_with_a_huge_declared_shape_is_refused_from_its_header(tmp_path):
-    from audio.token_cache import TokenFileError, load_tokens
+    from audio.tokens.cache import TokenFileError, load_tokens
     with pytest.raises(TokenFileError, match=r"declares shape \(1048576, 1024, 1024\) of float32"):
         load_tokens(H.token_file_huge_shape(tmp_path / "t.npz"))
 
 
 def test_token_file_headers_bound_text_and_class_counts(tmp_path):
-    from audio.token_cache import TokenFileError, load_tokens
+    from audio.tokens.cache import TokenFileError, load_tokens
     X = np.zeros((2, 3, 4), np.float32)
     np.savez(tmp_path / "ids.npz", X=X, labels=np.zeros(2, int), ids=np.array(["a" * 5000, "b"]))
     with pytest.raises(TokenFileError, match="ids holds text of up to 5,000 characters"):
@@ -278,7 +278,7 @@ def test_extract_skips_hostile_tracks_with_their_reasons_and_keeps_the_rest(tmp_
     assert rc == 0 and "Traceback" not in err, err
     skipped = [line for line in err.splitlines() if line.strip().startswith("skipped blues/")]
     assert len(skipped) == 3 and "\\xff" in skipped[0], err
-    from audio.token_cache import load_tokens
+    from audio.tokens.cache import load_tokens
     tokens = load_tokens(tmp_path / "t.npz")
     assert list(tokens.ids) == ["blues/blues.00000.wav"] and len(tokens.metadata["skipped"]) == 3
 

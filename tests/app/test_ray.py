@@ -21,9 +21,9 @@ ray = pytest.importorskip("ray")
 
 from app.cli import main  # noqa: E402
 from app.offline.extract import extract_gtzan  # noqa: E402
-from app.offline.ray_cluster import ROOT, RayClusterError, ray_session  # noqa: E402
-from app.offline.ray_extract import FrontEndSpec, RayJob  # noqa: E402
-from audio.token_cache import convert_musicnn, save_tokens  # noqa: E402
+from app.offline.ray.cluster import ROOT, RayClusterError, ray_session  # noqa: E402
+from app.offline.ray.extract import FrontEndSpec, RayJob  # noqa: E402
+from audio.tokens.cache import convert_musicnn, save_tokens  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "data" / "gtzan_excerpts"
 GENRES = ("blues", "classical", "country", "disco", "hiphop", "jazz", "metal", "pop", "reggae", "rock")
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared data not f
 
 
 def runtime_env():
-    return {"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}}   # as app/offline/ray_cluster.py
+    return {"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}}   # as app/offline/ray/cluster.py
 
 
 @pytest.fixture(scope="class")

@@ -10,7 +10,7 @@ from app.cli import main
 from app.offline.evaluate import EvaluateError, evaluate
 from app.offline.train import MIN_PER_GENRE, TrainError, make_splits, train
 from audio.gtzan import GENRES
-from audio.token_cache import TokenSet, convert_musicnn, load_tokens, pack, save_tokens
+from audio.tokens.cache import TokenSet, convert_musicnn, load_tokens, pack, save_tokens
 from models.checkpoint import load_checkpoint, save_checkpoint
 from models.training import TrainConfig
 from models.transformer import ModelConfig

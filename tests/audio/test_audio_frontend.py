@@ -6,7 +6,7 @@ import torch
 from audio.melspec import HOP, PAD, StreamingLogMel, log_mel_frames, num_tokens, offline_patches
 from audio.decoding import decode_file
 from audio.sources import FileSource
-from audio.token_stream import TokenStream
+from audio.tokens.stream import TokenStream
 from audio.tokens import tokens_for_file, tokens_for_signal
 from audio.vggish import build_embedder
 from audio_helpers import tone, write

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from audio import musicnn, musicnn_mel
+from audio import musicnn
+from audio.musicnn import mel as musicnn_mel
 from audio.errors import MusicnnWeightsError
-from audio.musicnn_stream import MusicnnStream
+from audio.musicnn.stream import MusicnnStream
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -216,7 +217,7 @@ def test_extract_musicnn_rebuilds_the_token_files_grid(shared_tokens, shared_dat
     import subprocess
     import sys
 
-    from audio.token_cache import load_tokens
+    from audio.tokens.cache import load_tokens
     folder = tmp_path / "gtzan"
     folder.mkdir()
     chosen = matched_excerpts(shared_data, shared_tokens)[::14]                  # 3 genres

@@ -42,7 +42,7 @@ def test_audio_time_is_the_streams_own_when_hops_are_dropped(tmp_path):
     overrun); each token's audio time counts them, so the last one is the file's length."""
     import time
     from audio.frontends import build_frontend
-    from audio.token_stream import TokenStream
+    from audio.tokens.stream import TokenStream
     path = write(tmp_path / "t.wav", tone(3.0, 16000), 16000)
     source = FileSource(path, realtime=True)
     times = []

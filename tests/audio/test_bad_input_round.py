@@ -14,7 +14,7 @@ from app.offline.extract import extract_gtzan
 from audio.decoding import probe
 from audio.errors import AudioFileError
 from audio.gtzan import GENRES
-from audio.token_cache import TokenFileError, load_tokens, pack, save_tokens
+from audio.tokens.cache import TokenFileError, load_tokens, pack, save_tokens
 from audio.vggish import build_embedder
 from audio_helpers import tone
 from test_gtzan_data import interrupt_extraction, make_gtzan

@@ -6,7 +6,7 @@ import pytest
 
 from app.offline.extract import extract_gtzan
 from audio.gtzan import GENRES, GTZANError, discover, stratified_split
-from audio.token_cache import TokenFileError, TokenSet, convert_musicnn, load_tokens, pack, save_tokens
+from audio.tokens.cache import TokenFileError, TokenSet, convert_musicnn, load_tokens, pack, save_tokens
 from audio.vggish import build_embedder
 from audio_helpers import tone
 

@@ -1,4 +1,4 @@
-"""The batched continual musicnn front end (audio/musicnn_batch.py): every stream's taggram, at
+"""The batched continual musicnn front end (audio/musicnn/batch.py): every stream's taggram, at
 every hop, equals the original network's in float64 on that stream's own 187 frames, whatever
 else is in the batch, whenever the stream joined, whatever number of frames each hop brings;
 its multiply-accumulates are MusicnnStream's for the same hop; a hop that brings no frame costs
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from audio import musicnn
-from audio.musicnn_batch import MusicnnBatch
-from audio.musicnn_stream import MusicnnStream
+from audio.musicnn.batch import MusicnnBatch
+from audio.musicnn.stream import MusicnnStream
 from error_model import EPS32
 
 # Error model (tests/error_model.py): the float32 taggram and the float64 network differ by the

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .frontends import as_frontend
-from .melspec import HOP, SAMPLE_RATE
+from ..frontends import as_frontend
+from ..melspec import HOP, SAMPLE_RATE
 
 
 @dataclass

@@ -33,7 +33,7 @@ from app.serve.client import timed_clients
 from audio.melspec import HOP_SECONDS
 
 GOAL_P95_MS = 150.0
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def audio_for(clients: int, seconds: float) -> tuple[list[list[np.ndarray]], str]:

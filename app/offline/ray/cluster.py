@@ -13,7 +13,7 @@ import contextlib
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOCAL = "local"                      # what a bare --ray means
 
 

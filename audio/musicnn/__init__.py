@@ -1,7 +1,7 @@
 """musicnn (Pons & Serra, 2019) in torch: the MSD- or MTT-trained music tagger whose weights ship
 with the PyPI package ``musicnn`` 0.1.0, read without TensorFlow.
 
-Input: a patch of 187 log-mel frames x 96 bands (audio/musicnn_mel.py). Network, as the
+Input: a patch of 187 log-mel frames x 96 bands (audio/musicnn/mel.py). Network, as the
 package's ``models.py`` defines it (TF layout: time is the height axis):
 
   input batch norm (one scalar pair)
@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .assets import assets_dir
-from .errors import MusicnnWeightsError
+from ..assets import assets_dir
+from ..errors import MusicnnWeightsError
 
 WEIGHTS_DIR = assets_dir() / "musicnn"
 MODELS = ("MSD_musicnn",)
@@ -93,7 +93,7 @@ def _max_bn_relu(z: Tensor, bn: BatchNorm, dim: int, channel_dim: int = -1) -> T
 
 class Musicnn(nn.Module):
     """(B, 187, 96) log-mel -> (B, 50) tag probabilities. Split into stages so that the
-    continual front end (audio/musicnn_stream.py) can cache per-frame results."""
+    continual front end (audio/musicnn/stream.py) can cache per-frame results."""
 
     def __init__(self):
         super().__init__()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ray_extract import FrontEndSpec
+from .extract import FrontEndSpec
 
 
 class FilePredictions:

@@ -1,5 +1,5 @@
 """Audio -> tokens: VGGish offline for whole files (batched); streamed one hop at a time, any
-front end, in audio/token_stream.py.
+front end, in audio/tokens/stream.py.
 
 Both give identical tokens for the same audio (tested): token t is VGGish applied to the log-mel
 patch of the 0.96 s that ends at (t+1) * 0.25 s (see audio/melspec.py).
@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .melspec import offline_patches
-from .decoding import SourceStats, decode_file
-from .vggish import Embedder
+from ..melspec import offline_patches
+from ..decoding import SourceStats, decode_file
+from ..vggish import Embedder
 
 
 def tokens_for_file(path: str | Path, embedder: Embedder, batch_size: int = 64) -> tuple[torch.Tensor, dict]:

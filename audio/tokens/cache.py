@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AudioError
-from .files import atomic_write
+from ..errors import AudioError
+from ..files import atomic_write
 
 KEYS = ("X", "lengths", "labels", "ids", "genres", "split", "metadata")
 MAX_BYTES = 2 << 30         # every array of a token file, as declared (GTZAN's VGGish tokens: 61 MB)
@@ -223,7 +223,7 @@ def pack(sequences: list[np.ndarray], labels, ids, genres, split=None, metadata=
 def convert_musicnn(folder: str | Path) -> TokenSet:
     """The musicnn GTZAN taggrams (training_*.npz / evaluation_*.npz: frames X (F, 50), Y, IDS)
     grouped by track into sequences; their own split becomes 'train' / 'test'."""
-    from .gtzan import GENRES
+    from ..gtzan import GENRES
 
     folder = Path(folder)
     parts = {"train": sorted(folder.glob("training_*.npz")), "test": sorted(folder.glob("evaluation_*.npz"))}

@@ -13,7 +13,7 @@ from models.sda import streaming_sda
 from models.training import with_config
 from models.transformer import ModelConfig, build_model
 
-from .bench_timing import Row, paired_medians, time_steps, warm
+from .timing import Row, paired_medians, time_steps, warm
 
 SDA_CASES = [("regular", None), ("continual", None), ("nystrom", "segment"),
              ("continual_nystrom", "continual"), ("continual_nystrom", "fixed")]

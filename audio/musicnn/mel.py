@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import AudioFileError, MusicnnWeightsError
+from ..errors import AudioFileError, MusicnnWeightsError
 
 SAMPLE_RATE = 16000
 N_FFT = 512

@@ -1,7 +1,7 @@
 """The continual musicnn front end for many streams: C slots of ``MusicnnStream``'s caches stacked
 into tensors, and one ``push`` computing the new frames of every stream given at once.
 
-The arithmetic is MusicnnStream's (audio/musicnn_stream.py), per stream: interior timbral rows
+The arithmetic is MusicnnStream's (audio/musicnn/stream.py), per stream: interior timbral rows
 cached, edge rows recomputed, temporal pre-activations kept per patch row and updated by the
 frames that leave and arrive. What changes is the layout:
 
@@ -28,9 +28,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .musicnn import (BANDS, float32, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, Musicnn,
+from . import (BANDS, float32, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, Musicnn,
                       head_macs, same_padding, timbral_macs_per_frame)
-from .musicnn_stream import MusicnnStream, toeplitz_taps
+from .stream import MusicnnStream, toeplitz_taps
 
 P, EDGE = PATCH_FRAMES, 3
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408

@@ -17,8 +17,8 @@ from audio.files import atomic_write_json, atomic_write_text
 from models import flops as F
 from models.paper import PAPER_TABLE_II
 
-from .bench_attention import bench_models, bench_sda, bench_stability, matmul_peak, peak_for
-from .bench_timing import Row, time_steps, warm
+from .attention import bench_models, bench_sda, bench_stability, matmul_peak, peak_for
+from .timing import Row, time_steps, warm
 
 
 def bench_frontend(steps: int, budget: float) -> list[Row]:
@@ -67,8 +67,8 @@ def bench_musicnn(steps: int, budget: float) -> list[Row]:
     measured in the same run, and the continual front end's real-time factor. The two network
     paths are checked equal on the timed hops."""
     from audio.musicnn import build_musicnn
-    from audio.musicnn_mel import StreamingMel
-    from audio.musicnn_stream import MusicnnStream
+    from audio.musicnn.mel import StreamingMel
+    from audio.musicnn.stream import MusicnnStream
     from audio.sources import DemoSource
 
     hops = [h for _, h in zip(range(64), DemoSource(seed=0))]
@@ -117,11 +117,11 @@ def first_token_seconds() -> float:
     import subprocess
     import sys
     code = ("import time; from audio.frontends import build_frontend; from audio.sources import DemoSource;"
-            "from audio.token_stream import TokenStream; e = build_frontend('musicnn');"
+            "from audio.tokens.stream import TokenStream; e = build_frontend('musicnn');"
             "t0 = time.perf_counter(); next(iter(TokenStream(DemoSource(realtime=True), e)));"
             "print(time.perf_counter() - t0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=str(Path(__file__).resolve().parents[2]))
+                         cwd=str(Path(__file__).resolve().parents[3]))
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -136,7 +136,7 @@ def format_table(rows: list[Row]) -> str:
     by_name = {(r.n, r.what): r.median_us for r in rows}
     for r in rows:
         speed = fused = ""
-        if "vs_recompute" in r.extra:                 # paired, see bench_attention.bench_models
+        if "vs_recompute" in r.extra:                 # paired, see attention.bench_models
             speed = f"{r.extra['vs_recompute']:.1f}x"
         if "vs_torch_path" in r.extra:
             fused = f"{r.extra['vs_torch_path']:.1f}x"

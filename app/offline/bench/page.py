@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STORE = ROOT / "docs" / "benchmarks"
 PAGE = ROOT / "docs" / "benchmarks.md"
 
@@ -26,8 +26,8 @@ def speed_index_ms() -> float:
     """Median ms of torch's 1-layer encoder step at n = 120 on one torch thread, timed in a fresh
     process (nothing a benchmark left running in this one takes part): the machine's speed index."""
     code = ("import torch; torch.set_num_threads(1)\n"
-            "from app.offline.bench_attention import torch_encoder\n"
-            "from app.offline.bench_timing import time_steps\n"
+            "from app.offline.bench.attention import torch_encoder\n"
+            "from app.offline.bench.timing import time_steps\n"
             "print(time_steps(torch_encoder(120, 1), 400, 2.0)[0] / 1e3)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
@@ -105,7 +105,7 @@ as slow.
 
 
 def attention_body(runs: dict) -> str:
-    from .bench import attention_markdown
+    from .steps import attention_markdown
     e = runs["attention"]
     return provenance(e) + "\n\n" + attention_markdown(e["data"]) + "\n"
 
@@ -167,7 +167,7 @@ def control_body(runs: dict) -> str:
 
 
 def scale_body(runs: dict) -> str:
-    from .bench_scale import scale_table
+    from .scale import scale_table
     e = runs["scale"]
     r = e["data"]
     lines = [provenance(e), "", f"{r['tracks']} tracks, {r['frontend']}, {r['cpus']} CPUs; starting the local "
@@ -185,7 +185,7 @@ def evaluate_body(runs: dict) -> str:
 
 
 def onnx_body(runs: dict) -> str:
-    from .bench_onnx import onnx_table
+    from .onnx import onnx_table
     e = runs["onnx"]
     rows = e["data"]["rows"]
 
@@ -216,7 +216,7 @@ def onnx_body(runs: dict) -> str:
 
 
 def streams_body(runs: dict) -> str:
-    from .bench_streams import step_table, streams_table, streams_why, tensor_table
+    from .streams import step_table, streams_table, streams_why, tensor_table
     out = []
     for kind, e in runs.items():
         r = e["data"]
@@ -243,7 +243,7 @@ def ray_line(x: dict, goal: float) -> str:
 
 
 def serve_body(runs: dict) -> str:
-    from .bench_serve import GOAL_P95_MS, serve_table
+    from .serve import GOAL_P95_MS, serve_table
     out = []
     for kind, e in sorted(runs.items(), key=lambda kv: kv[1]["data"]["clients"]):
         r = e["data"]
@@ -298,7 +298,7 @@ SECTIONS = [
     ("Many streams in one engine", ["streams-cpu", "streams-cuda"],
      "`bench --streams [--device cpu|cuda]`: S demo streams (seeds 0..S-1) in one engine, S = 1, 2, 4, ... "
      "until the p95 hop passes half a hop (125 ms). A hop: every stream's audio and log-mel, the musicnn "
-     "network once for all streams (audio/musicnn_batch.py, each stream's continual caches in a slot), "
+     "network once for all streams (audio/musicnn/batch.py, each stream's continual caches in a slot), "
      "then each of the five shipped models stepped once for all streams (models/stream/batch.py). FLOPs per stream-hop: the front end's and the five models' "
      "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
      "the CPU, 2 x 8192^3 on CUDA). The capacity is the largest S whose p95 hop is at most 125 ms. Two more "

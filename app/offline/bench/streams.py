@@ -25,9 +25,9 @@ REAL_TIME_MS = 1e3 * HOP_SECONDS / 2          # p95 hop at most half a hop: 125 
 
 
 def device_peak(device: str) -> float:
-    """GFLOP/s of one float32 matrix product: 512^3 on the CPU (bench_attention.matmul_peak),
+    """GFLOP/s of one float32 matrix product: 512^3 on the CPU (attention.matmul_peak),
     8192^3 on CUDA (TF32 off, as the front end runs)."""
-    from .bench_attention import matmul_peak
+    from .attention import matmul_peak
     if device != "cuda":
         return matmul_peak(2 * 512 ** 3)
     a = 8192
@@ -98,7 +98,7 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int = 3, max_streams
 
     from app.runtime.lineup import default_lineup
     from audio.frontends import build_frontend
-    from audio.musicnn_batch import MusicnnBatch
+    from audio.musicnn.batch import MusicnnBatch
     from models.stream.batch import StreamBatch
 
     frontend = build_frontend("musicnn", device=device)

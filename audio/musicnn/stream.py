@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from .musicnn import (BANDS, float32, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, Musicnn, head_macs,
+from . import (BANDS, float32, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, Musicnn, head_macs,
                       patch_macs, same_padding, timbral_macs_per_frame)
 
 

@@ -14,10 +14,10 @@ from app.runtime.onnx_step import OnnxStep
 from models.checkpoint import load_checkpoint
 from audio.assets import assets_dir
 from models.landmarks import fit_fixed_landmarks
-from .onnx_export import export_onnx
+from ..onnx_export import export_onnx
 from models.transformer import ModelConfig, build_model
 
-from .bench_timing import time_steps
+from .timing import time_steps
 
 ASSETS = assets_dir() / "models"
 SHIPPED = ("musicnn-continual", "musicnn-continual_nystrom", "musicnn-continual_nystrom-fixed")

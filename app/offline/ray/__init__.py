@@ -1,0 +1,1 @@
+"""Offline work on Ray: the cluster session, and Ray Data jobs for `extract` and `accuracy`."""
