@@ -29,7 +29,6 @@ import numpy as np
 
 from app.runtime.memory import rss_mb
 from app.runtime.records import percentile
-from app.serve.client import timed_clients
 from audio.melspec import HOP_SECONDS
 
 GOAL_P95_MS = 150.0
@@ -89,6 +88,7 @@ def free_port() -> int:
 def run_server(audio, clients: int, ray: int | None) -> tuple[list[dict], dict]:
     """The real `serve` (``ray``: `serve --ray local --replicas K`, streams split over them) in its
     own process and the clients here; their results and the server tree's CPU and memory."""
+    from app.serve.client import timed_clients         # (websockets: not needed to render the page)
     command = [sys.executable, str(ROOT / "main.py"), "serve", "--max-streams", str(-(-clients // (ray or 1)))]
     command += ["--ray", "local", "--replicas", str(ray), "--port", str(free_port())] if ray else ["--port", "0"]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)

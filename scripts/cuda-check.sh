@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On a machine with a CUDA GPU and torch: the CUDA tests (they skip elsewhere), then the CUDA
+# benchmark (`bench --streams --device cuda --page`: docs/benchmarks/streams-cuda.json and the page).
+# A bare GPU image without librosa, soundfile or soxr takes their wheels from .whl/ (git-ignored),
+# fetched beforehand on a machine with PyPI, for that machine's Python (here 3.12):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#     --platform manylinux2014_x86_64 -d .whl librosa==0.11.0 soxr soundfile audioread pooch decorator \
+#     cffi pycparser platformdirs
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/nystream-site .whl/*.whl
+    export PYTHONPATH=/tmp/nystream-site
+fi
+python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device here')"
+python3 -m pytest -q -p no:cacheprovider -k cuda \
+    tests/models/test_stream_batch.py tests/audio/test_musicnn_batch.py tests/app/test_streams.py
+python3 main.py bench --streams --device cuda --page
