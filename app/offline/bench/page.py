@@ -311,8 +311,8 @@ SECTIONS = [
      "(the shared GTZAN excerpts) in real time, one 0.25 s hop per message. Latency: from a hop's last "
      "sample sent to its record received. Server CPU (cores, /proc) and resident memory per stream. "
      "The clients run on the same cores as the server. With `--ray K`, the same clients and audio "
-     "then against `serve --ray local --replicas K`, a fresh local Ray with the streams split over K "
-     "replicas; CPU and memory are summed over the server's process tree.",
+     "then against `serve --ray local --replicas K`, a fresh local Ray with the streams spread over K "
+     "replicas by Ray Serve's router (each may take every client); CPU and memory are summed over the server's process tree.",
      serve_body),
     ("Evaluation speed", ["evaluate"],
      "`bench --evaluate`: `evaluate` on 300 synthetic sequences x 120 steps x 6 checkpoints.",
