@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -21,10 +22,11 @@ from app.runtime.verdict import Verdict, verdict_table
 
 from audio.melspec import HOP_SECONDS
 
-from .protocol import GOING_AWAY, NORMAL
+from .protocol import GOING_AWAY, NORMAL, TRY_LATER
 
 HELLO = json.dumps({"sample_rate": 16000, "channels": 1, "format": "f32le"})
 RECONNECTS = 3
+FULL_TRIES, FULL_WAIT_S = 10, 2.0       # a full server (1013): ask again, for up to 20 s
 
 
 class ListenError(Exception):
@@ -90,8 +92,9 @@ def send_all(ws, hops: Hops, stop: threading.Event, failed: list) -> None:
 
 
 def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str:
-    """One connection: "done" after the verdict and a normal close, "dropped" if it broke first;
-    ListenError when the server refused or closed the stream with an error."""
+    """One connection: "done" after the verdict and a normal close, "dropped" if it broke first,
+    "full" if the server had no free stream (1013, before any audio); ListenError when the server
+    refused or closed the stream with an error."""
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
         ws = connect(url, additional_headers=headers, open_timeout=30, max_size=1 << 22)
@@ -100,7 +103,7 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
                           + (" (a missing or wrong token)" if e.response.status_code in (401, 403) else "")) from None
     except (OSError, TimeoutError) as e:
         raise ListenError(f"cannot connect to {url}: {e}") from None
-    stop, verdict, failed = threading.Event(), None, []
+    stop, verdict, failed, sender = threading.Event(), None, [], None
     with ws:
         ws.send(HELLO)
         try:
@@ -123,20 +126,35 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
         raise failed[0]
     if verdict is not None and code in (NORMAL, GOING_AWAY):
         return "done"
+    if code == TRY_LATER and sender is None:
+        return "full"
     if code in (1006, 1011, 1012) and not hops.done:
         return "dropped"
     raise ListenError(f"the server closed the stream: {code} {reason or '(no reason)'}")
 
 
 def listen(url: str, source, token: str | None, printer: Printer) -> int:
-    hops = Hops(source)
-    for attempt in range(RECONNECTS + 1):
-        if one_stream(url, token, hops, printer) == "done":
+    """Stream ``source`` to its verdict: a dropped connection is resumed as a fresh stream (up to
+    RECONNECTS times), a full server (1013; on Ray Serve, a full replica while another may have
+    room) is asked again every FULL_WAIT_S seconds (up to FULL_TRIES times), each said in one line."""
+    hops, dropped, full = Hops(source), 0, 0
+    while True:
+        outcome = one_stream(url, token, hops, printer)
+        if outcome == "done":
             return 0
-        if attempt < RECONNECTS:
-            print(f"# the connection dropped after {hops.sent * 0.25:.2f} s of audio; "
-                  f"reconnecting: a fresh stream from there", file=sys.stderr, flush=True)
-    raise ListenError(f"the connection dropped {RECONNECTS + 1} times")
+        if outcome == "full":
+            full += 1
+            if full == FULL_TRIES:
+                raise ListenError(f"the server stayed full (1013) for {FULL_TRIES} tries, "
+                                  f"{FULL_TRIES * FULL_WAIT_S:g} s")
+            print(f"# the server is full (1013); asking again in {FULL_WAIT_S:g} s", file=sys.stderr, flush=True)
+            time.sleep(FULL_WAIT_S)
+            continue
+        dropped += 1
+        if dropped > RECONNECTS:
+            raise ListenError(f"the connection dropped {RECONNECTS + 1} times")
+        print(f"# the connection dropped after {hops.sent * 0.25:.2f} s of audio; "
+              f"reconnecting: a fresh stream from there", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- bench --serve
@@ -146,7 +164,6 @@ async def timed_client(url: str, hops: list, start: float) -> dict:
     timing each record from that send: {"latencies" (ms), "records", "verdict", "close",
     "probabilities" (step -> each model's)}."""
     import asyncio
-    import time
 
     from websockets.asyncio.client import connect as connect_async
     sent: dict[int, float] = {}
@@ -178,7 +195,6 @@ async def timed_client(url: str, hops: list, start: float) -> dict:
 async def timed_clients(url: str, audio: list[list]) -> list[dict]:
     """Every client of ``audio`` (its hops) at once, their starts spread over one hop."""
     import asyncio
-    import time
     t0 = time.monotonic() + 0.5
     return await asyncio.gather(*(timed_client(url, hops, t0 + i * HOP_SECONDS / len(audio))
                                   for i, hops in enumerate(audio)))

@@ -1,7 +1,9 @@
 """`serve --ray [ADDRESS] --replicas K`: the same ASGI app (app/serve/service.py) as a Ray Serve
 ingress deployment of K replicas, each building its own hub (one batched engine) where it runs.
 
-- A WebSocket connection goes through Ray Serve's proxy to one replica for its whole life.
+- A WebSocket connection goes through Ray Serve's proxy to one replica for its whole life. The
+  router picks by its view of the replicas' ongoing requests, not always evenly: a full replica
+  answers 1013 while another may have room, and `listen` asks again.
 - The code and the shipped assets reach every node through the job's runtime environment
   (``working_dir``: this project's files, minus what .gitignore and EXCLUDES leave out), not
   through a shared checkout path.

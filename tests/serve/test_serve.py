@@ -158,6 +158,25 @@ def test_listen_resumes_a_dropped_stream_as_a_fresh_one(files, capsys, monkeypat
     assert len({id(c) for c in fed}) == 2                                       # two connections
 
 
+def test_listen_waits_for_a_full_server(files, capsys, monkeypatch):
+    """A server with one stream, held by another client for 3 s: listen hears 1013, says so in one
+    line, asks again and streams to its verdict once the slot is free."""
+    import app.serve.client as client_module
+    monkeypatch.setattr(client_module, "FULL_WAIT_S", 0.5)
+    checkpoints, songs = files
+    with server(checkpoints, capacity=1) as (url, app):
+        with client(url) as holder:
+            holder.send(json.dumps(HELLO))
+            holder.recv(timeout=20)
+            threading.Timer(3.0, holder.close).start()              # frees the slot in 3 s
+            token = songs["a"].parent / "token"
+            token.write_text(TOKEN + "\n")
+            assert main(["listen", url, str(songs["a"]), "--fast", "--jsonl", "--token-file", str(token)]) == 0
+    out = capsys.readouterr()
+    assert "# the server is full (1013); asking again in 0.5 s" in out.err
+    assert "# verdict over ws:" in out.err and [json.loads(x)["step"] for x in out.out.splitlines()][0] == 0
+
+
 def test_a_flooding_client_is_read_at_the_rate_limit(files):
     """Limits(speed=1, burst 1 s): a client sending audio as fast as it can is read at most one
     second plus real time (plus the message in hand); the rest waits in its own socket."""
