@@ -8,6 +8,11 @@ call of ``torch.func.vmap`` over the graph steps every stream given. The graph's
 (``masked=True``: both branches, a per-stream select), never Python branches: a step has no
 host synchronisation, and a stream's event changes no other stream's values.
 
+What a continual-landmark step does is known from its position alone (warm-up for t < n; a
+landmark replaced when (t + 1) mod n ends a segment; else steady: graph_landmarks.landmark_event),
+so the streams of a step are grouped by it and each group's graph computes only its own branch
+(``ContinualNystromGraph.known``): a steady step skips the rebuild and the pseudo-inverse.
+
 Recomputing variants (regular, nystrom): a slot holds the stream's last n tokens (a ring); a
 step recomputes each stream's window with the model's batch forward, one call per window length
 (streams in warm-up have fewer than n tokens; past it, one call for all).
@@ -35,7 +40,10 @@ from torch import Tensor
 
 from .. import flops as F
 from .graph import EXPORTABLE
+from .graph_landmarks import ContinualNystromGraph, landmark_event
 from .two_block import stream_graph
+
+KNOWN = {0: None, 1: "steady", 2: "replace"}     # landmark_event's codes -> ContinualNystromGraph.known
 
 
 class SlotsFull(RuntimeError):
@@ -61,6 +69,7 @@ class StreamBatch:
             self.state = [torch.zeros((rows, *s.shape), dtype=s.dtype, device=device)
                           for s in self.graph.state_spec()]
             self.batched = torch.func.vmap(self.graph.forward)
+            self.landmark_graphs = [g for g in self.graph.modules() if isinstance(g, ContinualNystromGraph)]
         else:
             self.ring = torch.zeros(rows, self.cfg.window, self.cfg.in_dim, device=device)   # (C + 1, n, D)
         self.events = torch.zeros(0, 3, dtype=torch.int64)     # (S, 3) of the last step (continual)
@@ -72,7 +81,7 @@ class StreamBatch:
                     if self.continual else [self.cfg.window * self.cfg.in_dim * 4])
         self.slot_nbytes = sum(per_slot)
         self.graphs = device.type == "cuda" if graphs is None else graphs
-        self._captured: dict[int, _Captured] = {}
+        self._captured: dict[tuple, _Captured] = {}
 
     # ------------------------------------------------------------------ slots
     def join(self) -> int:
@@ -128,15 +137,36 @@ class StreamBatch:
         self.positions[slots] = t + 1
         self.stepped, self._events_host = t + 1, None
         tokens = tokens.to(self.device, non_blocking=True)
-        if self.graphs and (self.continual or t.min(initial=self.cfg.window) >= self.cfg.window):
-            return self._replay(slots, tokens)
-        index = torch.from_numpy(slots).to(self.device, non_blocking=True)
-        if self.continual:
-            logits, self.events = self._continual(index, tokens)
+        if not self.continual:
+            if self.graphs and t.min(initial=self.cfg.window) >= self.cfg.window:
+                return self._replay(slots, tokens, None)[0]
+            return self._recompute(self._dev(slots), tokens, t)
+        codes = (landmark_event(t, self.cfg.window, self.cfg.num_landmarks) if self.landmark_graphs
+                 else np.zeros(len(slots), np.int64))
+        kinds = np.unique(codes).tolist()
+        if len(kinds) == 1:
+            logits, self.events = self._known_step(slots, tokens, KNOWN[kinds[0]])
             return logits
-        return self._recompute(index, tokens, t)
+        logits = tokens.new_empty(len(slots), self.cfg.num_classes)
+        self.events = torch.empty(len(slots), 3, dtype=torch.int64, device=self.device)
+        for kind in kinds:                                   # streams grouped by what they do
+            rows = np.flatnonzero(codes == kind)
+            index = self._dev(rows)
+            logits[index], self.events[index] = self._known_step(slots[rows], tokens.index_select(0, index), KNOWN[kind])
+        return logits
 
-    def _continual(self, slots: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    def _dev(self, a: np.ndarray) -> Tensor:
+        return torch.from_numpy(a).to(self.device, non_blocking=True)
+
+    def _known_step(self, slots: np.ndarray, tokens: Tensor, known: str | None) -> tuple[Tensor, Tensor]:
+        """Streams whose step is ``known`` from their positions (graph_landmarks.ContinualNystromGraph.known)."""
+        if self.graphs:
+            return self._replay(slots, tokens, known)
+        return self._continual(self._dev(slots), tokens, known)
+
+    def _continual(self, slots: Tensor, tokens: Tensor, known: str | None = None) -> tuple[Tensor, Tensor]:
+        for graph in self.landmark_graphs:
+            graph.known = known
         state = [s.index_select(0, slots) for s in self.state]
         logits, t_next, events, *state = self.batched(tokens.unsqueeze(1), self.t.index_select(0, slots), *state)
         for whole, part in zip(self.state, state):
@@ -169,16 +199,15 @@ class StreamBatch:
         return self.model(window, start=first % period)
 
     # ------------------------------------------------------------------ CUDA graphs
-    def _replay(self, slots: np.ndarray, tokens: Tensor) -> Tensor:
+    def _replay(self, slots: np.ndarray, tokens: Tensor, known: str | None) -> tuple[Tensor, Tensor]:
         size = min(1 << (len(slots) - 1).bit_length(), 1 << (self.capacity - 1).bit_length())
-        captured = self._captured.get(size) or self._capture(size)
-        logits, self.events = captured.replay(slots, tokens, self.capacity)
-        return logits
+        captured = self._captured.get((size, known)) or self._capture(size, known)
+        return captured.replay(slots, tokens, self.capacity)
 
-    def _capture(self, size: int) -> "_Captured":
-        body = ((lambda s, x: self._continual(s, x)) if self.continual
+    def _capture(self, size: int, known: str | None) -> "_Captured":
+        body = ((lambda s, x: self._continual(s, x, known)) if self.continual
                 else (lambda s, x: (self._window(s, x, self.cfg.window), x.new_zeros(len(s), 3, dtype=torch.int64))))
-        self._captured[size] = captured = _Captured(body, size, self.cfg.in_dim, self.device, spare=self.capacity)
+        self._captured[size, known] = captured = _Captured(body, size, self.cfg.in_dim, self.device, spare=self.capacity)
         return captured
 
 

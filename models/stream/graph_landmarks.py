@@ -20,6 +20,12 @@ class ContinualNystromGraph(StreamGraph):
     every n/m steps (new pseudo-inverse, its row over the window)."""
 
     kind = "continual_nystrom/continual"
+    # What the caller (models/stream/batch.py) knows of this step for every stream it steps, from
+    # their positions alone: None, nothing (the events are selects or conds); "steady", past
+    # warm-up (t >= n: the m-th segment completed at t = n - 1) and no segment completes; "replace",
+    # past warm-up and a segment completes ((t + 1) mod n at a segment boundary, landmark_event).
+    # The branches not taken are then not computed.
+    known = None
 
     def __init__(self, model, block: int = 0):
         super().__init__(model, block)
@@ -91,7 +97,10 @@ class ContinualNystromGraph(StreamGraph):
         operands = (t, n_t, here, q, k, v, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
                     q_land, k_land, q_scaled, k_scaled_t, z64, done, completed)
         steady = warm & ~just_warm
-        out = branch(steady, self.steady, self.rebuilt, operands, self.masked)
+        if self.known is not None:
+            out = self.steady(*operands)
+        else:
+            out = branch(steady, self.steady, self.rebuilt, operands, self.masked)
         a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64, stale = out
         events = torch.stack([(~steady).to(torch.int64), (steady & done).to(torch.int64), stale])
         return (a, events, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak,
@@ -129,8 +138,11 @@ class ContinualNystromGraph(StreamGraph):
             v_ring, key_scores, ref, den, num, peak)
         operands = (n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
                     q_scaled, k_scaled_t, z64, completed)
-        key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64 = branch(
-            done, self.replace, self.unchanged, operands, self.masked)
+        if self.known is None:
+            replaced = branch(done, self.replace, self.unchanged, operands, self.masked)
+        else:
+            replaced = (self.replace if self.known == "replace" else self.unchanged)(*operands)
+        key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64 = replaced
         ref, den, num, peak, stale = refresh(self.slots < n_t, key_scores, v_ring, ref, den, num, peak,
                                              masked=self.masked)
         a = landmark_output(self, q, q_ring, k_scaled_t, z64, den, num)
@@ -154,3 +166,14 @@ class ContinualNystromGraph(StreamGraph):
     def unchanged(self, n_t, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land,
                   q_scaled, k_scaled_t, z64, completed):
         return dense(key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64)
+
+
+def landmark_event(t, n: int, m: int):
+    """What a continual-landmark step at positions t (an int array) does, from the positions
+    alone: 0 warm-up (t < n), 1 steady, 2 a segment completes and its landmark is replaced. The
+    tracker (ContinualNystromGraph.push) completes segment j of each n tokens when (t + 1) mod n
+    is the sum of the first j + 1 sizes (mod n)."""
+    import numpy as np
+    bounds = np.cumsum(segment_sizes(n, m)) % n
+    t = np.asarray(t)
+    return np.where(t < n, 0, np.where(np.isin((t + 1) % n, bounds), 2, 1))

@@ -12,6 +12,7 @@ import torch
 from error_model import model_scores, relative_tol
 from models.landmarks import fit_fixed_landmarks
 from models.stream.batch import SlotsFull, StreamBatch
+from models.stream.graph_landmarks import landmark_event
 from tiny import tiny_model
 
 STAGES = 6          # float32 stages chained in a block (as tests/app/test_onnx_export.py): embedding,
@@ -151,3 +152,27 @@ def test_a_steady_cuda_step_never_waits_for_the_device(variant, mode, layers):
             batch.step(slots[:size], x[:size])
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("n, m, layers", [(8, 2, 1), (7, 3, 1), (7, 3, 2)])
+def test_the_hosts_landmark_schedule_is_the_steps_own(n, m, layers):
+    """StreamBatch computes only the branch a continual-landmark step takes, told by the
+    positions alone (graph_landmarks.landmark_event): for streams joined at different hops, the
+    prediction equals the events the masked graph computes itself (a warm-up rebuild for t < n,
+    a landmark replaced when a segment completes), segments of unequal sizes included. (That the
+    logits then equal each stream's own float64 step is the first test's.)"""
+    model = tiny_model("continual_nystrom", n=n, in_dim=D, landmarks=m, layers=layers, seed=3).use_fused(False)
+    masked = StreamBatch(model, capacity=3)
+    masked.landmark_graphs = []                                        # every step masked: the oracle
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for hop in range(4 * n):
+        if hop in (0, 2, n + 1):
+            masked.join()
+        slots = list(range(masked.streams))
+        masked.step(slots, torch.rand(len(slots), D, generator=g))
+        code = landmark_event(masked.stepped - 1, n, m)
+        events = masked.events_host()
+        assert (events[:, 0] == (code == 0)).all() and (events[:, 1] == (code == 2)).all()
+        seen |= set(code.tolist())
+    assert seen == {0, 1, 2}
