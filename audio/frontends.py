@@ -89,13 +89,17 @@ class _Slots:
     def push(self, slots: list[int], hops: list[np.ndarray]) -> list[HopToken]:
         """One hop of each stream in ``slots``: its log-mel alone, the network for all at once;
         each token's ``network_ms`` is its share of the batched call. The tokens stay on the
-        network's device (on CUDA the call returns before the device is done)."""
+        network's device (on CUDA the call returns before the device is done; ``network_start``
+        is then a CUDA event recorded as the network began, for the caller's timing)."""
         mels, mel_ms = [], []
         for slot, hop in zip(slots, hops):
             t0 = time.perf_counter()
             mels.append(self.mels[slot].push(hop))
             mel_ms.append((time.perf_counter() - t0) * 1e3)
         t0 = time.perf_counter()
+        if torch.cuda.is_available():              # the network's start on the device's timeline
+            self.network_start = torch.cuda.Event(enable_timing=True)
+            self.network_start.record()
         tokens, flops = self.network(slots, mels)
         share = (time.perf_counter() - t0) * 1e3 / max(len(slots), 1)
         return [HopToken(tokens[i:i + 1], self.shown(mels[i]), mel_ms[i], share, flops[i])

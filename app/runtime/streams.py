@@ -122,7 +122,6 @@ class StreamsEngine:
             hops.append(hop)
         if not taken:
             return []
-        start = self._clock()
         tokens = self.frontend_batch.push([s.frontend_slot for s in taken], hops)
         marks = [self._clock()]
         taken = list(zip(taken, tokens))
@@ -133,7 +132,8 @@ class StreamsEngine:
             probabilities.append(torch.softmax(self.batches[name].step(slots, x).float(), dim=-1))
             marks.append(self._clock())
         host = torch.cat(probabilities, dim=1).cpu().numpy()         # the hop's one wait for the device
-        if self.device.type == "cuda":                                # the network's device time, shared
+        start = getattr(self.frontend_batch, "network_start", None)
+        if self.device.type == "cuda" and start is not None:         # the network's device time, shared
             share = self._ms(start, marks[0]) / len(taken)
             for t in tokens:
                 t.network_ms = share
