@@ -128,12 +128,11 @@ class MusicnnBatch:
         t = torch.from_numpy(np.ascontiguousarray(a))
         return t if self.device.type == "cpu" else t.pin_memory().to(self.device, non_blocking=True)
 
-    def _ring(self, idx: np.ndarray, first: int, count: int, start: np.ndarray | None = None) -> Tensor:
+    def _ring(self, idx: np.ndarray, first: int, count: int) -> Tensor:
         """(G * count,) flat indices (slot * P + ring row) of patch rows first .. first + count - 1
-        (cyclic) of slots idx, for ring starts ``start`` (default: the slots' own)."""
+        (cyclic) of slots idx."""
         s = np.asarray(idx)[:, None]
-        start = self.start[s] if start is None else np.asarray(start)[:, None]
-        return self._dev((s * P + (start + np.arange(first, first + count)[None]) % P).reshape(-1))
+        return self._dev((s * P + (self.start[s] + np.arange(first, first + count)[None]) % P).reshape(-1))
 
     def _timbral_rows(self, segments: list[Tensor]) -> list[Tensor]:
         """(G, L_i, 96) normalised segments (padding in place) -> [(G, L_i - 6, 408)]: both
