@@ -211,24 +211,22 @@ def streams_why(r: dict) -> str:
     return why
 
 
-def streams_table(r: dict) -> list[str]:
-    lines = ["| streams | hop median (ms) | hop p95 (ms) | MFLOPs per stream-hop | GFLOP/s | of matmul peak | resident (MB) |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for row in r["rows"]:
+def hop_table(rows: list[dict], peak: float, memory: str, key: str) -> list[str]:
+    lines = ["| streams | hop median (ms) | hop p95 (ms) | MFLOPs per stream-hop | GFLOP/s | of matmul peak | "
+             f"{memory} |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row in rows:
         lines.append(f"| {row['streams']} | {row['hop_ms_median']:.1f} | {row['hop_ms_p95']:.1f} | "
-                     f"{row['flops_per_stream_hop'] / 1e6:.1f} | {row['gflops']:.2f} | "
-                     f"{100 * row['gflops'] / r['peak_gflops']:.0f} % | {row['rss_mb']:.0f} |")
+                     f"{row['flops_per_stream_hop'] / 1e6:.1f} | {row['gflops']:.1f} | "
+                     f"{100 * row['gflops'] / peak:.0f} % | {row[key]:.1f} |")
     return lines
+
+
+def streams_table(r: dict) -> list[str]:
+    return hop_table(r["rows"], r["peak_gflops"], "resident (MB)", "rss_mb")
 
 
 def tensor_table(r: dict) -> list[str]:
-    lines = ["| streams | hop median (ms) | hop p95 (ms) | MFLOPs per stream-hop | GFLOP/s | of matmul peak | MB per stream |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for row in r["tensor"]["rows"]:
-        lines.append(f"| {row['streams']} | {row['hop_ms_median']:.1f} | {row['hop_ms_p95']:.1f} | "
-                     f"{row['flops_per_stream_hop'] / 1e6:.1f} | {row['gflops']:.1f} | "
-                     f"{100 * row['gflops'] / r['peak_gflops']:.0f} % | {row['mb_per_stream']:.1f} |")
-    return lines
+    return hop_table(r["tensor"]["rows"], r["peak_gflops"], "MB per stream", "mb_per_stream")
 
 
 def step_table(r: dict) -> list[str]:
