@@ -3,15 +3,14 @@ warm-up and events, so that streams join and leave at any step without touching 
 
 Continual variants: the slots hold the explicit state of the model's step graph
 (models/stream/, the graph the ONNX export writes) stacked along a slot axis, and one
-call of ``torch.func.vmap`` over the graph steps every stream given. The graph's rare events
-(a stale row recomputed, a continual landmark replaced, a warm-up rebuild) are masks here
-(``masked=True``: both branches, a per-stream select), never Python branches: a step has no
-host synchronisation, and a stream's event changes no other stream's values.
-
-What a continual-landmark step does is known from its position alone (warm-up for t < n; a
-landmark replaced when (t + 1) mod n ends a segment; else steady: graph_landmarks.landmark_event),
-so the streams of a step are grouped by it and each group's graph computes only its own branch
-(``ContinualNystromGraph.known``): a steady step skips the rebuild and the pseudo-inverse.
+call of ``torch.func.vmap`` over the graph steps every stream given. The graph's data-dependent
+events (a stale row recomputed) are masks here (``masked=True``: both branches, a per-stream
+select), never Python branches: a step has no host synchronisation, and a stream's event changes
+no other stream's values. The events known from a stream's position alone (a continual-landmark
+step's warm-up for t < n, its landmark replaced when (t + 1) mod n ends a segment, else steady:
+graph_landmarks.landmark_event) group the streams of a step instead, and each group's graph
+computes only its own branch (``ContinualNystromGraph.known``): a steady step skips the rebuild
+and the pseudo-inverse.
 
 Recomputing variants (regular, nystrom): a slot holds the stream's last n tokens (a ring); a
 step recomputes each stream's window with the model's batch forward, one call per window length
