@@ -67,10 +67,11 @@ class _Slots:
     """Per-slot log-mel state beside a batched network; a subclass says how one hop's mel
     states become the network's tokens."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, device):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.mels: list = [None] * capacity
+        self.device = torch.device(device)        # the network's
 
     def join(self) -> int:
         if None not in self.mels:
@@ -97,7 +98,7 @@ class _Slots:
             mels.append(self.mels[slot].push(hop))
             mel_ms.append((time.perf_counter() - t0) * 1e3)
         t0 = time.perf_counter()
-        if torch.cuda.is_available():              # the network's start on the device's timeline
+        if self.device.type == "cuda":             # the network's start on the device's timeline
             self.network_start = torch.cuda.Event(enable_timing=True)
             self.network_start.record()
         tokens, flops = self.network(slots, mels)
@@ -151,7 +152,7 @@ class _VGGishStream:
 
 class _VGGishSlots(_Slots):
     def __init__(self, embedder, capacity: int):
-        super().__init__(capacity)
+        super().__init__(capacity, embedder.device)
         self.embedder, self.flops = embedder, vggish_flops()
 
     def new_mel(self):
@@ -233,14 +234,14 @@ class _MusicnnSlots(_Slots):
     187-frame patch, the network run on all of them."""
 
     def __init__(self, net, continual: bool, capacity: int):
-        super().__init__(capacity)
+        super().__init__(capacity, net.input_bn.mean.device)
         self.net, self.continual = net, continual
         if continual:
             from .musicnn.batch import MusicnnBatch
             self.caches = MusicnnBatch(net, capacity)
         else:
             from .musicnn import PATCH_FRAMES, patch_macs
-            self.patches = torch.zeros(capacity, PATCH_FRAMES, musicnn_mel.BANDS, device=net.input_bn.mean.device)
+            self.patches = torch.zeros(capacity, PATCH_FRAMES, musicnn_mel.BANDS, device=self.device)
             self.macs = patch_macs()
 
     def new_mel(self):

@@ -10,8 +10,8 @@ frames that leave and arrive. What changes is the layout:
 * the streams of a hop are grouped by how many frames they bring (15 or 16 for 0.25 s hops):
   one group's timbral rows are one matrix product per branch, its temporal updates one product
   per branch with the streams side by side in the columns (the tap matrices depend on k only);
-* only the temporal rows a hop changed are reduced over frequency (a per-slot feature cache),
-  all slots' changed rows in one gather;
+* only the temporal rows a hop changed are reduced over frequency (a per-slot feature cache;
+  on CUDA all slots' changed rows in one gather, on the CPU by slices of each ring);
 * the mid-end and back-end run once for every stream of the hop;
 * no step waits for the device: ring indices come from host state (``start``) and reach the
   device by asynchronous copies, the hop's frames in one.
@@ -42,8 +42,8 @@ class MusicnnBatch:
 
     ``accumulate`` (the default) keeps the temporal pre-activations of every patch row
     (3 x 187 x 51 x 96 floats, 11 MB per slot) and updates them by the frames that leave and
-    arrive: the fewest multiply-accumulates. Without it only the features are kept (0.1 MB per
-    slot) and the k + K - 1 rows a hop changes are recomputed by one convolution per branch and
+    arrive: the fewest multiply-accumulates. Without it only the features are kept (0.5 MB per
+    slot with the patch and the timbral rows) and the k + K - 1 rows a hop changes are recomputed by one convolution per branch and
     end of the patch: 2.2x the temporal multiply-accumulates, no scattered adds, a twentieth of
     the memory (for many thousands of streams on one GPU; its speed there is not measured yet)."""
 

@@ -3,6 +3,7 @@ segment means, models/landmarks.py), for ONNX export; the shared parts are in
 models/stream/graph.py."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -173,7 +174,6 @@ def landmark_event(t, n: int, m: int):
     alone: 0 warm-up (t < n), 1 steady, 2 a segment completes and its landmark is replaced. The
     tracker (ContinualNystromGraph.push) completes segment j of each n tokens when (t + 1) mod n
     is the sum of the first j + 1 sizes (mod n)."""
-    import numpy as np
     bounds = np.cumsum(segment_sizes(n, m)) % n
     t = np.asarray(t)
     return np.where(t < n, 0, np.where(np.isin((t + 1) % n, bounds), 2, 1))

@@ -163,6 +163,7 @@ def test_listen_waits_for_a_full_server(files, capsys, monkeypatch):
     line, asks again and streams to its verdict once the slot is free."""
     import app.serve.client as client_module
     monkeypatch.setattr(client_module, "FULL_WAIT_S", 0.5)
+    monkeypatch.setattr(client_module, "FULL_TRIES", 60)                   # 30 s: slow hosts too
     checkpoints, songs = files
     with server(checkpoints, capacity=1) as (url, app):
         with client(url) as holder:

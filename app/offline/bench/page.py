@@ -303,7 +303,7 @@ SECTIONS = [
      "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
      "the CPU, 2 x 8192^3 on CUDA). The capacity is the largest S whose p95 hop is at most 125 ms. Two more "
      "tables say where a hop's time goes: its batched tensor work alone, and one stream's model step "
-     "(on CUDA: the eager step and the replayed CUDA graph that a step is).",
+     "(on CUDA: the batch's step for one stream, without and with its CUDA graph).",
      streams_body),
     ("Serving clients over WebSocket", [f"serve-{n}{ray}" for n in range(1, 1025) for ray in ("", "-ray2", "-ray4")],
      "`bench --serve N [--ray K]`: the real `serve` command (musicnn and the five shipped models) in its own "

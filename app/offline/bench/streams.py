@@ -8,7 +8,7 @@ largest S whose p95 hop is at most 125 ms.
 Two more measurements say where the hop's time goes: ``tensor_bench``, the hop's batched tensor
 work alone (the musicnn network's push of 15 or 16 log-mel frames per stream and each model's
 step, the probabilities copied back; no audio, log-mel or records), and ``step_bench``, one
-stream's model step per shipped model (on CUDA: eager and the replayed CUDA graph).
+stream's model step per shipped model (on CUDA: the batch's step for one stream, without and with its CUDA graph).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int = 4, max_stream
                 front += [r.frontend_flops for r in records]
         row = {"streams": streams, "hop_ms_median": statistics.median(times), "hop_ms_p95": percentile(times, 0.95),
                "flops_per_stream_hop": statistics.mean(flops), "frontend_flops_per_stream_hop": statistics.mean(front),
-               "rss_mb": rss_mb() - base, "device_mb": device_mb()}
+               "rss_mb": rss_mb() - base}
         row["gflops"] = row["flops_per_stream_hop"] * streams / (row["hop_ms_median"] * 1e6)
         rows.append(row)
         print(f"  {streams:6d} streams: hop median {row['hop_ms_median']:8.1f} ms, p95 {row['hop_ms_p95']:8.1f} ms, "
@@ -147,8 +147,9 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int = 3, max_streams
 
 def step_bench(device: str = "cpu", steps: int = 200) -> list[dict]:
     """One stream's model step per shipped model past warm-up, median microseconds: on the CPU
-    the model's own step (fused where it has one); on CUDA the eager step and the replayed graph
-    of a one-stream StreamBatch (the window's and `classify --cuda`'s path)."""
+    the model's own step (fused where it has one); on CUDA a one-stream StreamBatch (the step of
+    `classify FILE FILE --cuda` and `serve --device cuda`) without ("eager") and with its CUDA
+    graph. The window and single-file `classify --cuda` step the model itself."""
     from app.runtime.lineup import default_lineup
     from audio.frontends import build_frontend
     from models.stream.batch import StreamBatch
