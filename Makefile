@@ -27,8 +27,9 @@ TEST_STAMP := $(VENV)/.installed-test
 
 # Tests run in pytest-xdist workers, one per core (one torch thread each, tests/conftest.py); each
 # test is independent of the others (a JACK test runs its own JACK server, a Ray test class its own
-# Ray session in its worker).
-PYTEST := $(PY) -m pytest -q -n auto --dist load
+# Ray session); a module's tests run in one worker (loadfile), so that its module-scoped set-up is
+# made once.
+PYTEST := $(PY) -m pytest -q -n auto --dist loadfile
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)

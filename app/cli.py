@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from app.commands import load_all
-from app.runtime.faults import (exit_code, resource_message, restore, signal_name, stop_on_signals,
-                                stdout_gone, stop_received, take_held_signals)
+from app.runtime.faults import (exit_code, hold_signals, resource_message, restore, signal_name,
+                                stop_on_signals, stdout_gone, stop_received, take_held_signals)
 from app.runtime.memory import fixed_mmap_threshold
 from app.runtime.output_lock import OutputLocked
 
@@ -59,10 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     runs out (a full disk, a quota, a read-only folder) is one line naming it and its path (the
     command's ``--out`` where the error names none)."""
     fixed_mmap_threshold()             # flat memory over long streams (app/runtime/memory.py)
+    hold_signals()                     # (main.py holds them from its start)
     handlers, args = stop_on_signals(), None
     try:
-        take_held_signals()
-        parser = build_parser()
+        try:
+            parser = build_parser()    # the commands' modules: an extension module's init that a
+        finally:                       # signal interrupts can abort the process (torch's did)
+            take_held_signals()
         args = parser.parse_args(argv)
         if args.command is None:
             args = default_args(parser)

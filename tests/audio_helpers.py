@@ -19,3 +19,10 @@ def write(path: Path, data, rate: int, subtype: str | None = None) -> Path:
 def dominant_frequency(x: np.ndarray, rate: int = 16000) -> float:
     spectrum = np.abs(np.fft.rfft(x * np.hanning(len(x))))
     return float(np.fft.rfftfreq(len(x), 1 / rate)[spectrum.argmax()])
+
+
+def first_seconds(src: Path, folder: Path, seconds: float) -> Path:
+    """The first ``seconds`` of the 16-bit file ``src`` (a real excerpt, its samples unchanged) as
+    ``folder / src.name``: the same audio in a test that needs less of it."""
+    audio, rate = sf.read(src, dtype="int16")
+    return write(folder / src.name, audio[:int(seconds * rate)], rate, "PCM_16")

@@ -7,8 +7,10 @@ Markers, applied here so that they cannot be forgotten:
   display  opens a real X11 window under Xvfb
   gui      a Qt window (offscreen)
   slow     long property tests
-`make test` runs everything, in pytest-xdist workers; `make test-fast`
-deselects shared, jack, display, gui and slow.
+`make test` runs everything, in pytest-xdist workers, a module's tests in one worker (``--dist
+loadfile``: costly module-scoped set-up, a Ray session and its single-process reference or the
+ONNX exports, is made once); `make test-fast` deselects shared, jack, display, gui and slow.
+The longest modules are handed out first, so that no worker is left with one at the end.
 
 No assertion depends on the host's speed: timing mechanisms are checked with injected clocks or
 the source's own clock, and real-time outcomes (drops, delays) are measured by `bench`.
@@ -39,7 +41,14 @@ def shared_data():
     return SHARED
 
 
+# the longest modules, longest first, handed out before the others
+FIRST = ("test_ray.py", "test_gui.py", "test_onnx_export.py", "test_classify_cli.py", "test_audio_musicnn.py",
+         "test_train_evaluate.py", "test_serve_ray.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(Path(str(item.fspath)).name, len(FIRST)))   # stable
     for item in items:
         path = Path(str(item.fspath))
         if "shared_data" in getattr(item, "fixturenames", ()) or "shared_tokens" in getattr(item, "fixturenames", ()):

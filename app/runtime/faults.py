@@ -63,9 +63,14 @@ def stop_on_signals() -> dict:
     return {s: signal.signal(s, raise_stopped) for s in STOP_SIGNALS}
 
 
+def hold_signals() -> None:
+    """Block SIGINT and SIGTERM in this thread: they wait, pending, until ``take_held_signals``."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+
+
 def take_held_signals() -> None:
-    """Unblock SIGINT and SIGTERM (main.py holds them while the modules import): one that
-    arrived meanwhile raises Stopped here."""
+    """Unblock SIGINT and SIGTERM (held while the modules import: main.py, ``hold_signals``):
+    one that arrived meanwhile raises Stopped here."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
 
 
