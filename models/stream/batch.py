@@ -12,6 +12,12 @@ graph_landmarks.landmark_event) group the streams of a step instead, and each gr
 computes only its own branch (``ContinualNystromGraph.known``): a steady step skips the rebuild
 and the pseudo-inverse.
 
+On the CPU, a continual model with a compiled step (models/fused/: 1 block, or 2 blocks)
+steps each stream by that step instead, on a clone of the model per slot that shares its
+weights (``fused``, the default there): tens of microseconds a stream, where the vmapped
+graph's few hundred small operations cost milliseconds a call; each stream's logits are then
+its single-stream step's, bit for bit.
+
 Recomputing variants (regular, nystrom): a slot holds the stream's last n tokens (a ring); a
 step recomputes each stream's window with the model's batch forward, one call per window length
 (streams in warm-up have fewer than n tokens; past it, one call for all).
@@ -31,6 +37,7 @@ Shapes: S streams stepped, C slots; tokens (S, in_dim), logits (S, classes).
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -45,15 +52,31 @@ from .two_block import stream_graph
 KNOWN = {0: None, 1: "steady", 2: "replace"}     # landmark_event's codes -> ContinualNystromGraph.known
 
 
+def has_fused_step(model) -> bool:
+    """Whether ``model`` steps by a compiled step (models/fused/; the model's own setting)."""
+    from ..fused.model_step import fusable
+    from ..fused.two_block import fusable_two_block
+    return bool(getattr(model, "fused", False)) and (fusable(model) or fusable_two_block(model))
+
+
+def shared_weights_clone(model):
+    """A copy of ``model`` whose parameters and buffers are the model's own tensors (not copied):
+    its own step state, the same weights."""
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    memo[id(getattr(model, "_fused_step", None))] = None    # rebuilt by the clone's reset
+    return copy.deepcopy(model, memo)
+
+
 class SlotsFull(RuntimeError):
     """Every slot holds a stream."""
 
 
 class StreamBatch:
     """C slots of one model (a GenreTransformer in eval mode; its weights are shared, not copied).
-    ``graphs``: replay captured CUDA graphs (default: on CUDA)."""
+    ``graphs``: replay captured CUDA graphs (default: on CUDA). ``fused``: step each stream by
+    the model's compiled step where it has one (default: where the model uses it, on the CPU)."""
 
-    def __init__(self, model, capacity: int, *, graphs: bool | None = None):
+    def __init__(self, model, capacity: int, *, graphs: bool | None = None, fused: bool | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.model, self.cfg, self.capacity = model, model.cfg, capacity
@@ -63,9 +86,14 @@ class StreamBatch:
         self.positions = np.zeros(rows, np.int64)                                # its host mirror
         self.taken = [False] * capacity
         self.continual = self.cfg.variant in EXPORTABLE
+        self.fused = self.continual and has_fused_step(model) if fused is None else bool(fused)
+        if self.fused and not has_fused_step(model):
+            raise ValueError(f"a {self.cfg.variant} model of {self.cfg.layers} block(s) on {device} has no fused step")
+        self.clones: list = [None] * capacity                   # per slot (fused): the model sharing its weights
+        self._last = np.zeros(0, np.int64)                      # (S,) the slots of the last step
         if self.continual:
             self.graph = stream_graph(model, masked=True).eval().to(device)
-            self.state = [torch.zeros((rows, *s.shape), dtype=s.dtype, device=device)
+            self.state = [torch.zeros((0 if self.fused else rows, *s.shape), dtype=s.dtype, device=device)
                           for s in self.graph.state_spec()]
             self.batched = torch.func.vmap(self.graph.forward)
             self.landmark_graphs = [g for g in self.graph.modules() if isinstance(g, ContinualNystromGraph)]
@@ -92,6 +120,10 @@ class StreamBatch:
         self.taken[slot] = True
         self.t[slot] = 0
         self.positions[slot] = 0
+        if self.fused:
+            if self.clones[slot] is None:
+                self.clones[slot] = shared_weights_clone(self.model)
+            self.clones[slot].reset(1)
         return slot
 
     def leave(self, slot: int) -> None:
@@ -112,6 +144,8 @@ class StreamBatch:
         """FLOPs of the last step of the i-th stream stepped (models/flops.py: the formulas of the
         single-stream step for its position and events; the masked branches not taken are not
         counted). They depend on the position only up to n + 1, so each count is made once."""
+        if self.fused:
+            return self.clones[self._last[i]].step_flops()
         t = min(int(self.stepped[i]), self.cfg.window + 1)
         key = (t, tuple(self.events_host()[i].tolist())) if self.continual else (t,)
         if key not in self._flops:
@@ -121,6 +155,8 @@ class StreamBatch:
         return dict(self._flops[key])
 
     def landmark_updated(self, i: int) -> bool:
+        if self.fused:
+            return self.clones[self._last[i]].landmark_updated()
         return self.continual and bool(self.events_host()[i, 1])
 
     def window_full(self, i: int) -> bool:
@@ -134,7 +170,9 @@ class StreamBatch:
         slots = np.asarray(slots.tolist() if isinstance(slots, Tensor) else slots, np.int64)
         t = self.positions[slots]
         self.positions[slots] = t + 1
-        self.stepped, self._events_host = t + 1, None
+        self.stepped, self._events_host, self._last = t + 1, None, slots
+        if self.fused:
+            return self._fused_steps(slots, tokens)
         tokens = tokens.to(self.device, non_blocking=True)
         if not self.continual:
             if self.graphs and t.min(initial=self.cfg.window) >= self.cfg.window:
@@ -156,6 +194,14 @@ class StreamBatch:
 
     def _dev(self, a: np.ndarray) -> Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
+
+    def _fused_steps(self, slots: np.ndarray, tokens: Tensor) -> Tensor:
+        """Each stream's step by its slot's clone: the single-stream step itself."""
+        tokens = tokens.detach().to("cpu", torch.float32).contiguous()              # (S, in_dim)
+        logits = torch.empty(len(slots), self.cfg.num_classes)
+        for i, slot in enumerate(slots.tolist()):
+            logits[i] = self.clones[slot].step(tokens[i:i + 1])[0]
+        return logits
 
     def _known_step(self, slots: np.ndarray, tokens: Tensor, known: str | None) -> tuple[Tensor, Tensor]:
         """Streams whose step is ``known`` from their positions (graph_landmarks.ContinualNystromGraph.known)."""

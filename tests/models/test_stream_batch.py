@@ -11,7 +11,7 @@ import torch
 
 from error_model import model_scores, relative_tol
 from models.landmarks import fit_fixed_landmarks
-from models.stream.batch import SlotsFull, StreamBatch
+from models.stream.batch import SlotsFull, StreamBatch, has_fused_step
 from models.stream.graph_landmarks import landmark_event
 from tiny import tiny_model
 
@@ -38,11 +38,20 @@ def model_of(variant: str, mode: str | None, layers: int, seed: int = 0):
     return model.use_fused(False)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES + ["cpu-fused"])
 @pytest.mark.parametrize("variant, mode, layers", CASES)
 def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(variant, mode, layers, device, errors, seed):
+    """cpu-fused: the CPU's default for a model that takes the compiled step (each slot's clone
+    steps by it); the other devices step the vmapped graph."""
     model = model_of(variant, mode, layers, seed)
-    batch = StreamBatch(copy.deepcopy(model).to(device), capacity=4)
+    if device == "cpu-fused":
+        if not has_fused_step(copy.deepcopy(model).use_fused(True)):
+            pytest.skip(f"{variant} with {layers} block(s) has no fused step")
+        batch = StreamBatch(copy.deepcopy(model).use_fused(True), capacity=4)
+        assert batch.fused and not batch.state[0].numel()
+    else:
+        batch = StreamBatch(copy.deepcopy(model).to(device), capacity=4)
+        assert not batch.fused
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     alone: dict[int, tuple] = {}                 # slot -> (float64 model, its tokens so far)
     worst, joined, left = (0.0, 1.0), 0, 0
