@@ -54,9 +54,11 @@ KNOWN = {0: None, 1: "steady", 2: "replace"}     # landmark_event's codes -> Con
 
 def has_fused_step(model) -> bool:
     """Whether ``model`` steps by a compiled step (models/fused/; the model's own setting)."""
+    if not getattr(model, "fused", False):           # off, or no compiler here: nothing to import
+        return False
     from ..fused.model_step import fusable
     from ..fused.two_block import fusable_two_block
-    return bool(getattr(model, "fused", False)) and (fusable(model) or fusable_two_block(model))
+    return fusable(model) or fusable_two_block(model)
 
 
 def shared_weights_clone(model):
