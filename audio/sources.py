@@ -10,6 +10,7 @@ machine without PortAudio.
 """
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import threading
@@ -131,25 +132,9 @@ class DemoSource:
 
     def render(self, start: int, count: int) -> np.ndarray:
         """Samples [start, start + count) of the piece, float32 in [-1, 1]."""
-        n = np.arange(start, start + count)
-        t = n / SAMPLE_RATE
-        beat = 0.5                                           # seconds per beat (120 BPM)
-        bar = (t // (4 * beat)).astype(int) % 4
-        in_beat = (t % beat) / beat
-        env = np.exp(-4.0 * in_beat)
-        out = np.zeros(count)
-        for i, chord in enumerate(self.CHORDS):
-            mask = bar == i
-            if not mask.any():
-                continue
-            for f in chord:
-                for h, a in ((1, 0.12), (2, 0.05), (3, 0.025)):
-                    out[mask] += a * env[mask] * np.sin(2 * np.pi * f * h * t[mask])
-            out[mask] += 0.2 * np.exp(-6 * in_beat[mask]) * np.sin(2 * np.pi * chord[0] / 2 * t[mask])
-        half = (t % beat) >= beat / 2                        # off-beat hi-hat: seeded noise
-        rng = np.random.default_rng(self.seed * 1_000_003 + start)
-        hat = rng.standard_normal(count) * 0.05 * np.exp(-30 * ((t % (beat / 2)) / beat))
-        out += np.where(half, hat, 0.0)
+        tonal, off_beat, decay = _demo_tonal(start, count)
+        rng = np.random.default_rng(self.seed * 1_000_003 + start)      # off-beat hi-hat: seeded noise
+        out = tonal + np.where(off_beat, rng.standard_normal(count) * 0.05 * decay, 0.0)
         return np.clip(out, -1, 1).astype(np.float32)
 
     def __iter__(self):
@@ -172,6 +157,32 @@ class DemoSource:
 
     def close(self) -> None:
         self._stop.set()
+
+
+@functools.lru_cache(maxsize=16)
+def _demo_tonal(start: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The demo piece's seed-independent part over samples [start, start + count): chords and
+    bass (float64), where the hi-hat plays, and its decay. Computed once for all demo streams
+    at that position, the same read-only arrays handed to each."""
+    t = np.arange(start, start + count) / SAMPLE_RATE
+    beat = 0.5                                           # seconds per beat (120 BPM)
+    bar = (t // (4 * beat)).astype(int) % 4
+    in_beat = (t % beat) / beat
+    env = np.exp(-4.0 * in_beat)
+    out = np.zeros(count)
+    for i, chord in enumerate(DemoSource.CHORDS):
+        mask = bar == i
+        if not mask.any():
+            continue
+        for f in chord:
+            for h, a in ((1, 0.12), (2, 0.05), (3, 0.025)):
+                out[mask] += a * env[mask] * np.sin(2 * np.pi * f * h * t[mask])
+        out[mask] += 0.2 * np.exp(-6 * in_beat[mask]) * np.sin(2 * np.pi * chord[0] / 2 * t[mask])
+    off_beat = (t % beat) >= beat / 2
+    decay = np.exp(-30 * ((t % (beat / 2)) / beat))
+    for a in (out, off_beat, decay):
+        a.flags.writeable = False
+    return out, off_beat, decay
 
 
 # ----------------------------------------------------------------------------- microphone

@@ -91,6 +91,7 @@ def run(args) -> int:
     from app.runtime.frontend_args import frontend_from_args
     from app.runtime.lineup import default_lineup
     from app.runtime.records import csv_row, human
+    from app.runtime.streams import StreamsEngine
     from app.runtime.verdict import Tally
 
     try:
@@ -108,7 +109,9 @@ def run(args) -> int:
         except BaseException:
             source.close()
             raise
-        engine = Engine.from_lineup(frontend, entries)
+        # on CUDA a file's models step as a batch of one stream: each step a replayed CUDA graph
+        batched = device == "cuda" and not (args.mic or args.realtime or args.loop or args.onnx)
+        engine = StreamsEngine(frontend, entries, capacity=1) if batched else Engine.from_lineup(frontend, entries)
         untrained = [e.name for e in entries if not e.trained]
         trained = [f"{e.name} ({e.path})" for e in entries if e.trained]
         print(f"# source {source.name}; front end: {frontend.description}"
@@ -119,7 +122,7 @@ def run(args) -> int:
         limit = None if args.seconds is None else int(args.seconds / HOP_SECONDS)
         progress = csv_progress(args, source, limit)
         try:
-            for r in engine.run(source):
+            for r in engine.run([source] if batched else source):
                 tally.add(r)
                 if args.jsonl:
                     print(r.to_json(), flush=True)
@@ -152,6 +155,9 @@ def run(args) -> int:
             source.close()
             if rows is not None:
                 rows.close()
+        for _, why in getattr(engine, "errors", []):       # the batch's stream that failed (said, not raised)
+            print(f"error: {why}", file=sys.stderr)
+            code = 1
         stats = source.stats
         print(f"# {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input overflows, "
               f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped"

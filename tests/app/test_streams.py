@@ -158,3 +158,25 @@ def test_classify_demo_n_runs_n_streams(tmp_path, capsys):
     import csv
     rows = list(csv.DictReader(out.open()))
     assert sorted({x["source"] for x in rows}) == ["demo:0", "demo:1", "demo:2"] and len(rows) == 12
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_classify_one_file_on_cuda_steps_its_models_as_a_batch_of_one(tmp_path, capsys):
+    """`classify FILE --cuda`: the batched engine with one stream (each model step a replayed
+    CUDA graph), the same records as on the CPU: steps, times, source, and each model's top
+    genre wherever the CPU's top two are more than 1e-3 apart (the two paths differ by float32
+    rounding, a few 1e-6 in these tests, so a top can only swap in a near tie)."""
+    song = write(tmp_path / "song.wav", tone(6.0, 22050, 330.0, channels=2), 22050)
+    runs = []
+    for flag in ([], ["--cuda"]):
+        code, out, err = classify(capsys, song, "--jsonl", *flag)
+        assert code == 0, err
+        runs.append([json.loads(x) for x in out.splitlines()])
+    cpu, cuda = runs
+    assert [(r["step"], r["audio_time"], r["source"]) for r in cuda] == [(r["step"], r["audio_time"], r["source"]) for r in cpu]
+    assert len(cuda) == 24
+    for a, b in zip(cpu, cuda):
+        for name, m in a["models"].items():
+            p = sorted(m["probabilities"])
+            if p[-1] - p[-2] > 1e-3:
+                assert b["models"][name]["top"][0] == m["top"][0]

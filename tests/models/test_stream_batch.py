@@ -146,19 +146,23 @@ def test_flops_follow_the_single_stream_formulas():
 @pytest.mark.parametrize("variant, mode, layers", CASES)
 def test_a_steady_cuda_step_never_waits_for_the_device(variant, mode, layers):
     """Past warm-up a step is a replayed CUDA graph: torch's sync debug mode raises on any host
-    synchronisation. Two window lengths of steps first capture every graph the checked steps
-    replay (a capture itself synchronises, once; continual landmarks: a steady and a replacing
-    step per bucket), then two more window lengths are checked."""
+    synchronisation. Each round steps 5 streams, then 3 of them, then another one (buckets of
+    8, 4 and 1 rows, the streams at different positions). Three window lengths of rounds first
+    capture every graph the checked rounds replay (a capture itself synchronises, once;
+    continual landmarks: steady and replacing groups per bucket), then two more are checked."""
     batch = StreamBatch(model_of(variant, mode, layers).to("cuda"), capacity=5)
     slots = [batch.join() for _ in range(5)]
     x = torch.rand(5, D, device="cuda")
-    for _ in range(2 * N + 1):
-        batch.step(slots, x)
+    steps = [(slots, x), (slots[:3], x[:3]), (slots[4:], x[4:])]
+    for _ in range(3 * N):
+        for s, tokens in steps:
+            batch.step(s, tokens)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(2 * N):
-            batch.step(slots, x)
+            for s, tokens in steps:
+                batch.step(s, tokens)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

@@ -221,7 +221,10 @@ def streams_body(runs: dict) -> str:
     for kind, e in runs.items():
         r = e["data"]
         out += [provenance(e), "", f"{r['device']}, {r['threads']} threads; {r['frontend']} and "
-                f"{', '.join(r['models'])}; {r['hops']} timed hops per row; matmul peak "
+                f"{', '.join(r['models'])}; {r['hops']} timed hops per row"
+                + (f", after {r['warm']} hops of warm-up (every model in its steady step, every CUDA graph "
+                   f"captured)" if "warm" in r else "")
+                + "; matmul peak "
                 f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB.", ""]
         out += streams_table(r) + ["", f"Real-time capacity: **{r['capacity']} streams** ({r['device']}). "
                                    + (streams_why(r) if "frontend_flops_per_stream_hop" in r["rows"][-1] else ""), ""]

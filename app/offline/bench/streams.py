@@ -46,13 +46,24 @@ def device_mb() -> float:
     return torch.cuda.memory_allocated() / 2 ** 20 if torch.cuda.is_available() else 0.0
 
 
-def streams_bench(device: str = "cpu", hops: int = 24, warm: int = 4, max_streams: int = 1 << 16) -> dict:
+def steady_after(entries, every_hop: bool = False) -> int:
+    """Hops until every model of the lineup steps as it does from then on: every phase's window
+    full (recomputing models replay one graph, not a call per window length) and one landmark
+    segment completed after it (continual landmarks have taken a replacing step): the time
+    warm-up and every CUDA graph's capture take, before a hop is timed. ``every_hop``: each
+    model is stepped every hop (its spacing not used)."""
+    return 1 + max((1 if every_hop else e.spacing) * (e.model.cfg.window + -(-e.model.cfg.window // e.model.cfg.num_landmarks))
+                   for e in entries)
+
+
+def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
     from app.runtime.lineup import default_lineup
     from app.runtime.streams import StreamsEngine
     from audio.frontends import build_frontend
     from audio.sources import DemoSource
 
     frontend = build_frontend("musicnn", device=device)
+    warm = steady_after(default_lineup(frontend, device)) if warm is None else warm
     rows, base = [], rss_mb()
     streams = 1
     while streams <= max_streams:
@@ -87,10 +98,10 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int = 4, max_stream
     return {"device": device, "threads": torch.get_num_threads(), "frontend": frontend.description,
             "models": [e.name for e in default_lineup(frontend, device)], "rows": rows,
             "peak_gflops": device_peak(device), "mb_per_stream": per_stream,
-            "capacity": max(ok) if ok else 0, "hops": hops}
+            "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm}
 
 
-def tensor_bench(device: str = "cpu", hops: int = 12, warm: int = 3, max_streams: int = 1 << 16) -> dict:
+def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
     """The hop's batched tensor work alone for S = 1, 2, 4, ... streams until its p95 passes 125 ms
     (or the device's memory runs out): the musicnn network's push of 15 or 16 random log-mel
     frames per stream, each shipped model's step on the taggrams, the probabilities copied back."""
@@ -103,6 +114,7 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int = 3, max_streams
 
     frontend = build_frontend("musicnn", device=device)
     entries = default_lineup(frontend, device)
+    warm = steady_after(entries, every_hop=True) if warm is None else warm
     rng = np.random.default_rng(0)
     rows, streams = [], 1
     while streams <= max_streams:
@@ -142,7 +154,7 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int = 3, max_streams
             break
         streams *= 2
     ok = [r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS]
-    return {"rows": rows, "capacity": max(ok) if ok else 0, "hops": hops}
+    return {"rows": rows, "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm}
 
 
 def step_bench(device: str = "cpu", steps: int = 200) -> list[dict]:
