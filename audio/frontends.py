@@ -254,19 +254,58 @@ class _MusicnnSlots(_Slots):
             self.patches[slot] = 0.0
 
     @torch.no_grad()
-    def network(self, slots, frames):
+    def push(self, slots: list[int], hops: list[np.ndarray]) -> list[HopToken]:
+        """Each stream's new sample frames (host), their log-mels in one call on the network's
+        device (audio/musicnn/mel.py: the host's values), then the network for every stream.
+        Each token's ``mel_ms`` and ``network_ms`` are its shares of the two calls; on CUDA
+        ``mel_start`` and ``network_start`` are events recorded as each began."""
+        t0 = time.perf_counter()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            self.mel_start = torch.cuda.Event(enable_timing=True)
+            self.mel_start.record()
+        frames = [self.mels[slot].frames(hop) for slot, hop in zip(slots, hops)]
+        counts = [len(f) for f in frames]
+        samples = np.concatenate(frames + [np.zeros((0, musicnn_mel.N_FFT), np.float32)])
+        mel = musicnn_mel.log_mel_of_frames_torch(_on_device(samples, self.device))     # (sum counts, 96)
+        shown = _on_host(mel)
+        t1 = time.perf_counter()
+        if cuda:
+            self.network_start = torch.cuda.Event(enable_timing=True)
+            self.network_start.record()
+        tokens, flops = self.network(slots, mel, counts)
+        t2, n = time.perf_counter(), max(len(slots), 1)
+        ends = np.cumsum(counts)
+        return [HopToken(tokens[i:i + 1], shown[ends[i] - counts[i]:ends[i]], (t1 - t0) * 1e3 / n,
+                         (t2 - t1) * 1e3 / n, flops[i]) for i in range(len(slots))]
+
+    def network(self, slots, mel: torch.Tensor, counts: list[int]):
+        """mel: every stream's new log-mel frames, stream after stream (``counts`` each)."""
         if self.continual:
-            taggrams = self.caches.push(slots, frames)
+            taggrams = self.caches.push_rows(slots, mel, counts)
             return taggrams, [2 * int(self.caches.macs[s]) for s in slots]
-        for slot, f in zip(slots, frames):
-            k = min(len(f), len(self.patches[slot]))
+        ends = np.cumsum(counts)
+        for slot, end, count in zip(slots, ends.tolist(), counts):
+            k = min(count, len(self.patches[slot]))
             if k:
-                new = torch.as_tensor(np.asarray(f[-k:], dtype=np.float32), device=self.patches.device)
-                self.patches[slot] = torch.cat([self.patches[slot, k:], new])
+                self.patches[slot] = torch.cat([self.patches[slot, k:], mel[end - k:end]])
         return self.net(self.patches[slots]), [2 * self.macs] * len(slots)
 
-    def shown(self, frames):
-        return frames
+
+def _on_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device`` without waiting for it (pinned and asynchronous on CUDA)."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
+
+
+def _on_host(t: torch.Tensor) -> np.ndarray:
+    """A device tensor's values on the host, copied without waiting: read them only after the
+    device has caught up (the caller's one wait per hop)."""
+    if t.device.type == "cpu":
+        return t.numpy()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host.numpy()
 
 
 def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:

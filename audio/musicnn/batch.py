@@ -91,15 +91,21 @@ class MusicnnBatch:
         """frames[i]: (k_i, 96) new log-mel frames of stream ``slots[i]`` -> (S, 50) taggrams on
         the network's device. Nothing here waits for the device: indices are built on the host
         from host state and copied without blocking, the frames in one copy."""
-        with float32():
-            return self._push(np.asarray(slots, np.int64), frames)
-
-    def _push(self, slots: np.ndarray, frames) -> Tensor:
         arrays = [np.asarray(f.cpu() if isinstance(f, Tensor) else f, dtype=np.float32).reshape(-1, BANDS)
                   for f in frames]
-        ks = np.array([min(len(a), P) for a in arrays], np.int64)
-        offsets = np.concatenate([[0], np.cumsum(ks)[:-1]]) if len(ks) else ks
-        new = self._dev(np.concatenate([a[len(a) - k:] for a, k in zip(arrays, ks)] + [np.zeros((0, BANDS), np.float32)]))
+        rows = self._dev(np.concatenate(arrays + [np.zeros((0, BANDS), np.float32)]))
+        return self.push_rows(slots, rows, [len(a) for a in arrays])
+
+    @torch.no_grad()
+    def push_rows(self, slots: list[int], rows: Tensor, counts: list[int]) -> Tensor:
+        """The same with every stream's frames in one tensor on the network's device: rows
+        (sum counts, 96), stream i's the counts[i] after the streams' before it."""
+        with float32():
+            return self._push(np.asarray(slots, np.int64), rows, np.asarray(counts, np.int64))
+
+    def _push(self, slots: np.ndarray, new: Tensor, counts: np.ndarray) -> Tensor:
+        ks = np.minimum(counts, P)                       # more than a patch: its last P frames
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]) + counts - ks if len(ks) else ks
         out = torch.empty(len(slots), TAGS, device=self.device)
         moved = np.flatnonzero(ks > 0)                   # positions in ``slots`` whose patch moves
         still = np.flatnonzero(ks == 0)                  # nothing new: the last taggram again

@@ -9,6 +9,16 @@ The original (``musicnn.extractor.batch_data``, librosa 0.6/0.7 era):
       under numpy 2 the float16 product would overflow, so it is done in float32 here);
   patches of 187 frames (3 s) every 61 frames (~1 s).
 
+Rounded as the original rounds (the spectrum, power and mel product to float32, the mel to
+float16), but each of those values is computed in float64 and rounded once: |X|^2 as re^2 + im^2
+(the original squared a float32 magnitude), the mel product and the logarithm in float64. Then
+the result does not depend on the library, the processor or the device that computes it:
+``log_mel_of_frames`` (numpy, the host) and ``log_mel_of_frames_torch`` (any torch device, many
+streams' frames in one call) agree bit for bit, except where two libraries' float64 results
+(an FFT, a matrix product) fall on either side of a float32 rounding boundary: about 2^-28 of
+the values, each then one float32 step apart. A float32 product summed in another order would
+move about a tenth of the mel values by a float32 step, and some of those by a float16 step.
+
 ``resample_kaiser_best`` re-implements resampy 0.2.2's interpolation loop (same arithmetic and
 order, float32 accumulation) with the filter table read from the installed resampy 0.2.2
 (see ``kaiser_best_path``); later resampy versions regenerated that table and move
@@ -55,11 +65,32 @@ def mel_basis() -> np.ndarray:
 
 
 def log_mel_of_frames(frames: np.ndarray) -> np.ndarray:
-    """(F, 512) float32 sample frames -> (F, 96) float32 log-mel, as the original computed it."""
+    """(F, 512) float32 sample frames -> (F, 96) float32 log-mel, as the original computed it
+    (its roundings; each value computed in float64 and rounded once, see above)."""
     spectrum = np.fft.rfft(frames.astype(np.float64) * _WINDOW, axis=1).astype(np.complex64)
-    power = np.abs(spectrum) ** 2                                 # float32
-    mel = (power @ mel_basis()).astype(np.float16).astype(np.float32)
-    return np.log10(np.float32(10000.0) * mel + np.float32(1.0))
+    re, im = spectrum.real.astype(np.float64), spectrum.imag.astype(np.float64)
+    power = (re * re + im * im).astype(np.float32)
+    mel = (power.astype(np.float64) @ mel_basis().astype(np.float64)).astype(np.float32)
+    mel = mel.astype(np.float16).astype(np.float32)
+    return np.log10((np.float32(10000.0) * mel + np.float32(1.0)).astype(np.float64)).astype(np.float32)
+
+
+_ON_DEVICE: dict = {}
+
+
+def log_mel_of_frames_torch(frames):
+    """The same on a torch device: (F, 512) float32 tensor -> (F, 96) float32 tensor, equal to
+    ``log_mel_of_frames`` bit for bit but for the float64 boundary cases above."""
+    import torch
+    if frames.device not in _ON_DEVICE:              # the window and the mel basis, copied once
+        _ON_DEVICE[frames.device] = (torch.from_numpy(_WINDOW).to(frames.device),
+                                     torch.from_numpy(mel_basis()).to(frames.device, torch.float64))
+    window, basis = _ON_DEVICE[frames.device]
+    spectrum = torch.fft.rfft(frames.double() * window, dim=-1).to(torch.complex64)
+    re, im = spectrum.real.double(), spectrum.imag.double()
+    power = (re * re + im * im).float()
+    mel = (power.double() @ basis).float().half().float()
+    return torch.log10((mel * 10000.0 + 1.0).double()).float()
 
 
 def _frames(padded: np.ndarray, count: int) -> np.ndarray:
@@ -100,10 +131,15 @@ class StreamingMel:
 
     def reset(self) -> None:
         self.buffer = np.zeros(0, np.float32)     # padded samples from the next frame's start on
-        self.frames = 0                            # frames emitted so far
+        self.emitted = 0                           # frames emitted so far
         self.started = False
 
     def push(self, hop: np.ndarray) -> np.ndarray:
+        """The hop's new log-mel frames (k, 96)."""
+        return log_mel_of_frames(self.frames(hop))
+
+    def frames(self, hop: np.ndarray) -> np.ndarray:
+        """The sample frames (k, 512) the hop completes (their log-mel: ``push``)."""
         x = np.asarray(hop, dtype=np.float32)
         if not self.started:
             if len(x) <= N_FFT // 2:
@@ -114,10 +150,10 @@ class StreamingMel:
         self.buffer = np.concatenate([self.buffer, x])
         count = 1 + (len(self.buffer) - N_FFT) // FRAME_HOP if len(self.buffer) >= N_FFT else 0
         if count == 0:
-            return np.zeros((0, BANDS), np.float32)
-        out = log_mel_of_frames(_frames(self.buffer, count))
+            return np.zeros((0, N_FFT), np.float32)
+        out = _frames(self.buffer, count)             # a view of the buffer, which is replaced below
         self.buffer = self.buffer[count * FRAME_HOP:].copy()
-        self.frames += count
+        self.emitted += count
         return out
 
 

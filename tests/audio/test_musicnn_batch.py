@@ -135,3 +135,22 @@ def test_a_cuda_hop_never_waits_for_the_device(nets):
             batch.push([0, 1, 2], [frames(rng, k) for k in ks])
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@CUDA
+def test_a_cuda_front_end_hop_from_audio_never_waits_for_the_device():
+    """The front end's many-stream hop from audio (audio/frontends.py: the streams' sample
+    frames, their log-mels on the device, the network): no host synchronisation."""
+    from audio.frontends import build_frontend
+    from audio.sources import DemoSource
+    slots = build_frontend("musicnn", device="cuda").batch(3)
+    streams = [(slots.join(), iter(DemoSource(seed=i))) for i in range(3)]
+    push = lambda: slots.push([s for s, _ in streams], [next(h) for _, h in streams])   # noqa: E731
+    push()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            push()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

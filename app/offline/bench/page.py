@@ -300,8 +300,9 @@ SECTIONS = [
      onnx_body),
     ("Many streams in one engine", ["streams-cpu", "streams-cuda"],
      "`bench --streams [--device cpu|cuda]`: S demo streams (seeds 0..S-1) in one engine, S = 1, 2, 4, ... "
-     "until the p95 hop passes half a hop (125 ms). A hop: every stream's audio and log-mel, the musicnn "
-     "network once for all streams (audio/musicnn/batch.py, each stream's continual caches in a slot), "
+     "until the p95 hop passes half a hop (125 ms), timed past every model's warm-up. A hop: every stream's "
+     "audio and sample frames, their log-mels in one call on the network's device (audio/musicnn/mel.py), the "
+     "musicnn network once for all streams (audio/musicnn/batch.py, each stream's continual caches in a slot), "
      "then each of the five shipped models stepped once for all streams (models/stream/batch.py; on the CPU the "
      "continual ones step each stream by their compiled step, on a per-slot clone). FLOPs per stream-hop: the front end's and the five models' "
      "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
