@@ -222,7 +222,7 @@ def streams_body(runs: dict) -> str:
         r = e["data"]
         out += [provenance(e), "", f"{r['device']}, {r['threads']} threads; {r['frontend']} and "
                 f"{', '.join(r['models'])}; {r['hops']} timed hops per row"
-                + (f", after {r['warm']} hops of warm-up (every model in its steady step, every CUDA graph "
+                + (f", after {r['warm']} hops of warm-up (every model in its steady step; on CUDA every graph "
                    f"captured)" if "warm" in r else "")
                 + "; matmul peak "
                 f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB.", ""]
