@@ -9,12 +9,15 @@ ingress deployment of K replicas, each building its own hub (one batched engine)
   through a shared checkout path.
 - ``/v1/health`` sums the replicas: each reports its hub's health to a named actor every second;
   a replica silent for 3 s is not counted.
-- A replica that dies closes its clients' connections (the proxy's close); `listen` reconnects
-  with a fresh stream. The other replicas' clients are not touched.
+- The public socket is the edge's (app/serve/edge.py), in this process: it relays each client
+  to Ray Serve's proxy on a loopback port, so that a replica that dies gives its clients a close
+  with a reason (1012; the proxy itself drops them without one) and `listen` reconnects with a
+  fresh stream. The other replicas' clients are not touched.
 """
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import threading
 import time
@@ -72,20 +75,35 @@ def ingress(spec, token: str | None, version: str):
 
 
 def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_per_replica: float = 1.0) -> str:
-    """Deploy on the connected Ray (``ray.init`` done by the caller); the stream's URL."""
+    """Deploy on the connected Ray (``ray.init`` done by the caller), Ray Serve's proxy on a
+    loopback port of its own, and the edge (app/serve/edge.py) on ``host:port``; the stream's URL."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from .edge import Edge
+    from .server import bind
     try:
         ours = version("nystream")
     except PackageNotFoundError:
         ours = ""
+    public = bind(host, port)                        # ServeError (one line) when it cannot be had
     global _registry                 # held here: an actor without a handle is gone
     _registry = Registry.options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True).remote()
-    serve.start(http_options={"host": host, "port": port})
+    inner = free_loopback_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": inner})
     deployment = serve.deployment(ingress(spec, token, ours), name=APP, num_replicas=replicas,
                                   max_ongoing_requests=spec.capacity + 8,
                                   ray_actor_options={"num_cpus": cpus_per_replica})
     serve.run(deployment.bind(), name=APP, route_prefix="/")
-    return f"ws://{host}:{port}/v1/stream"
+    Edge.start(f"127.0.0.1:{inner}", public, spec.limits.message_bytes)   # the one of this process
+    return f"ws://{host if ':' not in host else '[' + host + ']'}:{public.getsockname()[1]}/v1/stream"
+
+
+def free_loopback_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def runtime_env() -> dict:
@@ -100,9 +118,13 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
     except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError, ...
         raise SystemExit(f"serve: cannot {'start Ray' if address == 'local' else f'reach the Ray cluster at {address!r}'}: "
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    from .server import ServeError
     stop = threading.Event()
     try:
-        url = start(spec, token, host, port, replicas)
+        try:
+            url = start(spec, token, host, port, replicas)
+        except ServeError as e:
+            raise SystemExit(f"serve: {e}") from None
         print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each"
               f"{', token required' if token else ''}", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -110,6 +132,8 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
         while not stop.is_set():
             time.sleep(0.2)
     finally:
+        from .edge import Edge
+        Edge.stop()
         if address != "local":          # a cluster that lives on: remove this app from it
             serve.delete(APP)
         ray.shutdown()                  # a local instance: everything ends with it

@@ -76,7 +76,7 @@ def stream(ws, hops, got: dict, pace: float) -> None:
                 records.append(d)
     except ConnectionClosed:
         pass
-    got.update(records=records, verdict=verdict, close=ws.close_code)
+    got.update(records=records, verdict=verdict, close=ws.close_code, reason=ws.close_reason)
 
 
 def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys, errors):
@@ -104,7 +104,8 @@ def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys,
     cut = [g for g in got if g["close"] != 1000]
     whole = [g for g in got if g["close"] == 1000]
     assert len(cut) == 1 and len(whole) == 1, [g["close"] for g in got]
-    assert cut[0]["close"] in (1006, 1011, 1012)      # the proxy drops it (1006 here): listen reconnects
+    assert cut[0]["close"] == 1012, cut[0]["close"]     # the edge says so (the proxy drops it without a close frame)
+    assert "replica serving this stream stopped" in cut[0]["reason"]
     assert cut[0]["verdict"] is None and len(cut[0]["records"]) < len(want)
     same(errors, whole[0]["records"], want)
     assert whole[0]["verdict"]["hops"] == len(want)

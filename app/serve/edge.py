@@ -1,0 +1,204 @@
+"""`serve --ray`'s front door: the public socket, in the driver's process, relaying each client's
+WebSocket to Ray Serve's proxy (loopback, a port of its own) message by message, and answering
+``/v1/health`` from it.
+
+Why a relay: when a replica dies, Ray Serve's proxy drops its clients' connections without a
+close frame (1006, no reason). The edge sees that and closes the client's connection itself with
+1012 and a reason (its stream is gone; connect again for a fresh one). Every other close, its
+code and reason, passes through unchanged, as do the messages both ways; a refused upgrade (a
+missing or wrong token) is refused here the same way. Backpressure passes through too: the edge
+reads a client only as fast as the replica takes its messages, and a replica only as fast as the
+client takes its records.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from .protocol import GOING_AWAY, SERVER_ERROR, TRY_LATER
+
+REPLICA_GONE = 1012                 # RFC 6455 "service restart": the client may connect again
+REPLICA_GONE_REASON = "the replica serving this stream stopped; connect again for a fresh stream"
+SHUTTING_DOWN = "the server is shutting down"
+CLOSE_SECONDS = 2.0
+OPEN_SECONDS = 30.0
+
+
+def build_edge(inner: str) -> FastAPI:
+    """The relay app in front of Ray Serve's proxy at ``inner`` ("127.0.0.1:PORT")."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.relays, app.state.closing = set(), False
+
+    @app.get("/v1/health")
+    async def health():
+        status, body = await http_get(inner, "/v1/health")
+        return Response(body, status_code=status, media_type="application/json")
+
+    @app.websocket("/v1/stream")
+    async def stream(ws: WebSocket):
+        headers = {"Authorization": ws.headers["authorization"]} if "authorization" in ws.headers else {}
+        try:
+            upstream = await connect(f"ws://{inner}/v1/stream", additional_headers=headers, max_size=None,
+                                     open_timeout=OPEN_SECONDS, ping_interval=None, proxy=None)
+        except InvalidStatus as e:
+            if e.response.status_code in (401, 403):     # the replica refused the token: so does the edge
+                await ws.close(code=1008)
+                return
+            await ws.accept()
+            await close(ws, TRY_LATER, f"no replica took the stream (HTTP {e.response.status_code}); try again")
+            return
+        except (OSError, asyncio.TimeoutError) as e:
+            await ws.accept()
+            await close(ws, TRY_LATER, f"no replica took the stream ({type(e).__name__}); try again")
+            return
+        await ws.accept()
+        pair = (ws, upstream)
+        app.state.relays.add(pair)
+        try:
+            await relay(ws, upstream)
+        finally:
+            app.state.relays.discard(pair)
+
+    return app
+
+
+async def relay(ws: WebSocket, upstream) -> None:
+    """Both directions until either side ends; then the other side's close."""
+    up = asyncio.create_task(client_to_replica(ws, upstream))
+    down = asyncio.create_task(replica_to_client(ws, upstream))
+    done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+    if down in done:                        # the replica closed (or vanished): say so to the client
+        up.cancel()
+        code, reason = (GOING_AWAY, SHUTTING_DOWN) if ws.app.state.closing else closed_by(upstream, down)
+        await close(ws, code, reason)
+        return
+    down.cancel()                           # the client went away: so does its stream
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(upstream.close(), CLOSE_SECONDS)
+
+
+async def close_all(app: FastAPI) -> None:
+    """The server is stopping: every client closed 1001, every replica connection closed."""
+    app.state.closing = True
+
+    async def one(ws, upstream):
+        await close(ws, GOING_AWAY, SHUTTING_DOWN)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(upstream.close(), CLOSE_SECONDS)
+    await asyncio.gather(*(one(ws, up) for ws, up in list(app.state.relays)))
+
+
+async def client_to_replica(ws: WebSocket, upstream) -> None:
+    with contextlib.suppress(WebSocketDisconnect, ConnectionClosed):
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            data = message.get("bytes") if message.get("bytes") is not None else message.get("text")
+            if data is None:
+                return
+            await upstream.send(data)
+
+
+async def replica_to_client(ws: WebSocket, upstream) -> None:
+    async for message in upstream:          # ends when the replica's side is closed
+        if isinstance(message, bytes):
+            await ws.send_bytes(message)
+        else:
+            await ws.send_text(message)
+
+
+def closed_by(upstream, down: asyncio.Task) -> tuple[int, str]:
+    """The code and reason to give the client for the replica's end."""
+    if not down.cancelled() and down.exception() is not None and not isinstance(down.exception(), ConnectionClosed):
+        return SERVER_ERROR, f"relay error: {type(down.exception()).__name__}"
+    frame = upstream.protocol.close_rcvd
+    if frame is None:                       # no close frame: the replica (or its proxy) vanished
+        return REPLICA_GONE, REPLICA_GONE_REASON
+    return frame.code, frame.reason
+
+
+async def close(ws: WebSocket, code: int, reason: str) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(ws.close(code=code, reason=reason), CLOSE_SECONDS)
+
+
+async def http_get(inner: str, path: str) -> tuple[int, bytes]:
+    """(status, body) of GET ``path`` at ``inner``; 503 with a JSON error when it cannot be read."""
+    host, port = inner.rsplit(":", 1)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), OPEN_SECONDS)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {inner}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), OPEN_SECONDS)
+        writer.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        if b"transfer-encoding: chunked" in head.lower():
+            body = dechunk(body)
+        return status, body
+    except (OSError, asyncio.TimeoutError, ValueError, IndexError) as e:
+        return 503, json.dumps({"error": f"the replicas' health cannot be read: {type(e).__name__}"}).encode()
+
+
+def dechunk(body: bytes) -> bytes:
+    out, rest = b"", body
+    while rest:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out, rest = out + rest[:size], rest[size + 2:]
+    return out
+
+
+class Edge:
+    """The edge's uvicorn server on a thread of this process (one per process)."""
+    running: "Edge | None" = None
+
+    def __init__(self, inner: str, sock, message_bytes: int):
+        self.app = build_edge(inner)
+        config = uvicorn.Config(self.app, ws_max_size=message_bytes, ws_ping_interval=20.0, ws_ping_timeout=20.0,
+                                log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+        self.server = _LoopServer(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                       name="nystream-edge")
+
+    @classmethod
+    def start(cls, inner: str, sock, message_bytes: int) -> None:
+        cls.stop()
+        edge = cls.running = cls(inner, sock, message_bytes)
+        edge.thread.start()
+        deadline = time.monotonic() + 10
+        while not edge.server.started and edge.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    @classmethod
+    def stop(cls) -> None:
+        """Every relayed stream closed 1001 (the server is shutting down), then the server."""
+        edge, cls.running = cls.running, None
+        if edge is None:
+            return
+        edge.app.state.closing = True
+        loop = getattr(edge.server, "loop", None)
+        if edge.server.started and loop is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(close_all(edge.app), loop).result(timeout=10)
+        edge.server.should_exit = True
+        edge.thread.join(timeout=10)
+
+
+class _LoopServer(uvicorn.Server):
+    """A uvicorn server that keeps its event loop (for calls from other threads)."""
+
+    async def serve(self, sockets=None):
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)

@@ -1,0 +1,68 @@
+"""The edge of `serve --ray` (app/serve/edge.py) in front of a plain server on loopback: what a
+client gets through it is what it gets from the server itself (records, verdict, every refusal
+with its close code and reason, the token check, the health), and a stopping edge closes its
+clients 1001. (A replica that dies, 1012 with a reason: tests/serve/test_serve_ray.py.)"""
+import json
+import urllib.request
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from app.serve.edge import Edge
+from app.serve.protocol import Limits
+from app.serve.server import bind
+from test_serve import HELLO, classify_jsonl, client, hops_of, refused, same, server, stream
+
+
+@pytest.fixture
+def edge_of():
+    """edge_of(url) -> the edge's URL in front of the server at ``url``."""
+    def start(url):
+        inner = url.split("/")[2]
+        sock = bind("127.0.0.1", 0)
+        Edge.start(inner, sock, Limits().message_bytes)
+        return f"ws://127.0.0.1:{sock.getsockname()[1]}/v1/stream"
+    yield start
+    Edge.stop()
+
+
+def test_through_the_edge_a_client_gets_what_the_server_gives(files, capsys, errors, edge_of):
+    checkpoints, songs = files
+    want = classify_jsonl(capsys, songs["a"], checkpoints)
+    with server(checkpoints, capacity=1) as (url, app):
+        front = edge_of(url)
+        health = json.loads(urllib.request.urlopen(front.replace("ws://", "http://").replace("/v1/stream", "/v1/health"),
+                                                   timeout=20).read())
+        assert health["capacity"] == 1 and health["models"] == app.state.hub.health()["models"]
+
+        def refusals():
+            for token in (None, "x" * 32):
+                with pytest.raises(InvalidStatus) as e:
+                    client(front, token)
+                assert e.value.response.status_code == 403
+            for first, then in (("{not json", ()), (json.dumps({**HELLO, "format": "f64le"}), ()),
+                                (json.dumps({**HELLO, "format": "s16le"}), [b"\0\0\0"])):
+                assert refused(front, first, then) == refused(url, first, then)
+            assert refused(front, json.dumps(HELLO))[0] == 1013             # the one stream is taken
+            assert refused(front, b"\0" * (Limits().message_bytes + 4))[0] == 1009   # the edge's own limit
+
+        records, verdict, code = stream(front, hops_of(songs["a"]), wait=refusals)
+        assert code == 1000 and verdict["hops"] == len(want)
+        same(errors, records, want)
+
+
+def test_a_stopping_edge_closes_its_clients_1001(files, edge_of):
+    checkpoints, songs = files
+    with server(checkpoints) as (url, _):
+        front = edge_of(url)
+        with client(front) as ws:
+            ws.send(json.dumps(HELLO))
+            ws.recv(timeout=20)
+            for hop in hops_of(songs["a"])[:4]:
+                ws.send(hop.astype("<f4").tobytes())
+            ws.recv(timeout=20)                                                # a record: the stream runs
+            Edge.stop()
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    ws.recv(timeout=20)
+            assert (ws.close_code, ws.close_reason) == (1001, "the server is shutting down")
