@@ -27,7 +27,7 @@ import torch
 
 from audio.errors import AudioError, FrontEndMismatchError
 from audio.frontends import as_frontend
-from audio.melspec import HOP_SECONDS
+from audio.melspec import HOP, HOP_SECONDS
 from models.stream.batch import StreamBatch
 
 from .records import ModelStep, StepResult
@@ -77,6 +77,26 @@ class StreamsEngine:
         # of many streams set one off every few dozen hops (the p95 hop of 256 streams on an H200
         # was 200 ms, the median 73 ms).
         gc.freeze()
+
+    @torch.no_grad()
+    def warm(self) -> None:
+        """Run what compiles or initialises on first use now, not in the first streams' hops (the
+        compiled CPU steps compile their kernels on a first call, seconds each where numba's
+        cache is cold, as in a fresh Ray Serve replica): each model steps a scratch stream of
+        random tokens through its warm-up and one landmark segment, and the front end takes two
+        hops of silence in a slot that is then free again. Nothing of it stays in a stream."""
+        g = torch.Generator().manual_seed(0)
+        for e in self.entries.values():
+            cfg = e.model.cfg
+            scratch = StreamBatch(e.model, 1, graphs=False)
+            slot = [scratch.join()]
+            for _ in range(cfg.window + -(-cfg.window // (cfg.num_landmarks or 1)) + 1):
+                scratch.step(slot, torch.rand(1, cfg.in_dim, generator=g).to(self.device))
+        slot = self.frontend_batch.join()
+        for _ in range(2):
+            self.frontend_batch.push([slot], [np.zeros(HOP, np.float32)])
+        self.frontend_batch.leave(slot)
+        gc.freeze()                                      # what the warm-up built, too (see __init__)
 
     # ------------------------------------------------------------------ streams
     def join(self, source) -> Stream:

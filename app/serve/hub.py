@@ -107,6 +107,7 @@ class Hub:
 
     def __init__(self, frontend, entries, capacity: int, limits: Limits, *, device: str = "cpu"):
         self.engine = StreamsEngine(frontend, entries, capacity)
+        self.engine.warm()                               # compiled before the first client, not in its hops
         self.capacity, self.limits, self.device = capacity, limits, device
         self.models = [e.name for e in entries]
         self.classes = list(entries[0].classes) if entries else []

@@ -120,6 +120,21 @@ def test_a_stream_whose_file_changes_leaves_and_the_others_run_to_their_end(fron
     same(errors, records["demo"], alone(frontend, DemoSource(seed=0, seconds=4)))
 
 
+def test_a_warmed_engine_gives_the_records_of_a_cold_one(frontend):
+    """``warm()`` (what `serve` runs before its first client: the models' scratch streams, two
+    hops of silence in a front-end slot) leaves nothing behind: the same records, bit for bit."""
+    runs = []
+    for warm in (False, True):
+        engine = StreamsEngine(frontend, entries(), capacity=2)
+        if warm:
+            engine.warm()
+        for seed, seconds in ((0, 3), (1, 2)):
+            engine.join(named(DemoSource(seed=seed, seconds=seconds), f"demo:{seed}"))
+        runs.append([(r.source, r.step, {n: m.probabilities for n, m in r.models.items()}, r.mel.tobytes())
+                     for r in engine.run([])])
+    assert runs[0] == runs[1] and len(runs[0]) == 12 + 8
+
+
 def test_exported_steps_are_refused_in_one_line(frontend, tmp_path):
     class Exported:                           # what lineup gives for an .onnx file: no torch blocks
         cfg = tiny_model("continual", n=8, in_dim=50).cfg
