@@ -71,18 +71,22 @@ def build_edge(inner: str) -> FastAPI:
 
 
 async def relay(ws: WebSocket, upstream) -> None:
-    """Both directions until either side ends; then the other side's close."""
+    """Both directions until either side ends; then the other side's close, and the replica's
+    connection closed whatever happened (its stream leaves the replica's engine)."""
     up = asyncio.create_task(client_to_replica(ws, upstream))
     down = asyncio.create_task(replica_to_client(ws, upstream))
-    done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-    if down in done:                        # the replica closed (or vanished): say so to the client
-        up.cancel()
-        code, reason = (GOING_AWAY, SHUTTING_DOWN) if ws.app.state.closing else closed_by(upstream, down)
-        await close(ws, code, reason)
-        return
-    down.cancel()                           # the client went away: so does its stream
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(upstream.close(), CLOSE_SECONDS)
+    try:
+        done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        if down in done:                    # the replica closed (or vanished), or the client took no more
+            up.cancel()
+            code, reason = (GOING_AWAY, SHUTTING_DOWN) if ws.app.state.closing else closed_by(upstream, down)
+            await close(ws, code, reason)
+        else:                               # the client went away: so does its stream
+            down.cancel()
+            up.exception()                  # read, so that it is not reported as never retrieved
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(upstream.close(), CLOSE_SECONDS)
 
 
 async def close_all(app: FastAPI) -> None:
@@ -180,6 +184,9 @@ class Edge:
         deadline = time.monotonic() + 10
         while not edge.server.started and edge.thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.05)
+        if not edge.server.started:
+            cls.stop()
+            raise RuntimeError("the edge's server did not start within 10 s")
 
     @classmethod
     def stop(cls) -> None:

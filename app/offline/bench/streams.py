@@ -68,6 +68,7 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, 
     streams = 1
     while streams <= max_streams:
         engine = StreamsEngine(frontend, default_lineup(frontend, device), capacity=streams)
+        engine.warm()                                     # as serve readies its engine
         for i in range(streams):
             engine.join(DemoSource(seed=i)).source.name = f"demo:{i}"
         times, flops, front = [], [], []
