@@ -217,6 +217,7 @@ def run_streams(args) -> int:
     entries = default_lineup(frontend, device, checkpoints=args.checkpoint, variants=args.variant,
                              layers=args.layers, window=args.window, landmarks=args.landmarks, seed=args.seed)
     engine = StreamsEngine(frontend, entries, capacity=len(sources))
+    engine.warm()
     print(f"# {len(sources)} streams in one engine; front end: {frontend.description}; models: "
           + ", ".join(e.name + ("" if e.trained else "*") for e in entries), file=sys.stderr)
     rows, tallies, said = CsvRows(args.csv) if args.csv else None, {s.name: Tally() for s in sources}, 0

@@ -11,8 +11,10 @@ import ctypes
 import os
 import sys
 
-M_MMAP_THRESHOLD = -3            # mallopt parameter (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3     # mallopt parameters (malloc.h)
 MMAP_THRESHOLD_BYTES = 128 * 1024
+MANY_STREAMS_MMAP_BYTES = 32 * 2**20              # glibc's largest mmap threshold on 64-bit
+MANY_STREAMS_TRIM_BYTES = 64 * 2**20
 
 
 def fixed_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
@@ -22,6 +24,24 @@ def fixed_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
     try:
         return ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, size) == 1
     except (OSError, AttributeError):        # musl, or no libc.so.6
+        return False
+
+
+def many_streams_heap() -> bool:
+    """For a process that runs many streams in one engine (serve, ``classify FILE FILE ...``,
+    ``bench --streams``): blocks up to 32 MB come from the heap and up to 64 MB of free heap is
+    kept, so that each hop's large temporaries (the features and activations of every stream)
+    reuse the last hop's memory instead of fresh pages from the system: with the fixed 128 KB
+    threshold a hop of 4 streams took 89 ms, with this 46 ms; resident memory 25 MB higher and
+    flat (542-547 MB over 800 hops, streams leaving and joining; 2 cores, 2026-11-26). True if set
+    (Linux glibc only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return (libc.mallopt(M_MMAP_THRESHOLD, MANY_STREAMS_MMAP_BYTES) == 1
+                and libc.mallopt(M_TRIM_THRESHOLD, MANY_STREAMS_TRIM_BYTES) == 1)
+    except (OSError, AttributeError):
         return False
 
 

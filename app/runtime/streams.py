@@ -30,6 +30,7 @@ from audio.frontends import as_frontend
 from audio.melspec import HOP, HOP_SECONDS
 from models.stream.batch import StreamBatch
 
+from .memory import many_streams_heap
 from .records import ModelStep, StepResult
 
 
@@ -83,7 +84,10 @@ class StreamsEngine:
         Then everything alive in the process leaves the cycle collector's view (``gc.freeze``): a
         full collection walked some 400,000 such objects, 130 ms on the CI host, and the records
         of many streams set one off every few dozen hops (the p95 hop of 256 streams on an H200
-        was 197 ms, the median 73 ms). Nothing of it stays in a stream."""
+        was 197 ms, the median 73 ms). And the process's heap is set for many streams
+        (app/runtime/memory.py: a hop's temporaries reuse memory, not fresh pages). Nothing of it
+        stays in a stream."""
+        many_streams_heap()
         g = torch.Generator().manual_seed(0)
         for e in self.entries.values():
             cfg = e.model.cfg

@@ -63,3 +63,17 @@ def test_the_mmap_threshold_is_fixed_on_linux_glibc():
     from app.runtime.memory import fixed_mmap_threshold
     expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert fixed_mmap_threshold() is expected
+
+
+def test_a_many_streams_heap_is_set_on_linux_glibc():
+    """StreamsEngine.warm() (serve, classify FILE FILE ..., bench --streams) sets it; the hop time
+    and memory it gives are measured in app/runtime/memory.py."""
+    import platform
+    import sys
+
+    from app.runtime.memory import fixed_mmap_threshold, many_streams_heap
+    expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    try:
+        assert many_streams_heap() is expected
+    finally:
+        fixed_mmap_threshold()                   # this worker's other tests as every command starts
