@@ -47,7 +47,8 @@ def build_edge(inner: str) -> FastAPI:
         headers = {"Authorization": ws.headers["authorization"]} if "authorization" in ws.headers else {}
         try:
             upstream = await connect(f"ws://{inner}/v1/stream", additional_headers=headers, max_size=None,
-                                     open_timeout=OPEN_SECONDS, ping_interval=None, proxy=None)
+                                     open_timeout=OPEN_SECONDS, ping_interval=None, proxy=None,
+                                     compression=None)   # loopback: no deflate of every hop
         except InvalidStatus as e:
             if e.response.status_code in (401, 403):     # the replica refused the token: so does the edge
                 await ws.close(code=1008)
