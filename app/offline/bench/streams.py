@@ -220,9 +220,8 @@ def streams_why(r: dict) -> str:
         x = last_ok[-1]
         t = tensor[x["streams"]]["hop_ms_median"]
         why += (f" At {x['streams']} streams the hop takes {x['hop_ms_median']:.1f} ms, its tensor work alone "
-                f"{t:.1f} ms: the other {x['hop_ms_median'] - t:.1f} ms are each stream's own host work "
-                f"(the demo signal's synthesis, {'the sample frames' if r.get('warm') else 'the log-mel'}, the "
-                f"records) on one Python thread.")
+                f"{t:.1f} ms: the other {x['hop_ms_median'] - t:.1f} ms are the rest of the hop, each stream's "
+                f"audio (the demo signal's synthesis), log-mel and record.")
     return why
 
 
