@@ -22,6 +22,7 @@ import torch
 
 from . import melspec
 from .musicnn import mel as musicnn_mel
+from .musicnn.batch import MusicnnBatch, on_device
 
 FRONTENDS = ("musicnn", "vggish")
 DEFAULT_FRONTEND = "musicnn"
@@ -237,7 +238,6 @@ class _MusicnnSlots(_Slots):
         super().__init__(capacity, net.input_bn.mean.device)
         self.net, self.continual = net, continual
         if continual:
-            from .musicnn.batch import MusicnnBatch
             self.caches = MusicnnBatch(net, capacity)
         else:
             from .musicnn import PATCH_FRAMES, patch_macs
@@ -267,7 +267,7 @@ class _MusicnnSlots(_Slots):
         frames = [self.mels[slot].frames(hop) for slot, hop in zip(slots, hops)]
         counts = [len(f) for f in frames]
         samples = np.concatenate(frames + [np.zeros((0, musicnn_mel.N_FFT), np.float32)])
-        mel = musicnn_mel.log_mel_of_frames_torch(_on_device(samples, self.device))     # (sum counts, 96)
+        mel = musicnn_mel.log_mel_of_frames_torch(on_device(samples, self.device))      # (sum counts, 96)
         shown = _on_host(mel)
         t1 = time.perf_counter()
         if cuda:
@@ -290,12 +290,6 @@ class _MusicnnSlots(_Slots):
             if k:
                 self.patches[slot] = torch.cat([self.patches[slot, k:], mel[end - k:end]])
         return self.net(self.patches[slots]), [2 * self.macs] * len(slots)
-
-
-def _on_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A host array on ``device`` without waiting for it (pinned and asynchronous on CUDA)."""
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
 
 
 def _on_host(t: torch.Tensor) -> np.ndarray:

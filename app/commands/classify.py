@@ -155,7 +155,7 @@ def run(args) -> int:
             source.close()
             if rows is not None:
                 rows.close()
-        for _, why in getattr(engine, "errors", []):       # the batch's stream that failed (said, not raised)
+        for _, why in engine.errors if batched else ():    # the batch's stream that failed (said, not raised)
             print(f"error: {why}", file=sys.stderr)
             code = 1
         stats = source.stats

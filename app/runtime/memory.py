@@ -31,10 +31,10 @@ def many_streams_heap() -> bool:
     """For a process that runs many streams in one engine (serve, ``classify FILE FILE ...``,
     ``bench --streams``): blocks up to 32 MB come from the heap and up to 64 MB of free heap is
     kept, so that each hop's large temporaries (the features and activations of every stream)
-    reuse the last hop's memory instead of fresh pages from the system: with the fixed 128 KB
-    threshold a hop of 4 streams took 89 ms, with this 46 ms; resident memory 25 MB higher and
-    flat (542-547 MB over 800 hops, streams leaving and joining; 2 cores, 2026-11-26). True if set
-    (Linux glibc only)."""
+    reuse the last hop's memory instead of fresh pages from the system. In a one-off run of 800
+    hops each (4 streams leaving and joining, 2 cores, 2026-11-26) a hop took 89 ms with the
+    fixed 128 KB threshold and 46 ms with this, resident memory 25 MB higher and flat (542-547
+    MB); `bench --streams` on the CPU is measured with it. True if set (Linux glibc only)."""
     if not sys.platform.startswith("linux"):
         return False
     try:

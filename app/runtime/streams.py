@@ -28,7 +28,7 @@ import torch
 from audio.errors import AudioError, FrontEndMismatchError
 from audio.frontends import as_frontend
 from audio.melspec import HOP, HOP_SECONDS
-from models.stream.batch import StreamBatch
+from models.stream.batch import StreamBatch, steps_to_steady
 
 from .memory import many_streams_heap
 from .records import ModelStep, StepResult
@@ -82,9 +82,10 @@ class StreamsEngine:
         each model steps a scratch stream of random tokens through its warm-up and one landmark
         segment, and the front end takes two hops of silence in a slot that is then free again.
         Then everything alive in the process leaves the cycle collector's view (``gc.freeze``): a
-        full collection walked some 400,000 such objects, 130 ms on the CI host, and the records
-        of many streams set one off every few dozen hops (the p95 hop of 256 streams on an H200
-        was 197 ms, the median 73 ms). And the process's heap is set for many streams
+        full collection walked some 400,000 such objects (130 ms on the CI host, one-off timing),
+        and the records of many streams set one off every few dozen hops (`bench --streams` on an
+        H200, 256 streams: p95 197 ms before, 75 ms after; the stored run is the after). Cyclic
+        garbage alive at the freeze is never collected. And the process's heap is set for many streams
         (app/runtime/memory.py: a hop's temporaries reuse memory, not fresh pages). Nothing of it
         stays in a stream."""
         many_streams_heap()
@@ -93,7 +94,7 @@ class StreamsEngine:
             cfg = e.model.cfg
             scratch = StreamBatch(e.model, 1, graphs=False)
             slot = [scratch.join()]
-            for _ in range(cfg.window + -(-cfg.window // (cfg.num_landmarks or 1)) + 1):
+            for _ in range(steps_to_steady(cfg)):
                 scratch.step(slot, torch.rand(1, cfg.in_dim, generator=g).to(self.device))
         slot = self.frontend_batch.join()
         for _ in range(2):

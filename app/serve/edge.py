@@ -17,6 +17,8 @@ import contextlib
 import json
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import uvicorn
 from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
@@ -24,6 +26,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .protocol import GOING_AWAY, SERVER_ERROR, TRY_LATER
+from .server import LoopServer
 
 REPLICA_GONE = 1012                 # RFC 6455 "service restart": the client may connect again
 REPLICA_GONE_REASON = "the replica serving this stream stopped; connect again for a fresh stream"
@@ -138,31 +141,17 @@ async def close(ws: WebSocket, code: int, reason: str) -> None:
 
 async def http_get(inner: str, path: str) -> tuple[int, bytes]:
     """(status, body) of GET ``path`` at ``inner``; 503 with a JSON error when it cannot be read."""
-    host, port = inner.rsplit(":", 1)
+    def get():
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))     # loopback: no proxy
+        try:
+            with direct.open(f"http://{inner}{path}", timeout=OPEN_SECONDS) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), OPEN_SECONDS)
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {inner}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        raw = await asyncio.wait_for(reader.read(), OPEN_SECONDS)
-        writer.close()
-        head, _, body = raw.partition(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        if b"transfer-encoding: chunked" in head.lower():
-            body = dechunk(body)
-        return status, body
-    except (OSError, asyncio.TimeoutError, ValueError, IndexError) as e:
+        return await asyncio.to_thread(get)
+    except OSError as e:
         return 503, json.dumps({"error": f"the replicas' health cannot be read: {type(e).__name__}"}).encode()
-
-
-def dechunk(body: bytes) -> bytes:
-    out, rest = b"", body
-    while rest:
-        size_line, _, rest = rest.partition(b"\r\n")
-        size = int(size_line.split(b";")[0], 16)
-        if size == 0:
-            break
-        out, rest = out + rest[:size], rest[size + 2:]
-    return out
 
 
 class Edge:
@@ -173,7 +162,7 @@ class Edge:
         self.app = build_edge(inner)
         config = uvicorn.Config(self.app, ws_max_size=message_bytes, ws_ping_interval=20.0, ws_ping_timeout=20.0,
                                 log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
-        self.server = _LoopServer(config)
+        self.server = LoopServer(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
                                        name="nystream-edge")
 
@@ -202,11 +191,3 @@ class Edge:
                 asyncio.run_coroutine_threadsafe(close_all(edge.app), loop).result(timeout=10)
         edge.server.should_exit = True
         edge.thread.join(timeout=10)
-
-
-class _LoopServer(uvicorn.Server):
-    """A uvicorn server that keeps its event loop (for calls from other threads)."""
-
-    async def serve(self, sockets=None):
-        self.loop = asyncio.get_running_loop()
-        await super().serve(sockets)

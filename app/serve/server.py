@@ -50,7 +50,15 @@ def check_exposure(host: str, token: str | None) -> None:
                          f"or serve on 127.0.0.1")
 
 
-class DrainingServer(uvicorn.Server):
+class LoopServer(uvicorn.Server):
+    """A uvicorn server that keeps its event loop (for calls from other threads)."""
+
+    async def serve(self, sockets=None):
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+
+class DrainingServer(LoopServer):
     """On the first SIGTERM or SIGINT: refuse new clients, let every stream finish its buffered
     audio, send its verdict and close 1001, then stop (at most DRAIN_SECONDS). A second signal
     stops at once."""
@@ -75,10 +83,6 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.2)                        # the last verdicts and closes go out
         self.should_exit = True
-
-    async def serve(self, sockets=None):
-        self.loop = asyncio.get_running_loop()
-        await super().serve(sockets)
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -36,6 +36,12 @@ P, EDGE = PATCH_FRAMES, 3
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 
 
+def on_device(a: np.ndarray, device: torch.device) -> Tensor:
+    """A host array on ``device`` without waiting (pinned and asynchronous on CUDA)."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
+
+
 class MusicnnBatch:
     """``reset(slot)`` starts a stream in a slot (preceded by silence, as ``MusicnnStream.reset``);
     ``push(slots, frames) -> (S, 50)`` taggrams. Which slots are free is the caller's business.
@@ -130,9 +136,7 @@ class MusicnnBatch:
         return out
 
     def _dev(self, a: np.ndarray) -> Tensor:
-        """A host array on the device without waiting (pinned and asynchronous on CUDA)."""
-        t = torch.from_numpy(np.ascontiguousarray(a))
-        return t if self.device.type == "cpu" else t.pin_memory().to(self.device, non_blocking=True)
+        return on_device(a, self.device)
 
     def _ring(self, idx: np.ndarray, first: int, count: int) -> Tensor:
         """(G * count,) flat indices (slot * P + ring row) of patch rows first .. first + count - 1

@@ -53,7 +53,7 @@ def _mel_basis() -> np.ndarray:
     return librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=BANDS).astype(np.float32).T  # (257, 96)
 
 
-_MEL = None
+_MEL = _MEL64 = None
 _WINDOW = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)     # periodic Hann, float64
 
 
@@ -64,13 +64,21 @@ def mel_basis() -> np.ndarray:
     return _MEL
 
 
+def mel_basis64() -> np.ndarray:
+    """The float32 basis, exactly, in float64 (the mel product's)."""
+    global _MEL64
+    if _MEL64 is None:
+        _MEL64 = mel_basis().astype(np.float64)
+    return _MEL64
+
+
 def log_mel_of_frames(frames: np.ndarray) -> np.ndarray:
     """(F, 512) float32 sample frames -> (F, 96) float32 log-mel, as the original computed it
     (its roundings; each value computed in float64 and rounded once, see above)."""
     spectrum = np.fft.rfft(frames.astype(np.float64) * _WINDOW, axis=1).astype(np.complex64)
     re, im = spectrum.real.astype(np.float64), spectrum.imag.astype(np.float64)
     power = (re * re + im * im).astype(np.float32)
-    mel = (power.astype(np.float64) @ mel_basis().astype(np.float64)).astype(np.float32)
+    mel = (power.astype(np.float64) @ mel_basis64()).astype(np.float32)
     mel = mel.astype(np.float16).astype(np.float32)
     return np.log10((np.float32(10000.0) * mel + np.float32(1.0)).astype(np.float64)).astype(np.float32)
 
@@ -84,7 +92,7 @@ def log_mel_of_frames_torch(frames):
     import torch
     if frames.device not in _ON_DEVICE:              # the window and the mel basis, copied once
         _ON_DEVICE[frames.device] = (torch.from_numpy(_WINDOW).to(frames.device),
-                                     torch.from_numpy(mel_basis()).to(frames.device, torch.float64))
+                                     torch.from_numpy(mel_basis64()).to(frames.device))
     window, basis = _ON_DEVICE[frames.device]
     spectrum = torch.fft.rfft(frames.double() * window, dim=-1).to(torch.complex64)
     re, im = spectrum.real.double(), spectrum.imag.double()

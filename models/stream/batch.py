@@ -69,6 +69,13 @@ def shared_weights_clone(model):
     return copy.deepcopy(model, memo)
 
 
+def steps_to_steady(cfg) -> int:
+    """Steps after which a stream steps as it will from then on: its window full (recomputing
+    variants: one call, one captured graph) and one landmark segment completed after it
+    (continual landmarks: a replacing step taken)."""
+    return cfg.window + -(-cfg.window // (cfg.num_landmarks or 1)) + 1
+
+
 class SlotsFull(RuntimeError):
     """Every slot holds a stream."""
 

@@ -133,11 +133,10 @@ def test_genre_timeline_strips_are_each_steps_top_and_the_smoothed_top(make_wind
     w = make_window(source="demo", variants=("continual_nystrom",))
     # the model runs from the hop after its build (on the engine's control thread) is done,
     # which on a busy host may be a few hops after the stream's first: the strips start there
-    stepped = lambda: [r for r in w.history if "continual_nystrom" in r.models]      # noqa: E731
-    qtbot.waitUntil(lambda: len(stepped()) >= 40, timeout=30000 + 250 * 40)
+    wait_steps(qtbot, w, 40, model="continual_nystrom")
     w.timer.stop()
     w.redraw()
-    history = stepped()
+    history = [r for r in w.history if "continual_nystrom" in r.models]
     assert [r.step for r in history] == list(range(history[0].step, history[-1].step + 1))
     image = w.genre.timeline.image                                  # (2 strips, steps, RGBA)
     assert image.shape[:2] == (2, history[-1].step - history[0].step + 1)

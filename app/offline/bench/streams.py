@@ -47,13 +47,11 @@ def device_mb() -> float:
 
 
 def steady_after(entries, every_hop: bool = False) -> int:
-    """Hops until every model of the lineup steps as it does from then on: every phase's window
-    full (recomputing models replay one graph, not a call per window length) and one landmark
-    segment completed after it (continual landmarks have taken a replacing step): the time
-    warm-up and every CUDA graph's capture take, before a hop is timed. ``every_hop``: each
-    model is stepped every hop (its spacing not used)."""
-    return 1 + max((1 if every_hop else e.spacing) * (e.model.cfg.window + -(-e.model.cfg.window // e.model.cfg.num_landmarks))
-                   for e in entries)
+    """Hops until every model of the lineup steps as it does from then on
+    (models/stream/batch.py ``steps_to_steady``, times its spacing; ``every_hop``: each model
+    stepped every hop): warm-up and every CUDA graph's capture happen before a hop is timed."""
+    from models.stream.batch import steps_to_steady
+    return 1 + max((1 if every_hop else e.spacing) * (steps_to_steady(e.model.cfg) - 1) for e in entries)
 
 
 def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
