@@ -259,6 +259,21 @@ class GenreTransformer(nn.Module):
         """FLOPs of the last step for one stream: 'sda', 'attention' (with projections), 'model'."""
         return {k: v.total for k, v in self.step_flops_detail().items()}
 
+    def step_flops_key(self) -> tuple:
+        """Everything ``step_flops_detail`` reads, as a hashable value: two steps with equal keys
+        have equal FLOP counts (models/stream/batch.py counts each key once). The position
+        matters up to n + 1; each block's SDA by its state's presence, head dimension, landmark
+        count and report (models/sda/kernel.py ``last_step``)."""
+        def sda_key(sda):
+            st = sda.st
+            if st is None or st.t == 0:
+                return None
+            marks = getattr(st, "marks", None)
+            return (st.d, None if marks is None else tuple(marks.q.shape), getattr(st, "ring", None) is None,
+                    tuple(vars(sda.report).values()))
+        return (min(self._t, self.cfg.window + 1), self._batch, self.landmark_mode,
+                tuple(sda_key(b.attn.sda) for b in self.blocks))
+
     def step_flops_detail(self) -> dict[str, F.Flops]:
         """Like ``step_flops`` with the matrix-product part separate (see models/flops.py)."""
         cfg, B = self.cfg, self._batch or 1

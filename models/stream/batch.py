@@ -113,6 +113,7 @@ class StreamBatch:
         self.stepped = np.zeros(0, np.int64)                   # (S,) positions + 1 after the last step
         self.mode = model.landmark_mode
         self._flops: dict[tuple, dict[str, int]] = {}          # (position up to n + 1, events) -> FLOPs
+                                                               # (fused: the clone's step_flops_key)
         per_slot = ([math.prod(s.shape) * s.dtype.itemsize for s in self.graph.state_spec()]
                     if self.continual else [self.cfg.window * self.cfg.in_dim * 4])
         self.slot_nbytes = sum(per_slot)
@@ -154,7 +155,11 @@ class StreamBatch:
         single-stream step for its position and events; the masked branches not taken are not
         counted). They depend on the position only up to n + 1, so each count is made once."""
         if self.fused:
-            return self.clones[self._last[i]].step_flops()
+            clone = self.clones[self._last[i]]
+            key = clone.step_flops_key()
+            if key not in self._flops:
+                self._flops[key] = clone.step_flops()
+            return dict(self._flops[key])
         t = min(int(self.stepped[i]), self.cfg.window + 1)
         key = (t, tuple(self.events_host()[i].tolist())) if self.continual else (t,)
         if key not in self._flops:

@@ -80,6 +80,8 @@ def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(varia
             err = (got[i].double() - want).abs().max().item() / max(1.0, want.abs().max().item())
             if err / tol > worst[0] / worst[1]:
                 worst = (err, tol)
+            if batch.fused:      # FLOPs counted once per key: the clone's own count at every step
+                assert batch.step_flops(i) == batch.clones[slot].step_flops(), (hop, slot)
     assert joined >= 8 and left == 5                                   # streams came and went
     errors(f"stream batch {variant}/{mode} {layers} block(s) on {device} vs float64", *worst)
 
