@@ -38,7 +38,7 @@ OPEN_SECONDS = 30.0
 def build_edge(inner: str) -> FastAPI:
     """The relay app in front of Ray Serve's proxy at ``inner`` ("127.0.0.1:PORT")."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.relays, app.state.closing = set(), False
+    app.state.relays, app.state.closing = {}, False          # (client, replica) -> the client-to-replica task
 
     @app.get("/v1/health")
     async def health():
@@ -47,6 +47,10 @@ def build_edge(inner: str) -> FastAPI:
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket):
+        if app.state.closing:                            # draining: no new streams
+            await ws.accept()
+            await close(ws, GOING_AWAY, SHUTTING_DOWN)
+            return
         headers = {"Authorization": ws.headers["authorization"]} if "authorization" in ws.headers else {}
         try:
             upstream = await connect(f"ws://{inner}/v1/stream", additional_headers=headers, max_size=None,
@@ -64,12 +68,7 @@ def build_edge(inner: str) -> FastAPI:
             await close(ws, TRY_LATER, f"no replica took the stream ({type(e).__name__}); try again")
             return
         await ws.accept()
-        pair = (ws, upstream)
-        app.state.relays.add(pair)
-        try:
-            await relay(ws, upstream)
-        finally:
-            app.state.relays.discard(pair)
+        await relay(ws, upstream)
 
     return app
 
@@ -79,8 +78,13 @@ async def relay(ws: WebSocket, upstream) -> None:
     connection closed whatever happened (its stream leaves the replica's engine)."""
     up = asyncio.create_task(client_to_replica(ws, upstream))
     down = asyncio.create_task(replica_to_client(ws, upstream))
+    relays, pair = ws.app.state.relays, (ws, upstream)
+    relays[pair] = up
     try:
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+        if up in done and up.cancelled():   # draining: the replica finishes the stream (``drain``)
+            await down
+            done = {down}
         if down in done:                    # the replica closed (or vanished), or the client took no more
             up.cancel()
             code, reason = (GOING_AWAY, SHUTTING_DOWN) if ws.app.state.closing else closed_by(upstream, down)
@@ -89,8 +93,29 @@ async def relay(ws: WebSocket, upstream) -> None:
             down.cancel()
             up.exception()                  # read, so that it is not reported as never retrieved
     finally:
+        relays.pop(pair, None)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(upstream.close(), CLOSE_SECONDS)
+
+
+async def drain(app: FastAPI, seconds: float) -> None:
+    """The server is stopping, as a plain server's drain: no new streams; each relayed stream
+    stops taking its client's audio, its replica is told the stream has ended, and the client
+    gets the records of the audio already sent, its verdict and a close 1001. Streams still
+    open after ``seconds`` are closed 1001 as they are (``close_all``)."""
+    app.state.closing = True
+
+    async def end(pair, up: asyncio.Task):
+        up.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await up
+        with contextlib.suppress(Exception):
+            await pair[1].send(json.dumps({"end": True}))
+    await asyncio.gather(*(end(pair, up) for pair, up in list(app.state.relays.items())))
+    deadline = asyncio.get_running_loop().time() + seconds
+    while app.state.relays and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    await close_all(app)
 
 
 async def close_all(app: FastAPI) -> None:
@@ -179,15 +204,23 @@ class Edge:
             raise RuntimeError("the edge's server did not start within 10 s")
 
     @classmethod
-    def stop(cls) -> None:
-        """Every relayed stream closed 1001 (the server is shutting down), then the server."""
+    def stop(cls, drain_seconds: float = 0.0, hurry: threading.Event | None = None) -> None:
+        """Every relayed stream drained (``drain``, at most ``drain_seconds``; cut short when
+        ``hurry`` is set) or, with no time to drain, closed 1001 at once; then the server."""
         edge, cls.running = cls.running, None
         if edge is None:
             return
         edge.app.state.closing = True
         loop = getattr(edge.server, "loop", None)
         if edge.server.started and loop is not None:
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(close_all(edge.app), loop).result(timeout=10)
+            job = drain(edge.app, drain_seconds) if drain_seconds > 0 else close_all(edge.app)
+            done = asyncio.run_coroutine_threadsafe(job, loop)
+            deadline = time.monotonic() + drain_seconds + 10
+            while not done.done() and time.monotonic() < deadline and not (hurry and hurry.is_set()):
+                time.sleep(0.05)
+            if not done.done():
+                done.cancel()
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(close_all(edge.app), loop).result(timeout=10)
         edge.server.should_exit = True
         edge.thread.join(timeout=10)

@@ -13,6 +13,9 @@ ingress deployment of K replicas, each building its own hub (one batched engine)
   to Ray Serve's proxy on a loopback port, so that a replica that dies gives its clients a close
   with a reason (1012; the proxy itself drops them without one) and `listen` reconnects with a
   fresh stream. The other replicas' clients are not touched.
+- SIGTERM or SIGINT drains at the edge, as a plain server drains: no new streams, each stream's
+  replica told it has ended, its client given the records of the audio it sent, its verdict and
+  a close 1001 (at most DRAIN_SECONDS; a second signal stops at once).
 """
 from __future__ import annotations
 
@@ -119,7 +122,10 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
         raise SystemExit(f"serve: cannot {'start Ray' if address == 'local' else f'reach the Ray cluster at {address!r}'}: "
                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
     from .server import ServeError
-    stop = threading.Event()
+    stop, hurry = threading.Event(), threading.Event()
+
+    def on_signal(sig, frame):           # the first drains, a second stops at once
+        (hurry if stop.is_set() else stop).set()
     try:
         try:
             url = start(spec, token, host, port, replicas)
@@ -127,13 +133,16 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
             raise SystemExit(f"serve: {e}") from None
         print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each"
               f"{', token required' if token else ''}", file=sys.stderr, flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
         while not stop.is_set():
             time.sleep(0.2)
     finally:
         from .edge import Edge
-        Edge.stop()
+        from .server import DRAIN_SECONDS
+        if stop.is_set() and Edge.running is not None:
+            print(f"# draining {len(Edge.running.app.state.relays)} streams", file=sys.stderr, flush=True)
+        Edge.stop(drain_seconds=DRAIN_SECONDS if stop.is_set() else 0.0, hurry=hurry)
         if address != "local":          # a cluster that lives on: remove this app from it
             serve.delete(APP)
         ray.shutdown()                  # a local instance: everything ends with it

@@ -1,8 +1,10 @@
 """The edge of `serve --ray` (app/serve/edge.py) in front of a plain server on loopback: what a
 client gets through it is what it gets from the server itself (records, verdict, every refusal
-with its close code and reason, the token check, the health), and a stopping edge closes its
-clients 1001. (A replica that dies, 1012 with a reason: tests/serve/test_serve_ray.py.)"""
+with its close code and reason, the token check, the health); a stopping edge drains (each
+client's records of the audio it sent, its verdict, then 1001), or without time to drain closes
+its clients 1001 at once. (A replica that dies, 1012 with a reason: tests/serve/test_serve_ray.py.)"""
 import json
+import threading
 import urllib.request
 
 import pytest
@@ -51,7 +53,44 @@ def test_through_the_edge_a_client_gets_what_the_server_gives(files, capsys, err
         same(errors, records, want)
 
 
-def test_a_stopping_edge_closes_its_clients_1001(files, edge_of):
+def test_a_stopping_edge_drains_each_client_gets_its_records_and_verdict_then_1001(files, capsys, errors, edge_of):
+    """As a plain server's drain: the audio a client sent and the edge relayed is classified to
+    its end (records equal classify's for it), then its verdict and a close 1001; a client
+    arriving meanwhile gets 1001."""
+    checkpoints, songs = files
+    hops = hops_of(songs["a"])[:8]
+    with server(checkpoints) as (url, _):
+        front = edge_of(url)
+        with client(front) as ws:
+            ws.send(json.dumps(HELLO))
+            ws.recv(timeout=20)
+            for hop in hops:
+                ws.send(hop.astype("<f4").tobytes())
+            first = json.loads(ws.recv(timeout=20))                             # a record: the stream runs
+            app = Edge.running.app
+            app.state.closing = True                  # as the drain begins (it ends too soon to race)
+            with client(front) as other:
+                with pytest.raises(ConnectionClosed):
+                    other.recv(timeout=20)
+                late = (other.close_code, other.close_reason)
+            app.state.closing = False
+            stopper = threading.Thread(target=Edge.stop, kwargs={"drain_seconds": 20.0})
+            stopper.start()
+            messages = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    messages.append(json.loads(ws.recv(timeout=20)))
+            stopper.join(timeout=30)
+            assert (ws.close_code, ws.close_reason) == (1001, "the server is shutting down")
+    records, verdict = [first] + messages[:-1], messages[-1]
+    # the hops the edge had relayed when the drain began (all 8 unless the host is very slow)
+    assert "verdict" in verdict and verdict["hops"] == len(records) and 1 < len(records) <= len(hops)
+    assert late == (1001, "the server is shutting down")
+    want = classify_jsonl(capsys, songs["a"], checkpoints)[:len(records)]
+    same(errors, records, want)
+
+
+def test_an_edge_stopped_without_a_drain_closes_its_clients_1001_at_once(files, edge_of):
     checkpoints, songs = files
     with server(checkpoints) as (url, _):
         front = edge_of(url)
