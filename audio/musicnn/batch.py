@@ -33,6 +33,7 @@ from . import (BANDS, float32, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRA
 from .stream import MusicnnStream, toeplitz_taps
 
 P, EDGE = PATCH_FRAMES, 3
+CPU_CHUNK = 4                                          # streams computed together on the CPU
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 
 
@@ -46,19 +47,26 @@ class MusicnnBatch:
     """``reset(slot)`` starts a stream in a slot (preceded by silence, as ``MusicnnStream.reset``);
     ``push(slots, frames) -> (S, 50)`` taggrams. Which slots are free is the caller's business.
 
-    ``accumulate`` (the default) keeps the temporal pre-activations of every patch row
+    ``accumulate`` (the default on CUDA) keeps the temporal pre-activations of every patch row
     (3 x 187 x 51 x 96 floats, 11 MB per slot) and updates them by the frames that leave and
-    arrive: the fewest multiply-accumulates. Without it only the features are kept (0.5 MB per
-    slot with the patch and the timbral rows) and the k + K - 1 rows a hop changes are recomputed by one convolution per branch and
-    end of the patch: 2.2x the temporal multiply-accumulates, no scattered adds, a twentieth of
-    the memory (for many thousands of streams on one GPU; its speed there is not measured yet)."""
+    arrive: the fewest multiply-accumulates. Without it (the default on the CPU) only the
+    features are kept (0.5 MB per slot with the patch and the timbral rows) and the k + K - 1
+    rows a hop changes are recomputed by one convolution per branch and end of the patch: 2.2x
+    the temporal multiply-accumulates, no scattered adds, a twentieth of the memory. On the CPU
+    the two take the same time (8 and 16 streams in one engine, docs/benchmarks.md); on an H200
+    the accumulators were the faster below 4,096 streams.
 
-    def __init__(self, net: Musicnn, capacity: int, *, accumulate: bool = True):
+    ``chunk``: streams computed together (CPU: 4, so that a hop's temporaries, some 8 MB a
+    stream, do not grow with the streams; CUDA: all of them, in the fewest launches)."""
+
+    def __init__(self, net: Musicnn, capacity: int, *, accumulate: bool | None = None, chunk: int | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.net, self.capacity = net, capacity
         self.device = next(net.buffers()).device
-        self.accumulate = accumulate
+        cuda = self.device.type == "cuda"
+        self.accumulate = cuda if accumulate is None else accumulate
+        self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
         self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)
         self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
@@ -110,6 +118,17 @@ class MusicnnBatch:
             return self._push(np.asarray(slots, np.int64), rows, np.asarray(counts, np.int64))
 
     def _push(self, slots: np.ndarray, new: Tensor, counts: np.ndarray) -> Tensor:
+        if len(slots) <= self.chunk:
+            return self._push_chunk(slots, new, counts)
+        out = torch.empty(len(slots), TAGS, device=self.device)
+        ends = np.cumsum(counts)
+        for lo in range(0, len(slots), self.chunk):
+            hi = min(lo + self.chunk, len(slots))
+            first = int(ends[lo] - counts[lo])
+            out[lo:hi] = self._push_chunk(slots[lo:hi], new[first:int(ends[hi - 1])], counts[lo:hi])
+        return out
+
+    def _push_chunk(self, slots: np.ndarray, new: Tensor, counts: np.ndarray) -> Tensor:
         ks = np.minimum(counts, P)                       # more than a patch: its last P frames
         offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]) + counts - ks if len(ks) else ks
         out = torch.empty(len(slots), TAGS, device=self.device)

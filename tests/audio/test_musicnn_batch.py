@@ -29,7 +29,7 @@ def taggram_tol(logits64: torch.Tensor) -> float:
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-# (device, accumulate): the temporal accumulators (the default) and the recomputed rows, on each device
+# (device, accumulate): the temporal accumulators (CUDA's default) and the recomputed rows (the CPU's), on each device
 MODES = [("cpu", True), ("cpu", False), pytest.param("cuda", True, marks=CUDA), pytest.param("cuda", False, marks=CUDA)]
 
 
@@ -57,7 +57,7 @@ def patch_of(history: list[np.ndarray]) -> torch.Tensor:
 def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_network(nets, device, accumulate, errors):
     net, net64 = nets
     rng = np.random.default_rng(0)
-    batch = MusicnnBatch(on(net, device), capacity=4, accumulate=accumulate)
+    batch = MusicnnBatch(on(net, device), capacity=4, accumulate=accumulate, chunk=2)   # 3 streams: 2 + 1
     histories: dict[int, list] = {}
     singles: dict[int, MusicnnStream] = {}
     worst, tol = 0.0, float("inf")
