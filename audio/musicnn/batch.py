@@ -33,7 +33,8 @@ from . import (BANDS, float32, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRA
 from .stream import MusicnnStream, toeplitz_taps
 
 P, EDGE = PATCH_FRAMES, 3
-CPU_CHUNK = 4                                          # streams computed together on the CPU
+CPU_CHUNK = 8                                          # streams computed together on the CPU
+CPU_ACCUMULATE = (True, False, False)                  # temporal branches (K = 128, 64, 32) with accumulators on the CPU
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 
 
@@ -47,25 +48,31 @@ class MusicnnBatch:
     """``reset(slot)`` starts a stream in a slot (preceded by silence, as ``MusicnnStream.reset``);
     ``push(slots, frames) -> (S, 50)`` taggrams. Which slots are free is the caller's business.
 
-    ``accumulate`` (the default on CUDA) keeps the temporal pre-activations of every patch row
-    (3 x 187 x 51 x 96 floats, 11 MB per slot) and updates them by the frames that leave and
-    arrive: the fewest multiply-accumulates. Without it (the default on the CPU) only the
-    features are kept (0.5 MB per slot with the patch and the timbral rows) and the k + K - 1
-    rows a hop changes are recomputed by one convolution per branch and end of the patch: 2.2x
-    the temporal multiply-accumulates, no scattered adds, a twentieth of the memory. On the CPU
-    the two take the same time (8 and 16 streams in one engine, docs/benchmarks.md); on an H200
-    the accumulators were the faster below 4,096 streams.
+    ``accumulate`` (per temporal branch, K = 128, 64, 32) keeps a branch's pre-activations of
+    every patch row (187 x 51 x 96 floats, 3.7 MB per slot and branch) and updates them by the
+    frames that leave and arrive: the fewest multiply-accumulates. A branch without them keeps
+    only its features and recomputes the k + K - 1 rows a hop changes, by one convolution per end
+    of the patch: no scattered adds, more multiply-accumulates (2.5x for K = 128, 1.9x for 64,
+    1.2x for 32). The default on the CPU accumulates the K = 128 branch only: within 2 % of
+    accumulating all three (8 and 16 streams, one process taking turns), where recomputing all
+    three took 20 % longer; 4.2 MB of state per slot instead of 11.5. On CUDA all three (faster
+    below 4,096 streams on an H200).
 
-    ``chunk``: streams computed together (CPU: 4, so that a hop's temporaries, some 8 MB a
-    stream, do not grow with the streams; CUDA: all of them, in the fewest launches)."""
+    ``chunk``: streams computed together (CPU: 8, so that a hop's temporaries, some 8 MB a
+    stream, stop growing with the streams, at no cost in time at 16 streams; CUDA: all of them,
+    in the fewest launches)."""
 
-    def __init__(self, net: Musicnn, capacity: int, *, accumulate: bool | None = None, chunk: int | None = None):
+    def __init__(self, net: Musicnn, capacity: int, *, accumulate: bool | tuple | None = None,
+                 chunk: int | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.net, self.capacity = net, capacity
         self.device = next(net.buffers()).device
         cuda = self.device.type == "cuda"
-        self.accumulate = cuda if accumulate is None else accumulate
+        if accumulate is None:
+            accumulate = True if cuda else CPU_ACCUMULATE
+        self.accumulate = (tuple(bool(a) for a in accumulate) if isinstance(accumulate, (tuple, list))
+                           else (bool(accumulate),) * len(TEMPORAL))                  # per temporal branch
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
         self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)
@@ -83,7 +90,7 @@ class MusicnnBatch:
         state = {"patch": one.patch, "timbral": one.timbral.rows,
                  "last": torch.sigmoid(self.net.head(self._front_of(one)[None]))[0]}
         for j, acc in enumerate(one.temporal):
-            if self.accumulate:
+            if self.accumulate[j]:
                 state[f"z{j}"] = acc.z                                                 # (P, C', 96)
             state[f"f{j}"] = acc.bn.max_relu(acc.z, dim=2)                             # (P, C')
         return state
@@ -188,48 +195,44 @@ class MusicnnBatch:
         old = st["patch"].view(-1, BANDS)[self._ring(idx, 0, P)].view(len(idx), P, BANDS)   # (G, P, 96) row order
         patch = torch.cat([old[:, k:], x], dim=1)
         st["patch"].view(-1, BANDS)[self._ring(idx, 0, k)] = x.reshape(-1, BANDS)   # rows 0..k-1 leave, the new take their ring rows
-        macs = self._accumulated(idx, old, patch, k) if self.accumulate else self._recomputed(idx, patch, k)
+        macs = self._temporal(idx, old, patch, k)
         # timbral: rows P-3-k .. P-4 became interior (the 3 + 3 edge rows: ``_front``)
         fresh = self._timbral_rows([patch[:, P - k - 2 * EDGE:]])[0]                   # (G, k, 408)
         st["timbral"].view(-1, TIMBRAL_FEATS)[self._ring(idx, P - EDGE - k, k)] = fresh.reshape(-1, TIMBRAL_FEATS)
         self.macs[idx] = macs + (k + 2 * EDGE) * timbral_macs_per_frame()
 
-    def _accumulated(self, idx: np.ndarray, old: Tensor, patch: Tensor, k: int) -> int:
-        """Temporal branches by their accumulators; moves the slots' ring starts by k."""
+    def _temporal(self, idx: np.ndarray, old: Tensor, patch: Tensor, k: int) -> int:
+        """The temporal branches' rows a hop changed, P-k-a .. P-1 (their windows reach the new
+        frames) and 0 .. b-1 (theirs lost the old ones): a branch with accumulators updates them
+        by the frames that leave and arrive, one without recomputes those rows from the new
+        patch (G, P, 96) and its zero padding. Moves the slots' ring starts by k."""
         st = self.state
         # frames 0..k-1 of the old patch leave old rows k .. k+b-1 (one product per
         # branch for the group: (G, b*C', 96) = taps (b*C', k) @ frames (G, k, 96))
         for j, (kernel, _, _, _, _) in enumerate(self.temporal):
-            b, a = same_padding(kernel)
-            out = self._taps_for(j, ("out", k), range(k, k + b), range(0, k)) @ old[:, :k]
-            st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS).index_add_(
-                0, self._ring(idx, k, b), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
+            if self.accumulate[j]:
+                b, a = same_padding(kernel)
+                out = self._taps_for(j, ("out", k), range(k, k + b), range(0, k)) @ old[:, :k]
+                st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS).index_add_(
+                    0, self._ring(idx, k, b), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
         self.start[idx] = (self.start[idx] + k) % P                                    # old row p is now p - k
-        macs = 0
-        for j, (kernel, bn, _, bias, _) in enumerate(self.temporal):
-            b, a = same_padding(kernel)
-            z = st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS)
-            z[self._ring(idx, P - k, k)] = bias.view(-1, 1)
-            taps = self._taps_for(j, ("in", k), range(P - k - a, P), range(P - k - b, P), P - k)   # (R*C', k+b)
-            z.index_add_(0, self._ring(idx, P - k - a, a + k), (taps @ patch[:, P - k - b:]).view(-1, TEMPORAL_CH, BANDS))
-            # the rows changed, P-k-a .. P-1 and 0 .. b-1: one cyclic run of each slot's ring
-            self._features(idx, bn, st[f"z{j}"], st[f"f{j}"], P - k - a, k + kernel - 1)
-            macs += TEMPORAL_CH * BANDS * (b * k + (a + k) * (k + b))
-        return macs
-
-    def _recomputed(self, idx: np.ndarray, patch: Tensor, k: int) -> int:
-        """Temporal branches without accumulators: the rows a hop changed, P-k-a .. P-1 (their
-        windows reach the new frames) and 0 .. b-1 (theirs lost the old ones), recomputed from
-        the new patch (G, P, 96) and its zero padding; moves the slots' ring starts by k."""
-        self.start[idx] = (self.start[idx] + k) % P
         macs = 0
         for j, (kernel, bn, weight, bias, _) in enumerate(self.temporal):
             b, a = same_padding(kernel)
+            if self.accumulate[j]:
+                z = st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS)
+                z[self._ring(idx, P - k, k)] = bias.view(-1, 1)
+                taps = self._taps_for(j, ("in", k), range(P - k - a, P), range(P - k - b, P), P - k)   # (R*C', k+b)
+                z.index_add_(0, self._ring(idx, P - k - a, a + k), (taps @ patch[:, P - k - b:]).view(-1, TEMPORAL_CH, BANDS))
+                # the rows changed: one cyclic run of each slot's ring
+                self._features(idx, bn, st[f"z{j}"], st[f"f{j}"], P - k - a, k + kernel - 1)
+                macs += TEMPORAL_CH * BANDS * (b * k + (a + k) * (k + b))
+                continue
             tail = torch.nn.functional.pad(patch[:, P - k - a - b:], (0, 0, 0, a))      # -> rows P-k-a .. P-1
             head = torch.nn.functional.pad(patch[:, :b + a], (0, 0, b, 0))              # -> rows 0 .. b-1
             rows = torch.cat([bn.max_relu(torch.nn.functional.conv2d(seg[:, None], weight, bias).permute(0, 2, 1, 3), dim=3)
                               for seg in (tail, head)], dim=1)                           # (G, k+K-1, C'): one cyclic run
-            self.state[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k + kernel - 1)] = rows.reshape(-1, TEMPORAL_CH)
+            st[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k + kernel - 1)] = rows.reshape(-1, TEMPORAL_CH)
             macs += TEMPORAL_CH * BANDS * (k + kernel - 1) * kernel
         return macs
 
@@ -262,7 +265,7 @@ class MusicnnBatch:
             z = torch.nn.functional.conv2d(torch.nn.functional.pad(patch, (0, 0, before, after))[:, None],
                                            weight, bias)                               # (G, C', P, 96)
             z = z.permute(0, 2, 1, 3)                                                  # (G, P, C', 96)
-            if self.accumulate:
+            if self.accumulate[j]:
                 st[f"z{j}"][sl] = z
             st[f"f{j}"][sl] = bn.max_relu(z, dim=3)
             macs += TEMPORAL_CH * BANDS * P * kernel
