@@ -86,3 +86,23 @@ def test_paired_medians_time_each_function_in_alternating_blocks():
     a, b = paired_medians(fast, slow, budget_s=0.05, block_a=5, block_b=1)
     assert calls[:12] == ["a"] * 5 + ["b"] + ["a"] * 5 + ["b"]
     assert b >= 2000 > 20 * a          # microseconds: the sleep is in b's median, not in a's
+
+
+def test_streams_bench_rows_memory_and_capacity_follow_from_its_hops(capsys):
+    """`bench --streams`, two rows (1 and 2 demo streams): each row's FLOPs are the front end's and
+    the five models' per stream-hop, its GFLOP/s those over its median hop; memory per added
+    stream is the last doubling's; the capacity the largest row within half a hop; the last line
+    says it."""
+    from app.offline.bench.streams import REAL_TIME_MS, print_streams, streams_bench
+    r = streams_bench("cpu", hops=3, warm=2, max_streams=2)
+    rows = r["rows"]
+    assert [x["streams"] for x in rows][:1] == [1] and len(r["models"]) == 5
+    for x in rows:
+        assert 0 < x["frontend_flops_per_stream_hop"] < x["flops_per_stream_hop"]
+        assert x["hop_ms_p95"] >= x["hop_ms_median"] > 0
+        assert abs(x["gflops"] - x["flops_per_stream_hop"] * x["streams"] / (x["hop_ms_median"] * 1e6)) < 1e-9
+    assert r["capacity"] == max([x["streams"] for x in rows if x["hop_ms_p95"] <= REAL_TIME_MS], default=0)
+    if len(rows) == 2:
+        assert r["mb_per_stream"] == rows[1]["rss_mb"] - rows[0]["rss_mb"]
+    print_streams(r)
+    assert capsys.readouterr().out.splitlines()[-1] == f"real-time capacity: {r['capacity']} streams (cpu)"

@@ -225,7 +225,7 @@ def streams_body(runs: dict) -> str:
                 + (f", after {r['warm']} hops of warm-up (every model in its steady step; on CUDA every graph "
                    f"captured)" if "warm" in r else "")
                 + "; matmul peak "
-                f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB.", ""]
+                f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB (between the last two rows).", ""]
         out += streams_table(r) + ["", f"Real-time capacity: **{r['capacity']} streams** ({r['device']}). "
                                    + (streams_why(r) if "frontend_flops_per_stream_hop" in r["rows"][-1] else ""), ""]
         if "tensor" in r:
