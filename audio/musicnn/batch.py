@@ -35,6 +35,7 @@ from .stream import MusicnnStream, toeplitz_taps
 P, EDGE = PATCH_FRAMES, 3
 CPU_CHUNK = 8                                          # streams computed together on the CPU
 CPU_ACCUMULATE = (True, False, False)                  # temporal branches (K = 128, 64, 32) with accumulators on the CPU
+CUDA_LEAN_FROM = 4096                                  # CUDA: no accumulators from this capacity on
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 
 
@@ -55,8 +56,9 @@ class MusicnnBatch:
     of the patch: no scattered adds, more multiply-accumulates (2.5x for K = 128, 1.9x for 64,
     1.2x for 32). The default on the CPU accumulates the K = 128 branch only: within 2 % of
     accumulating all three (8 and 16 streams, one process taking turns), where recomputing all
-    three took 20 % longer; 4.2 MB of state per slot instead of 11.5. On CUDA all three (faster
-    below 4,096 streams on an H200).
+    three took 20 % longer; 4.2 MB of state per slot instead of 11.5. On CUDA all three below a
+    capacity of 4,096 streams, none from there (on an H200: 46.5 against 48.0 ms a push at 1,024
+    streams, 198.3 against 160.7 ms at 4,096; and 10,000 streams' accumulators would take 115 GB).
 
     ``chunk``: streams computed together (CPU: 8, so that a hop's temporaries stop growing with
     the streams: 43 MB resident for 32 streams, 97 MB with all 32 at once; no cost in time at 16
@@ -70,7 +72,7 @@ class MusicnnBatch:
         self.device = next(net.buffers()).device
         cuda = self.device.type == "cuda"
         if accumulate is None:
-            accumulate = True if cuda else CPU_ACCUMULATE
+            accumulate = (capacity < CUDA_LEAN_FROM) if cuda else CPU_ACCUMULATE
         self.accumulate = (tuple(bool(a) for a in accumulate) if isinstance(accumulate, (tuple, list))
                            else (bool(accumulate),) * len(TEMPORAL))                  # per temporal branch
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))

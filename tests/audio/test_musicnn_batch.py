@@ -29,8 +29,8 @@ def taggram_tol(logits64: torch.Tensor) -> float:
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-# (device, accumulate): every temporal branch by accumulators (CUDA's default), the K = 128 one only
-# (the CPU's), every branch's rows recomputed; on each device
+# (device, accumulate): every temporal branch by accumulators (CUDA's default below 4,096 streams),
+# the K = 128 one only (the CPU's), every branch's rows recomputed (CUDA's from 4,096); on each device
 HYBRID = (True, False, False)
 MODES = [("cpu", True), ("cpu", HYBRID), ("cpu", False), pytest.param("cuda", True, marks=CUDA),
          pytest.param("cuda", HYBRID, marks=CUDA), pytest.param("cuda", False, marks=CUDA)]
@@ -127,10 +127,12 @@ def test_a_streams_nan_frames_reach_no_other_stream(nets, device, accumulate):
 
 
 @CUDA
-def test_a_cuda_hop_never_waits_for_the_device(nets):
+@pytest.mark.parametrize("accumulate", [True, HYBRID, False])
+def test_a_cuda_hop_never_waits_for_the_device(nets, accumulate):
     """Indices from host state, copied without blocking: torch's sync debug mode raises on any
-    host synchronisation, over hops of 15 and 16 frames, none, and a jump."""
-    batch = MusicnnBatch(on(nets[0], "cuda"), capacity=3)
+    host synchronisation, over hops of 15 and 16 frames, none, and a jump; every way of the
+    temporal branches."""
+    batch = MusicnnBatch(on(nets[0], "cuda"), capacity=3, accumulate=accumulate)
     rng = np.random.default_rng(2)
     for s in range(3):
         batch.reset(s)
