@@ -54,42 +54,58 @@ def steady_after(entries, every_hop: bool = False) -> int:
     return 1 + max((1 if every_hop else e.spacing) * (steps_to_steady(e.model.cfg) - 1) for e in entries)
 
 
-def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
+def streams_row(device: str, streams: int, hops: int, warm: int, threads: int) -> dict:
+    """One row, in a fresh process (``streams_bench``): the engine's hop for ``streams`` demo
+    streams, and the resident memory the engine and its streams added to the process."""
     from app.runtime.lineup import default_lineup
     from app.runtime.streams import StreamsEngine
     from audio.frontends import build_frontend
     from audio.sources import DemoSource
 
+    torch.set_num_threads(threads)
+    frontend = build_frontend("musicnn", device=device)
+    entries = default_lineup(frontend, device)
+    base = rss_mb()
+    engine = StreamsEngine(frontend, entries, capacity=streams)
+    engine.warm()                                     # as serve readies its engine
+    for i in range(streams):
+        engine.join(DemoSource(seed=i)).source.name = f"demo:{i}"
+    times, flops, front = [], [], []
+    for k in range(warm + hops):
+        t0 = time.perf_counter()
+        records = engine.hop()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if k >= warm:
+            times.append((time.perf_counter() - t0) * 1e3)
+            flops += [r.frontend_flops + sum(m.flops["model"] for m in r.models.values()) for r in records]
+            front += [r.frontend_flops for r in records]
+    row = {"streams": streams, "hop_ms_median": statistics.median(times), "hop_ms_p95": percentile(times, 0.95),
+           "flops_per_stream_hop": statistics.mean(flops), "frontend_flops_per_stream_hop": statistics.mean(front),
+           "rss_mb": rss_mb() - base}
+    row["gflops"] = row["flops_per_stream_hop"] * streams / (row["hop_ms_median"] * 1e6)
+    print(f"  {streams:6d} streams: hop median {row['hop_ms_median']:8.1f} ms, p95 {row['hop_ms_p95']:8.1f} ms, "
+          f"{row['gflops']:6.2f} GFLOP/s, +{row['rss_mb']:.0f} MB", flush=True)
+    return row
+
+
+def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
+    """Each row in a fresh process (spawned; one at a time), so that one row's memory, heap and
+    warm caches are not the next one's."""
+    import multiprocessing
+
+    from app.runtime.lineup import default_lineup
+    from audio.frontends import build_frontend
+
     frontend = build_frontend("musicnn", device=device)
     warm = steady_after(default_lineup(frontend, device)) if warm is None else warm
-    rows, base = [], rss_mb()
-    streams = 1
-    while streams <= max_streams:
-        engine = StreamsEngine(frontend, default_lineup(frontend, device), capacity=streams)
-        engine.warm()                                     # as serve readies its engine
-        for i in range(streams):
-            engine.join(DemoSource(seed=i)).source.name = f"demo:{i}"
-        times, flops, front = [], [], []
-        for k in range(warm + hops):
-            t0 = time.perf_counter()
-            records = engine.hop()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            if k >= warm:
-                times.append((time.perf_counter() - t0) * 1e3)
-                flops += [r.frontend_flops + sum(m.flops["model"] for m in r.models.values()) for r in records]
-                front += [r.frontend_flops for r in records]
-        row = {"streams": streams, "hop_ms_median": statistics.median(times), "hop_ms_p95": percentile(times, 0.95),
-               "flops_per_stream_hop": statistics.mean(flops), "frontend_flops_per_stream_hop": statistics.mean(front),
-               "rss_mb": rss_mb() - base}
-        row["gflops"] = row["flops_per_stream_hop"] * streams / (row["hop_ms_median"] * 1e6)
-        rows.append(row)
-        print(f"  {streams:6d} streams: hop median {row['hop_ms_median']:8.1f} ms, p95 {row['hop_ms_p95']:8.1f} ms, "
-              f"{row['gflops']:6.2f} GFLOP/s, +{row['rss_mb']:.0f} MB", flush=True)
-        del engine
-        if row["hop_ms_p95"] > REAL_TIME_MS:
-            break
-        streams *= 2
+    rows, streams = [], 1
+    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+        while streams <= max_streams:
+            rows.append(row := pool.apply(streams_row, (device, streams, hops, warm, torch.get_num_threads())))
+            if row["hop_ms_p95"] > REAL_TIME_MS:
+                break
+            streams *= 2
     ok = [r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS]
     # per added stream at the largest counts (the last doubling): below the front end's chunk of
     # streams computed together, a hop's temporaries still grow with the streams
@@ -98,7 +114,7 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, 
     return {"device": device, "threads": torch.get_num_threads(), "frontend": frontend.description,
             "models": [e.name for e in default_lineup(frontend, device)], "rows": rows,
             "peak_gflops": device_peak(device), "mb_per_stream": per_stream,
-            "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm}
+            "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm, "fresh_processes": True}
 
 
 def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
@@ -108,9 +124,12 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, m
     import numpy as np
 
     from app.runtime.lineup import default_lineup
+    from app.runtime.memory import many_streams_heap
     from audio.frontends import build_frontend
     from audio.musicnn.batch import MusicnnBatch
     from models.stream.batch import StreamBatch
+
+    many_streams_heap()                               # as StreamsEngine.warm() sets it
 
     frontend = build_frontend("musicnn", device=device)
     entries = default_lineup(frontend, device)
