@@ -83,8 +83,7 @@ async def relay(ws: WebSocket, upstream) -> None:
     try:
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
         if up in done and up.cancelled():   # draining: the replica finishes the stream (``drain``)
-            await down
-            done = {down}
+            done, _ = await asyncio.wait({down})
         if down in done:                    # the replica closed (or vanished), or the client took no more
             up.cancel()
             code, reason = (GOING_AWAY, SHUTTING_DOWN) if ws.app.state.closing else closed_by(upstream, down)

@@ -3,7 +3,8 @@ into tensors, and one ``push`` computing the new frames of every stream given at
 
 The arithmetic is MusicnnStream's (audio/musicnn/stream.py), per stream: interior timbral rows
 cached, edge rows recomputed, temporal pre-activations kept per patch row and updated by the
-frames that leave and arrive. What changes is the layout:
+frames that leave and arrive (or, per branch, only the features kept and the rows a hop changed
+recomputed: ``accumulate``). What changes is the layout:
 
 * every per-stream cache has a slot axis, and its patch rows sit in a ring (``start[slot]`` is
   the ring index of patch row 0), so a hop moves no cached row;
@@ -12,7 +13,8 @@ frames that leave and arrive. What changes is the layout:
   per branch with the streams side by side in the columns (the tap matrices depend on k only);
 * only the temporal rows a hop changed are reduced over frequency (a per-slot feature cache;
   on CUDA all slots' changed rows in one gather, on the CPU by slices of each ring);
-* the mid-end and back-end run once for every stream of the hop;
+* the mid-end and back-end run once for every stream of the hop (of a chunk of streams on the
+  CPU: ``chunk``);
 * no step waits for the device: ring indices come from host state (``start``) and reach the
   device by asynchronous copies, the hop's frames in one.
 

@@ -2,8 +2,8 @@
 in one engine (app/runtime/streams.py) with the musicnn front end and the five shipped models,
 for S = 1, 2, 4, ... until the hop's p95 passes half a hop (125 ms): the hop's time (every
 stream's audio, front end and every model's batched step), FLOPs per stream-hop, GFLOP/s against
-the machine's matmul peak, resident memory per added stream (over the last doubling), and the real-time capacity: the
-largest S whose p95 hop is at most 125 ms.
+the machine's matmul peak, resident memory per added stream (over the last doubling), and the
+real-time capacity: the largest S whose p95 hop is at most 125 ms.
 
 Two more measurements say where the hop's time goes: ``tensor_bench``, the hop's batched tensor
 work alone (the musicnn network's push of 15 or 16 log-mel frames per stream and each model's
