@@ -79,7 +79,8 @@ def ingress(spec, token: str | None, version: str):
 
 def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_per_replica: float = 1.0) -> str:
     """Deploy on the connected Ray (``ray.init`` done by the caller), Ray Serve's proxy on a
-    loopback port of its own, and the edge (app/serve/edge.py) on ``host:port``; the stream's URL."""
+    loopback port of its own (or where it already listens: ``proxy_address``), and the edge
+    (app/serve/edge.py) on ``host:port``; the stream's URL."""
     from importlib.metadata import PackageNotFoundError, version
 
     from .edge import Edge
@@ -91,13 +92,13 @@ def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_
     public = bind(host, port)                        # ServeError (one line) when it cannot be had
     global _registry                 # held here: an actor without a handle is gone
     _registry = Registry.options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True).remote()
-    inner = free_loopback_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": inner})
+    serve.start(http_options={"host": "127.0.0.1", "port": free_loopback_port()})
+    inner = proxy_address()
     deployment = serve.deployment(ingress(spec, token, ours), name=APP, num_replicas=replicas,
                                   max_ongoing_requests=spec.capacity + 8,
                                   ray_actor_options={"num_cpus": cpus_per_replica})
     serve.run(deployment.bind(), name=APP, route_prefix="/")
-    Edge.start(f"127.0.0.1:{inner}", public, spec.limits.message_bytes)   # the one of this process
+    Edge.start(inner, public, spec.limits.message_bytes)   # the one of this process
     return f"ws://{host if ':' not in host else '[' + host + ']'}:{public.getsockname()[1]}/v1/stream"
 
 
@@ -107,6 +108,16 @@ def free_loopback_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def proxy_address() -> str:
+    """Where this node's Ray Serve proxy listens ("HOST:PORT"): the loopback port ``start`` asked
+    for, or, where Serve already ran in the cluster (its HTTP options then stay as they were,
+    and ``serve.start`` ignores ours), the port it was given then."""
+    from ray.serve.context import _get_global_client      # the running controller's client
+    http = _get_global_client().http_config
+    host = "127.0.0.1" if http.host in (None, "", "0.0.0.0", "::") else http.host
+    return f"{host if ':' not in host else '[' + host + ']'}:{http.port}"
 
 
 def runtime_env() -> dict:

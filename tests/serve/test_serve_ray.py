@@ -1,6 +1,7 @@
 """`serve --ray`: the same app on a real local Ray instance as a Ray Serve deployment of 2
-replicas (the code shipped in the job's working_dir). Health sums the replicas; each client's
-records equal `classify FILE --jsonl`; a killed replica cuts only its own client's stream."""
+replicas (the code shipped in the job's working_dir), on a Serve that already ran with HTTP options of
+its own. Health sums the replicas; each client's records equal `classify FILE --jsonl`; a killed
+replica cuts only its own client's stream."""
 import json
 import socket
 import threading
@@ -10,7 +11,7 @@ import urllib.request
 import pytest
 
 ray = pytest.importorskip("ray")
-pytest.importorskip("ray.serve")
+serve = pytest.importorskip("ray.serve")
 
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
@@ -32,6 +33,9 @@ def deployed(files):
     ray.init(address="local", num_cpus=2, namespace=ray_serve.NAMESPACE, runtime_env=ray_serve.runtime_env(),
              include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
     try:
+        # Serve already running with HTTP options of its own (as on a cluster that serves other
+        # apps): serve.start ignores the port `start` asks for, and the edge relays to this one
+        serve.start(http_options={"host": "127.0.0.1", "port": ray_serve.free_loopback_port()})
         # one stream per replica: a second client is refused (1013) and lands on the other one
         spec = HubSpec(FrontEndSpec("musicnn"), 1, tuple(checkpoints))
         yield ray_serve.start(spec, None, "127.0.0.1", port, 2, cpus_per_replica=0.5), port
