@@ -100,7 +100,7 @@ async def relay(ws: WebSocket, upstream) -> None:
 async def drain(app: FastAPI, seconds: float) -> None:
     """The server is stopping, as a plain server's drain: no new streams; each relayed stream
     stops taking its client's audio, its replica is told the stream has ended, and the client
-    gets the records of the audio already sent, its verdict and a close 1001. Streams still
+    gets the records of the audio relayed so far, its verdict and a close 1001. Streams still
     open after ``seconds`` are closed 1001 as they are (``close_all``)."""
     app.state.closing = True
 

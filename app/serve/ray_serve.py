@@ -14,8 +14,8 @@ ingress deployment of K replicas, each building its own hub (one batched engine)
   with a reason (1012; the proxy itself drops them without one) and `listen` reconnects with a
   fresh stream. The other replicas' clients are not touched.
 - SIGTERM or SIGINT drains at the edge, as a plain server drains: no new streams, each stream's
-  replica told it has ended, its client given the records of the audio it sent, its verdict and
-  a close 1001 (at most DRAIN_SECONDS; a second signal stops at once).
+  replica told it has ended, its client given the records of the audio the edge had passed on,
+  its verdict and a close 1001 (at most DRAIN_SECONDS; a second signal stops at once).
 """
 from __future__ import annotations
 
