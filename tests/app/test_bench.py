@@ -1,6 +1,9 @@
 """`bench` measures what it names: rows filtered by --only, fused and torch paths of one variant
 with the same FLOPs per step (one set of formulas, the same steps), ratios taken in one run."""
 import json
+import math
+
+import pytest
 
 from app.offline.bench import steps as bench
 
@@ -88,6 +91,33 @@ def test_paired_medians_time_each_function_in_alternating_blocks():
     assert b >= 2000 > 20 * a          # microseconds: the sleep is in b's median, not in a's
 
 
+@pytest.mark.parametrize("capacity", [0, 1, 7, 8, 11, 12, 100, 1000, 4095])
+def test_streams_search_doubles_then_halves_to_the_capacity(capacity):
+    """`bench --streams` times S = 1, 2, 4, ... until a p95 passes 125 ms, then halves the gap: against
+    a host whose p95 passes 125 ms beyond ``capacity`` streams, the search's capacity is within 1/8
+    below the true one (exact up to 8 streams), with at most log2 steps each way, and stops at the cap."""
+    from app.offline.bench.streams import REAL_TIME_MS, next_streams
+    rows = []
+    while (s := next_streams(rows, max_streams=1 << 16)) is not None:
+        assert s not in [r["streams"] for r in rows]
+        rows.append({"streams": s, "hop_ms_p95": REAL_TIME_MS * (1 if s <= capacity else 1.01)})
+        assert len(rows) <= 40
+    found = max([r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS], default=0)
+    assert found <= capacity and capacity - found <= max(0, capacity // 8)
+    if capacity <= 8:
+        assert found == capacity
+    assert next_streams([{"streams": s, "hop_ms_p95": 1.0} for s in (1, 2, 4)], max_streams=4) is None
+
+
+def test_memory_per_stream_is_the_slope_over_the_top_rows():
+    """Rows in fresh processes: resident MB = a + b·S plus noise over S from half the largest count
+    up; the slope recovers b exactly without noise, and ignores the small-S rows below that."""
+    from app.offline.bench.streams import per_stream_mb
+    rows = [{"streams": s, "rss_mb": (50.0 if s < 8 else 10.0 + 4.5 * s)} for s in (1, 2, 4, 8, 16, 12, 10, 11)]
+    assert per_stream_mb(rows) == pytest.approx(4.5, rel=1e-12)
+    assert math.isnan(per_stream_mb(rows[:1]))
+
+
 def test_streams_bench_rows_memory_and_capacity_follow_from_its_hops(capsys):
     """`bench --streams`, two rows (1 and 2 demo streams): each row's FLOPs are the front end's and
     the five models' per stream-hop, its GFLOP/s those over its median hop; memory per added
@@ -103,6 +133,6 @@ def test_streams_bench_rows_memory_and_capacity_follow_from_its_hops(capsys):
         assert abs(x["gflops"] - x["flops_per_stream_hop"] * x["streams"] / (x["hop_ms_median"] * 1e6)) < 1e-9
     assert r["capacity"] == max([x["streams"] for x in rows if x["hop_ms_p95"] <= REAL_TIME_MS], default=0)
     if len(rows) == 2:
-        assert r["mb_per_stream"] == rows[1]["rss_mb"] - rows[0]["rss_mb"]
+        assert r["mb_per_stream"] == pytest.approx(rows[1]["rss_mb"] - rows[0]["rss_mb"], rel=1e-9, abs=1e-9)
     print_streams(r)
     assert capsys.readouterr().out.splitlines()[-1] == f"real-time capacity: {r['capacity']} streams (cpu)"

@@ -225,7 +225,7 @@ def streams_body(runs: dict) -> str:
                 + (f", after {r['warm']} hops of warm-up (every model in its steady step; on CUDA every graph "
                    f"captured)" if "warm" in r else "")
                 + "; matmul peak "
-                f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB (between the last two rows; "
+                f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB ({r.get('mb_per_stream_from', 'between the last two rows')}; "
                 f"{'each row in a fresh process' if r.get('fresh_processes') else 'the rows one after another in one process'}).", ""]
         out += streams_table(r) + ["", f"Real-time capacity: **{r['capacity']} streams** ({r['device']}). "
                                    + (streams_why(r) if "frontend_flops_per_stream_hop" in r["rows"][-1] else ""), ""]
@@ -301,14 +301,16 @@ SECTIONS = [
      onnx_body),
     ("Many streams in one engine", ["streams-cpu", "streams-cuda"],
      "`bench --streams [--device cpu|cuda]`: S demo streams (seeds 0..S-1) in one engine, S = 1, 2, 4, ... "
-     "until the p95 hop passes half a hop (125 ms), timed past every model's warm-up. A hop: every stream's "
+     "until the p95 hop passes half a hop (125 ms), then S halving the gap between the last two until it is "
+     "at most an eighth of the lower (each S in a fresh process), timed past every model's warm-up. A hop: every stream's "
      "audio and sample frames, their log-mels in one call on the network's device (audio/musicnn/mel.py), the "
      "musicnn network once for all streams (audio/musicnn/batch.py, each stream's continual caches in a slot), "
      "then each of the five shipped models stepped once for all streams (models/stream/batch.py; on the CPU the "
      "continual ones step each stream by their compiled step, on a per-slot clone). FLOPs per stream-hop: the front end's and the five models' "
      "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
      "the CPU, 2 x 8192^3 on CUDA). A row's resident memory is what the engine and its streams added to the "
-     "process, memory per added stream the difference of the last two rows. "
+     "process, memory per added stream the least-squares slope of the rows from half the largest S up (each "
+     "run says how it measured). "
      "The capacity is the largest S whose p95 hop is at most 125 ms. Two more "
      "tables say where a hop's time goes: its batched tensor work alone, and one stream's model step "
      "(on CUDA: the batch's step for one stream, without and with its CUDA graph).",

@@ -2,8 +2,9 @@
 in one engine (app/runtime/streams.py) with the musicnn front end and the five shipped models,
 for S = 1, 2, 4, ... until the hop's p95 passes half a hop (125 ms): the hop's time (every
 stream's audio, front end and every model's batched step), FLOPs per stream-hop, GFLOP/s against
-the machine's matmul peak, resident memory per added stream (over the last doubling), and the
-real-time capacity: the largest S whose p95 hop is at most 125 ms.
+the machine's matmul peak, resident memory per added stream (``per_stream_mb``), and the
+real-time capacity: the largest S whose p95 hop is at most 125 ms, found to within 1/8 by halving
+the last doubling's gap (``next_streams``).
 
 Two more measurements say where the hop's time goes: ``tensor_bench``, the hop's batched tensor
 work alone (the musicnn network's push of 15 or 16 log-mel frames per stream and each model's
@@ -89,9 +90,36 @@ def streams_row(device: str, streams: int, hops: int, warm: int, threads: int) -
     return row
 
 
+def next_streams(rows: list[dict], max_streams: int, resolution: int = 8) -> int | None:
+    """The next stream count to time, or None when the capacity is known: S doubles from 1 until a
+    row's p95 passes 125 ms (or S would pass ``max_streams``); then the gap between the largest S
+    within 125 ms and the smallest beyond is halved until it is at most 1/``resolution`` of the
+    former (at least 1 stream)."""
+    ok = [r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS]
+    over = [r["streams"] for r in rows if r["hop_ms_p95"] > REAL_TIME_MS]
+    if not over:
+        after = 2 * max(ok, default=0) or 1
+        return after if after <= max_streams else None
+    hi = min(over)
+    lo = max((s for s in ok if s < hi), default=0)
+    return None if lo == 0 or hi - lo <= max(1, lo // resolution) else (lo + hi) // 2
+
+
+def per_stream_mb(rows: list[dict]) -> float:
+    """Resident MB per added stream: the least-squares slope of the rows' memory over their stream
+    counts, from half the largest count up (below the front end's chunk of streams computed
+    together, a hop's temporaries still grow with the streams)."""
+    top = max(r["streams"] for r in rows)
+    pts = [(r["streams"], r["rss_mb"]) for r in rows if 2 * r["streams"] >= top]
+    if len(pts) < 2:
+        return float("nan")
+    mx, my = statistics.mean(p[0] for p in pts), statistics.mean(p[1] for p in pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+
 def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
-    """Each row in a fresh process (spawned; one at a time), so that one row's memory, heap and
-    warm caches are not the next one's."""
+    """Rows in the order ``next_streams`` asks for them, each in a fresh process (spawned; one at a
+    time), so that one row's memory, heap and warm caches are not the next one's."""
     import multiprocessing
 
     from app.runtime.lineup import default_lineup
@@ -99,21 +127,16 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, 
 
     frontend = build_frontend("musicnn", device=device)
     warm = steady_after(default_lineup(frontend, device)) if warm is None else warm
-    rows, streams = [], 1
+    rows = []
     with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
-        while streams <= max_streams:
-            rows.append(row := pool.apply(streams_row, (device, streams, hops, warm, torch.get_num_threads())))
-            if row["hop_ms_p95"] > REAL_TIME_MS:
-                break
-            streams *= 2
+        while (streams := next_streams(rows, max_streams)) is not None:
+            rows.append(pool.apply(streams_row, (device, streams, hops, warm, torch.get_num_threads())))
+    rows.sort(key=lambda r: r["streams"])
     ok = [r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS]
-    # per added stream at the largest counts (the last doubling): below the front end's chunk of
-    # streams computed together, a hop's temporaries still grow with the streams
-    per_stream = ((rows[-1]["rss_mb"] - rows[-2]["rss_mb"]) / (rows[-1]["streams"] - rows[-2]["streams"])
-                  if len(rows) > 1 else float("nan"))
     return {"device": device, "threads": torch.get_num_threads(), "frontend": frontend.description,
             "models": [e.name for e in default_lineup(frontend, device)], "rows": rows,
-            "peak_gflops": device_peak(device), "mb_per_stream": per_stream,
+            "peak_gflops": device_peak(device), "mb_per_stream": per_stream_mb(rows),
+            "mb_per_stream_from": "the least-squares slope over the rows from half the largest count up",
             "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm, "fresh_processes": True}
 
 
@@ -233,8 +256,8 @@ def streams_why(r: dict) -> str:
            f"even at the matmul peak, {REAL_TIME_MS:.0f} ms holds the front ends of {at_peak:.0f} streams, "
            f"whatever the models cost.")
     tensor = {t["streams"]: t for t in r.get("tensor", {}).get("rows", [])}
-    last_ok = [x for x in r["rows"] if x["hop_ms_p95"] <= REAL_TIME_MS]
-    if last_ok and last_ok[-1]["streams"] in tensor:
+    last_ok = [x for x in r["rows"] if x["hop_ms_p95"] <= REAL_TIME_MS and x["streams"] in tensor]
+    if last_ok:
         x = last_ok[-1]
         t = tensor[x["streams"]]["hop_ms_median"]
         why += f" At {x['streams']} streams the hop takes {x['hop_ms_median']:.1f} ms, its tensor work alone {t:.1f} ms"
