@@ -1,7 +1,9 @@
 """The batched continual musicnn front end (audio/musicnn/batch.py): every stream's taggram, at
 every hop, equals the original network's in float64 on that stream's own 187 frames, whatever
 else is in the batch, whenever the stream joined, whatever number of frames each hop brings;
-its multiply-accumulates are MusicnnStream's for the same hop; a hop that brings no frame costs
+its multiply-accumulates are what torch's FLOP counter counts in its push, and MusicnnStream's
+for the same hop but for what the batch computes otherwise (recomputed temporal rows, the mid-end's
+cached timbral part); a hop that brings no frame costs
 nothing; a stream's NaN frames reach no other stream. On CUDA (skipped without it) the same, and
 a hop never waits for the device."""
 import copy
@@ -10,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from audio import musicnn
 from audio.musicnn.batch import MusicnnBatch
@@ -77,7 +80,9 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
         # 0.25 s hops bring 15 or 16 frames; also none, one, a jump past the temporal kernels, a whole patch
         ks = {s: [15, 16, 16, 0, 1, 80, 16, 200, 15][(hop + s) % 9] for s in slots}
         pushed = [frames(rng, ks[s]) for s in slots]
-        got = batch.push(slots, pushed).cpu()                                       # (S, 50)
+        with FlopCounterMode(display=False) as counter:
+            got = batch.push(slots, pushed).cpu()                                   # (S, 50)
+        assert counter.get_total_flops() == 2 * sum(int(batch.macs[s]) for s in slots)   # its own count
         for i, s in enumerate(slots):
             histories[s].append(pushed[i])
             singles[s].push(pushed[i])
@@ -96,12 +101,15 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
 def recomputing_costs(k: int, accumulate: tuple) -> int:
     """What a hop of k frames costs beyond MusicnnStream's (every branch by accumulators): per
     branch without them, k + K - 1 rows of K taps instead of the accumulators' updates (b k
-    leaving, (a + k)(k + b) arriving)."""
+    leaving, (a + k)(k + b) arriving); less the first mid-end convolution's timbral part, which
+    the batch computes for the k rows that became interior and the 6 + 6 at the patch's ends, not
+    for all 187."""
     extra = 0
     for K, acc in zip(musicnn.TEMPORAL, accumulate):
         b, a = musicnn.same_padding(K)
         extra += 0 if acc else (k + K - 1) * K - (b * k + (a + k) * (k + b))
-    return extra * musicnn.TEMPORAL_CH * musicnn.BANDS
+    saved = (musicnn.PATCH_FRAMES - 12 - k) * 7 * 2 * musicnn.TIMBRAL_CH * musicnn.MID_CH
+    return extra * musicnn.TEMPORAL_CH * musicnn.BANDS - saved
 
 
 @pytest.mark.parametrize("device, accumulate", MODES)
