@@ -2,10 +2,10 @@
 every hop, equals the original network's in float64 on that stream's own 187 frames, whatever
 else is in the batch, whenever the stream joined, whatever number of frames each hop brings;
 its multiply-accumulates are what torch's FLOP counter counts in its push, and MusicnnStream's
-for the same hop but for what the batch computes otherwise (recomputed temporal rows, the mid-end's
-cached timbral part); a hop that brings no frame costs
-nothing; a stream's NaN frames reach no other stream. On CUDA (skipped without it) the same, and
-a hop never waits for the device."""
+for the same hop but for what the batch computes otherwise (recomputed temporal rows, the
+mid-end's cached timbral part); a hop that brings no frame costs nothing; a stream's NaN frames
+reach no other stream. On CUDA (skipped without it) the same, and a hop never waits for the
+device."""
 import copy
 import math
 
