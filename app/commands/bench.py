@@ -138,6 +138,7 @@ def run(args) -> int:
     if args.streams:
         import torch
 
+        from app.offline.bench.frontend_modes import frontend_modes_bench
         from app.offline.bench.streams import print_streams, step_bench, streams_bench, tensor_bench
         if args.device == "cuda" and not torch.cuda.is_available():
             print("error: --device cuda: no CUDA device here", file=sys.stderr)
@@ -146,6 +147,7 @@ def run(args) -> int:
             torch.set_num_threads(args.threads)
         r = streams_bench(args.device)
         r["tensor"] = tensor_bench(args.device)
+        r["frontend_modes"] = frontend_modes_bench(args.device)
         r["steps"] = step_bench(args.device)
         print_streams(r)
         page(f"streams-{args.device}", r)

@@ -47,6 +47,18 @@ TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 MID_TIMBRAL_MACS = 7 * TIMBRAL_FEATS * MID_CH          # the first mid-end convolution's timbral part, per row
 
 
+def per_branch(accumulate: bool | tuple | list) -> tuple[bool, ...]:
+    """One flag for every temporal branch, or one per branch (K = 128, 64, 32)."""
+    if isinstance(accumulate, (tuple, list)):
+        return tuple(bool(a) for a in accumulate)
+    return (bool(accumulate),) * len(TEMPORAL)
+
+
+def default_accumulate(device_type: str, capacity: int) -> tuple[bool, ...]:
+    """Which temporal branches keep accumulators by default (``MusicnnBatch``)."""
+    return per_branch(capacity < CUDA_LEAN_FROM if device_type == "cuda" else CPU_ACCUMULATE)
+
+
 def on_device(a: np.ndarray, device: torch.device) -> Tensor:
     """A host array on ``device`` without waiting (pinned and asynchronous on CUDA)."""
     t = torch.from_numpy(np.ascontiguousarray(a))
@@ -62,11 +74,12 @@ class MusicnnBatch:
     frames that leave and arrive: the fewest multiply-accumulates. A branch without them keeps
     only its features and recomputes the k + K - 1 rows a hop changes, by one convolution per end
     of the patch: no scattered adds, more multiply-accumulates (2.5x for K = 128, 1.9x for 64,
-    1.2x for 32). The default on the CPU accumulates the K = 128 branch only: within 2 % of
-    accumulating all three (8 and 16 streams, one process taking turns), where recomputing all
-    three took 20 % longer; 4.2 MB of state per slot instead of 11.5. On CUDA all three below a
-    capacity of 4,096 streams, none from there (on an H200: 46.5 against 48.0 ms a push at 1,024
-    streams, 198.3 against 160.7 ms at 4,096; and 10,000 streams' accumulators would take 115 GB).
+    1.2x for 32). The default on the CPU accumulates the K = 128 branch only: 3-6 % slower than
+    accumulating all three at 8 and 16 streams, where recomputing all three took 22-25 % longer
+    (`bench --streams`, its front-end table); 4.2 MB of state per slot instead of 11.5. On CUDA
+    all three below a capacity of 4,096 streams, none from there (on an H200: 46.5 against 48.0
+    ms a push at 1,024 streams, 198.3 against 160.7 ms at 4,096, a probe before that table
+    existed; and 10,000 streams' accumulators would take 115 GB).
 
     ``chunk``: streams computed together (CPU: 8, so that a hop's temporaries stop growing with
     the streams: 43 MB resident for 32 streams, 97 MB with all 32 at once; no cost in time at 16
@@ -79,10 +92,8 @@ class MusicnnBatch:
         self.net, self.capacity = net, capacity
         self.device = next(net.buffers()).device
         cuda = self.device.type == "cuda"
-        if accumulate is None:
-            accumulate = (capacity < CUDA_LEAN_FROM) if cuda else CPU_ACCUMULATE
-        self.accumulate = (tuple(bool(a) for a in accumulate) if isinstance(accumulate, (tuple, list))
-                           else (bool(accumulate),) * len(TEMPORAL))                  # per temporal branch
+        self.accumulate = per_branch(default_accumulate(self.device.type, capacity) if accumulate is None
+                                     else accumulate)                                  # per temporal branch
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
         self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)

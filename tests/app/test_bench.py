@@ -110,12 +110,17 @@ def test_streams_search_doubles_then_halves_to_the_capacity(capacity):
     assert next_streams([{"streams": s, "hop_ms_p95": 1.0} for s in (1, 2, 4)], max_streams=4) is None
 
 
-def test_memory_per_stream_is_the_slope_over_the_top_rows():
-    """Rows in fresh processes: resident MB = a + b·S plus noise over S from half the largest count
-    up; the slope recovers b exactly without noise, and ignores the small-S rows below that."""
+def test_memory_per_stream_is_the_median_slope_over_the_top_rows():
+    """Rows in fresh processes: resident MB = a + b·S over S from half the largest count up; the
+    median of the slopes between every two rows recovers b exactly, ignores the small-S rows
+    below that, and stays b when one of five rows is off by 100 MB (a heap grown unlike the
+    others), where a least-squares slope would not."""
     from app.offline.bench.streams import per_stream_mb
     rows = [{"streams": s, "rss_mb": (50.0 if s < 8 else 10.0 + 4.5 * s)} for s in (1, 2, 4, 8, 16, 12, 10, 11)]
     assert per_stream_mb(rows) == pytest.approx(4.5, rel=1e-12)
+    for odd in (8, 11, 16):
+        off = [dict(r, rss_mb=r["rss_mb"] + (100.0 if r["streams"] == odd else 0.0)) for r in rows]
+        assert per_stream_mb(off) == pytest.approx(4.5, rel=1e-12)
     assert math.isnan(per_stream_mb(rows[:1]))
 
 
@@ -137,3 +142,22 @@ def test_streams_bench_rows_memory_and_capacity_follow_from_its_hops(capsys):
         assert r["mb_per_stream"] == pytest.approx(rows[1]["rss_mb"] - rows[0]["rss_mb"], rel=1e-9, abs=1e-9)
     print_streams(r)
     assert capsys.readouterr().out.splitlines()[-1] == f"real-time capacity: {r['capacity']} streams (cpu)"
+
+
+def test_frontend_modes_table_compares_the_three_ways_on_the_same_pushes():
+    """`bench --streams`, its front-end table (2 streams, 2 timed pushes): a row per way of keeping
+    the temporal branches, the CPU's default marked; accumulators trade state (187 x 51 x 96 floats
+    per branch) for multiply-accumulates, so every branch's has the fewest MFLOPs and the most
+    state, none the reverse."""
+    from app.offline.bench.frontend_modes import MODES, frontend_modes_bench, modes_table
+    rows = frontend_modes_bench("cpu", sizes=(2,), hops=2, warm=1)
+    by = {r["mode"]: r for r in rows}
+    assert list(by) == list(MODES) and all(r["streams"] == 2 and r["push_ms_median"] > 0 for r in rows)
+    flops = [by[m]["mflops_per_stream_hop"] for m in MODES]
+    state = [by[m]["state_mb_per_stream"] for m in MODES]
+    assert flops == sorted(flops) and len(set(flops)) == 3
+    assert state == sorted(state, reverse=True)
+    branch = 187 * 51 * 96 * 4 / 1e6
+    assert state[0] - state[1] == pytest.approx(2 * branch) and state[1] - state[2] == pytest.approx(branch)
+    assert [r["default"] for r in rows] == [False, True, False]
+    assert len(modes_table(rows)) == 2 + len(rows)

@@ -216,6 +216,7 @@ def onnx_body(runs: dict) -> str:
 
 
 def streams_body(runs: dict) -> str:
+    from .frontend_modes import modes_table
     from .streams import step_table, streams_table, streams_why, tensor_table
     out = []
     for kind, e in runs.items():
@@ -234,6 +235,12 @@ def streams_body(runs: dict) -> str:
                     "frames per stream, the five models' steps, the probabilities copied back; no audio, "
                     "log-mel or records):", ""] + tensor_table(r) + [
                     "", f"Tensor work within 125 ms: **{r['tensor']['capacity']} streams** ({r['device']}).", ""]
+        if "frontend_modes" in r:
+            out += ["The musicnn network's push alone, by which temporal branches keep accumulators "
+                    "(audio/musicnn/batch.py; 15 or 16 random log-mel frames per stream"
+                    + (", the three ways taking turns hop by hop in one process" if r["device"] == "cpu" else
+                       ", one way after another") + "):", ""] \
+                + modes_table(r["frontend_modes"]) + [""]
         if "steps" in r:
             out += ["One stream's model step past warm-up (median):", ""] + step_table(r) + [""]
     return "\n".join(out) + "\n"
@@ -309,10 +316,11 @@ SECTIONS = [
      "continual ones step each stream by their compiled step, on a per-slot clone). FLOPs per stream-hop: the front end's and the five models' "
      "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
      "the CPU, 2 x 8192^3 on CUDA). A row's resident memory is what the engine and its streams added to the "
-     "process, memory per added stream the least-squares slope of the rows from half the largest S up (each "
-     "run says how it measured). "
-     "The capacity is the largest S whose p95 hop is at most 125 ms. Two more "
-     "tables say where a hop's time goes: its batched tensor work alone, and one stream's model step "
+     "process, memory per added stream the median of the slopes between every two rows from half the largest "
+     "S up (each run says how it measured). "
+     "The capacity is the largest S whose p95 hop is at most 125 ms. Three more "
+     "tables say where a hop's time goes: its batched tensor work alone, the musicnn network's push by "
+     "which of its temporal branches keep accumulators, and one stream's model step "
      "(on CUDA: the batch's step for one stream, without and with its CUDA graph).",
      streams_body),
     ("Serving clients over WebSocket", [f"serve-{n}{ray}" for n in range(1, 1025) for ray in ("", "-ray2", "-ray4")],

@@ -106,15 +106,15 @@ def next_streams(rows: list[dict], max_streams: int, resolution: int = 8) -> int
 
 
 def per_stream_mb(rows: list[dict]) -> float:
-    """Resident MB per added stream: the least-squares slope of the rows' memory over their stream
-    counts, from half the largest count up (below the front end's chunk of streams computed
-    together, a hop's temporaries still grow with the streams)."""
+    """Resident MB per added stream: the median of the slopes between every two rows (Theil-Sen:
+    one row's outlying memory, a heap that grew unlike the others, moves it little) from half the
+    largest count up (below the front end's chunk of streams computed together, a hop's
+    temporaries still grow with the streams)."""
+    import itertools
     top = max(r["streams"] for r in rows)
     pts = [(r["streams"], r["rss_mb"]) for r in rows if 2 * r["streams"] >= top]
-    if len(pts) < 2:
-        return float("nan")
-    mx, my = statistics.mean(p[0] for p in pts), statistics.mean(p[1] for p in pts)
-    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    slopes = [(y1 - y0) / (x1 - x0) for (x0, y0), (x1, y1) in itertools.combinations(pts, 2) if x1 != x0]
+    return statistics.median(slopes) if slopes else float("nan")
 
 
 def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
@@ -136,7 +136,7 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, 
     return {"device": device, "threads": torch.get_num_threads(), "frontend": frontend.description,
             "models": [e.name for e in default_lineup(frontend, device)], "rows": rows,
             "peak_gflops": device_peak(device), "mb_per_stream": per_stream_mb(rows),
-            "mb_per_stream_from": "the least-squares slope over the rows from half the largest count up",
+            "mb_per_stream_from": "the median slope between every two rows from half the largest count up",
             "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm, "fresh_processes": True}
 
 
