@@ -6,10 +6,12 @@ the machine's matmul peak, resident memory per added stream (``per_stream_mb``),
 real-time capacity: the largest S whose p95 hop is at most 125 ms, found to within 1/8 by halving
 the last doubling's gap (``next_streams``).
 
-Two more measurements say where the hop's time goes: ``tensor_bench``, the hop's batched tensor
+More measurements say where the hop's time goes: ``tensor_bench``, the hop's batched tensor
 work alone (the musicnn network's push of 15 or 16 log-mel frames per stream and each model's
-step, the probabilities copied back; no audio, log-mel or records), and ``step_bench``, one
-stream's model step per shipped model (on CUDA: the batch's step for one stream, without and with its CUDA graph).
+step, the probabilities copied back; no audio, log-mel or records); the network's push by which
+temporal branches keep accumulators (frontend_modes.py); and ``step_bench``, one stream's model
+step per shipped model (on CUDA: the batch's step for one stream, without and with its CUDA
+graph).
 """
 from __future__ import annotations
 
