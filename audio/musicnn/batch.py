@@ -16,8 +16,9 @@ recomputed: ``accumulate``). What changes is the layout:
 * the mid-end's first convolution is split by its input channels: its timbral part (408 of 561
   channels) is a stream value for every row whose window holds interior timbral rows only, so
   it is cached per ring row and computed for the k rows that became such and the 6 + 6 at the
-  patch's ends (64 MFLOPs a stream-hop fewer, an eighth; with the timbral rows' im2col as their
-  only copy, 7 / 5 % less time at 8 / 16 streams, the two taking turns in one process);
+  patch's ends (58 MFLOPs a stream-hop fewer at 16 frames, an eighth; with the timbral rows'
+  im2col as their only copy, 7 / 5 % less time at 8 / 16 streams, the two taking turns in one
+  process);
 * the mid-end and back-end run once for every stream of the hop (of a chunk of streams on the
   CPU: ``chunk``);
 * no step waits for the device: ring indices come from host state (``start``) and reach the
