@@ -8,6 +8,7 @@ said in one line.
 """
 from __future__ import annotations
 
+import collections
 import json
 import sys
 import threading
@@ -57,32 +58,40 @@ class Printer:
 
 
 class Hops:
-    """The source's hops, shared by successive connections (a reconnect resumes where the last
-    connection's sender stopped)."""
+    """The source's hops, shared by successive connections: a connection that drops gives back
+    the hops it took that no record answered (in flight, or sent as the server failed), and the
+    next connection sends them first, so no audio is lost between the two streams."""
 
     def __init__(self, source):
-        self.it, self.lock, self.sent, self.done = iter(source), threading.Lock(), 0, False
+        self.it, self.lock, self.done = iter(source), threading.Lock(), False
+        self.again: collections.deque = collections.deque()
+        self.answered = 0                 # hops whose records came back, over every connection
 
     def next(self):
         with self.lock:
+            if self.again:
+                return self.again.popleft()
             try:
-                hop = next(self.it)
+                return next(self.it)
             except StopIteration:
                 self.done = True
                 return None
-            self.sent += 1
-            return hop
+
+    def give_back(self, hops: list) -> None:
+        with self.lock:
+            self.again.extendleft(reversed(hops))
 
 
-def send_all(ws, hops: Hops, stop: threading.Event, failed: list) -> None:
-    """The hops, then the end; a source that fails (a file damaged mid-way, a lost microphone)
-    is kept in ``failed`` and the connection closed."""
+def send_all(ws, hops: Hops, taken: list, stop: threading.Event, failed: list) -> None:
+    """The hops (each kept in ``taken`` before it is sent), then the end; a source that fails (a
+    file damaged mid-way, a lost microphone) is kept in ``failed`` and the connection closed."""
     try:
         while not stop.is_set():
             hop = hops.next()
             if hop is None:
                 ws.send(json.dumps({"end": True}))
                 return
+            taken.append(hop)
             ws.send(hop.astype("<f4").tobytes())
     except ConnectionClosed:
         pass
@@ -103,12 +112,12 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
                           + (" (a missing or wrong token)" if e.response.status_code in (401, 403) else "")) from None
     except (OSError, TimeoutError) as e:
         raise ListenError(f"cannot connect to {url}: {e}") from None
-    stop, verdict, failed, sender = threading.Event(), None, [], None
+    stop, verdict, failed, sender, taken, answered = threading.Event(), None, [], None, [], 0
     with ws:
         ws.send(HELLO)
         try:
             json.loads(ws.recv(timeout=30))                       # {"classes", "models"}
-            sender = threading.Thread(target=send_all, args=(ws, hops, stop, failed), daemon=True)
+            sender = threading.Thread(target=send_all, args=(ws, hops, taken, stop, failed), daemon=True)
             sender.start()
             for text in ws:
                 d = json.loads(text)
@@ -117,18 +126,23 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
                     printer.verdict(d)
                 else:
                     printer.record(text)
+                    answered += 1
         except ConnectionClosed:
             pass
         finally:
             stop.set()
         code, reason = (ws.close_code, ws.close_reason) if ws.close_code is not None else (1006, "")
+    if sender is not None:
+        sender.join(timeout=10)          # the socket is closed: its next send returns at once
+    hops.answered += answered
     if failed:
         raise failed[0]
     if verdict is not None and code in (NORMAL, GOING_AWAY):
         return "done"
     if code == TRY_LATER and sender is None:
         return "full"
-    if code in (1006, 1011, 1012) and not hops.done:
+    if code in (1006, 1011, 1012) and (not hops.done or len(taken) > answered):
+        hops.give_back(taken[answered:])
         return "dropped"
     raise ListenError(f"the server closed the stream: {code} {reason or '(no reason)'}")
 
@@ -153,7 +167,7 @@ def listen(url: str, source, token: str | None, printer: Printer) -> int:
         dropped += 1
         if dropped > RECONNECTS:
             raise ListenError(f"the connection dropped {RECONNECTS + 1} times")
-        print(f"# the connection dropped after {hops.sent * 0.25:.2f} s of audio; "
+        print(f"# the connection dropped after {hops.answered * HOP_SECONDS:.2f} s of audio classified; "
               f"reconnecting: a fresh stream from there", file=sys.stderr, flush=True)
 
 

@@ -16,9 +16,10 @@ recomputed: ``accumulate``). What changes is the layout:
 * the mid-end's first convolution is split by its input channels: its timbral part (408 of 561
   channels) is a stream value for every row whose window holds interior timbral rows only, so
   it is cached per ring row and computed for the k rows that became such and the 6 + 6 at the
-  patch's ends (58 MFLOPs a stream-hop fewer at 16 frames, an eighth; with the timbral rows'
-  im2col as their only copy, 7 / 5 % less time at 8 / 16 streams, the two taking turns in one
-  process);
+  patch's ends (58 MFLOPs a stream-hop fewer at 16 frames, 11 %: tests/audio/test_musicnn_batch.py
+  holds the count to torch's FLOP counter; with the timbral rows' im2col as their only copy, 7 /
+  5 % less time at 8 / 16 streams than before, a one-off A/B taking turns in one process,
+  2026-11-26);
 * the mid-end and back-end run once for every stream of the hop (of a chunk of streams on the
   CPU: ``chunk``);
 * no step waits for the device: ring indices come from host state (``start``) and reach the
@@ -83,8 +84,8 @@ class MusicnnBatch:
     existed; and 10,000 streams' accumulators would take 115 GB).
 
     ``chunk``: streams computed together (CPU: 8, so that a hop's temporaries stop growing with
-    the streams: 43 MB resident for 32 streams, 97 MB with all 32 at once; no cost in time at 16
-    streams; CUDA: all of them, in the fewest launches)."""
+    the streams: 43 MB resident for 32 streams, 97 MB with all 32 at once, and no cost in time at
+    16 streams, in a one-off measurement, 2026-11-26; CUDA: all of them, in the fewest launches)."""
 
     def __init__(self, net: Musicnn, capacity: int, *, accumulate: bool | tuple | None = None,
                  chunk: int | None = None):
@@ -228,7 +229,7 @@ class MusicnnBatch:
     def _shift(self, idx: np.ndarray, x: Tensor, k: int) -> None:
         """Slots ``idx`` receive k normalised frames x (G, k, 96): every cache updated."""
         st = self.state
-        old = st["patch"].view(-1, BANDS)[self._ring(idx, 0, P)].view(len(idx), P, BANDS)   # (G, P, 96) row order
+        old = self._rows("patch", idx, 0, P)                                          # (G, P, 96) row order
         patch = torch.cat([old[:, k:], x], dim=1)
         st["patch"].view(-1, BANDS)[self._ring(idx, 0, k)] = x.reshape(-1, BANDS)   # rows 0..k-1 leave, the new take their ring rows
         macs = self._temporal(idx, old, patch, k)
@@ -292,7 +293,7 @@ class MusicnnBatch:
     def _refill(self, idx: np.ndarray, x: Tensor) -> None:
         """Slots ``idx`` jumped by a whole patch or more: their caches recomputed from it."""
         st, sl = self.state, self._dev(idx)
-        old = st["patch"].view(-1, BANDS)[self._ring(idx, 0, P)].view(len(idx), P, BANDS)
+        old = self._rows("patch", idx, 0, P)
         patch = torch.cat([old, x], dim=1)[:, -P:]                                     # (G, P, 96)
         self.start[idx] = 0
         st["patch"][sl] = patch

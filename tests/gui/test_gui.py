@@ -103,10 +103,11 @@ def test_table_flops_are_means_since_the_last_landmark_switch_with_min_max(make_
         recent = list(w.history)
         w.table.show_steps(recent)            # same thread as the timer: no redraw in between
         run = []
-        for r in reversed(recent):
-            if r.models[name].landmark_mode != recent[-1].models[name].landmark_mode:
+        for r in reversed(recent):               # back to its last landmark switch, or to its join
+            m = r.models.get(name)
+            if m is None or m.landmark_mode != recent[-1].models[name].landmark_mode:
                 break
-            run.append(r.models[name])
+            run.append(m)
         full = [m for m in run if m.warm]
         return w.table.grid.item(0, 4).text(), [m.flops["sda"] for m in (full if warm_only else run)]
 

@@ -135,7 +135,9 @@ def test_listen_prints_what_classify_prints(files, capsys, errors):
 
 def test_listen_resumes_a_dropped_stream_as_a_fresh_one(files, capsys, monkeypatch):
     """The server fails the first connection after two hops (a server error, 1011): listen says
-    so in one line, reconnects and sends the rest of the file as a fresh stream, to its verdict."""
+    so in one line, reconnects and sends the rest of the file as a fresh stream, to its verdict,
+    starting from the first hop whose record had not come back: every hop of the file is
+    classified once, however much audio was in flight when the first connection broke."""
     checkpoints, songs = files
     with server(checkpoints) as (url, app):
         hub, fed = app.state.hub, []
@@ -154,6 +156,7 @@ def test_listen_resumes_a_dropped_stream_as_a_fresh_one(files, capsys, monkeypat
     steps = [json.loads(x)["step"] for x in out.out.splitlines()]
     starts = [i for i, step in enumerate(steps) if step == 0]        # each stream's records from step 0
     assert 1 <= len(starts) <= 2 and all(steps[i:j] == list(range(j - i)) for i, j in zip(starts, starts[1:] + [len(steps)]))
+    assert len(steps) == len(hops_of(songs["a"]))
     assert "reconnecting: a fresh stream from there" in out.err and out.err.count("# verdict over ws:") == 1
     assert len({id(c) for c in fed}) == 2                                       # two connections
 

@@ -15,6 +15,7 @@ graph).
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 
@@ -112,7 +113,6 @@ def per_stream_mb(rows: list[dict]) -> float:
     one row's outlying memory, a heap that grew unlike the others, moves it little) from half the
     largest count up (below the front end's chunk of streams computed together, a hop's
     temporaries still grow with the streams)."""
-    import itertools
     top = max(r["streams"] for r in rows)
     pts = [(r["streams"], r["rss_mb"]) for r in rows if 2 * r["streams"] >= top]
     slopes = [(y1 - y0) / (x1 - x0) for (x0, y0), (x1, y1) in itertools.combinations(pts, 2) if x1 != x0]
