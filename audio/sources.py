@@ -133,6 +133,8 @@ class DemoSource:
     def render(self, start: int, count: int) -> np.ndarray:
         """Samples [start, start + count) of the piece, float32 in [-1, 1]."""
         tonal, off_beat, decay = _demo_tonal(start, count)
+        if not off_beat.any():        # no hi-hat here (half the hops): no noise drawn, the same values
+            return np.clip(tonal + 0.0, -1, 1).astype(np.float32)
         rng = np.random.default_rng(self.seed * 1_000_003 + start)      # off-beat hi-hat: seeded noise
         out = tonal + np.where(off_beat, rng.standard_normal(count) * 0.05 * decay, 0.0)
         return np.clip(out, -1, 1).astype(np.float32)

@@ -39,7 +39,7 @@ from models.sda import LANDMARK_MODES
 from models.transformer import build_model
 
 from .lineup import ModelSpec
-from .records import ModelStep, StepResult
+from .records import ModelStep, StepResult, rounded
 
 CONTROL_BUDGET_MS = 20.0      # control requests applied before one live hop (of 250 ms) take at most this
 
@@ -349,7 +349,7 @@ class Engine:
             logits = model.step(token.to(slot.device))
             p = torch.softmax(logits[0].float(), dim=-1).cpu()      # .cpu() waits for CUDA
             latency = (time.perf_counter() - t0) * 1e3
-            probabilities = [round(x, 6) for x in p.tolist()]
+            probabilities = rounded(p.numpy())
             if not all(map(math.isfinite, probabilities)):
                 raise NonFiniteOutputError(f"{name} answered non-finite probabilities at hop {item.index} "
                                            f"({item.audio_time:.2f} s); processing stopped")

@@ -31,7 +31,7 @@ from audio.melspec import HOP, HOP_SECONDS
 from models.stream.batch import StreamBatch, steps_to_steady
 
 from .memory import many_streams_heap
-from .records import ModelStep, StepResult
+from .records import ModelStep, StepResult, rounded
 
 
 @dataclass
@@ -193,12 +193,13 @@ class StreamsEngine:
 
     def _records(self, taken, answers) -> list[StepResult]:
         out = []
+        rows = {name: (rounded(p), np.isfinite(p).all(axis=1), latency) for name, (p, latency) in answers.items()}
         for i, (stream, token) in enumerate(taken):
             models = {}
             for name, e in self.entries.items():
-                p, latency = answers[name]
-                probabilities = [round(v, 6) for v in p[i].tolist()]
-                if not np.isfinite(p[i]).all():
+                probabilities, finite, latency = rows[name]
+                probabilities = probabilities[i]
+                if not finite[i]:
                     self.leave(stream, f"{name} answered non-finite probabilities at hop {stream.step}; "
                                        f"this stream stopped")
                     models = None

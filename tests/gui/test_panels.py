@@ -14,7 +14,7 @@ from app.gui.table import same_mode_run
 from app.gui.ini import IniSettings
 from app.gui.window import MainWindow, Options
 from app.runtime.verdict import Smoother
-from gui_helpers import wait_steps
+from gui_helpers import WAIT_MS, wait_steps
 
 
 # ---------------------------------------------------------------------- helpers, against numpy
@@ -68,10 +68,10 @@ def test_cost_plots_compare_gaps_medians_aligned_axes_legend_readout_and_ranking
     w = make_window(source="demo", variants=("continual", "continual_nystrom"))
     wait_steps(qtbot, w, 12)
     w.variant_boxes["continual"].setChecked(False)              # off for a while, then on again
-    qtbot.waitUntil(lambda: "continual" not in w.history[-1].models, timeout=10000)
+    qtbot.waitUntil(lambda: "continual" not in w.history[-1].models, timeout=WAIT_MS)
     wait_steps(qtbot, w, len(w.history) + 4)
     w.variant_boxes["continual"].setChecked(True)
-    qtbot.waitUntil(lambda: "continual" in w.history[-1].models, timeout=10000)
+    qtbot.waitUntil(lambda: "continual" in w.history[-1].models, timeout=WAIT_MS)
     wait_steps(qtbot, w, len(w.history) + 10)
     w.timer.stop()
     w.redraw()
@@ -187,7 +187,7 @@ def test_agreement_reference_is_a_choice_among_models_of_the_same_shape(make_win
     w = make_window(source="demo", variants=("regular", "continual", "nystrom"))
     wait_steps(qtbot, w, 6)
     box = w.table.reference_box
-    qtbot.waitUntil(lambda: box.count() == 4, timeout=5000)         # auto + the three models
+    qtbot.waitUntil(lambda: box.count() == 4, timeout=WAIT_MS)         # auto + the three models
     box.setCurrentIndex(box.findData("nystrom"))
     wait_steps(qtbot, w, len(w.history) + 1)
     w.timer.stop()

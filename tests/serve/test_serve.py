@@ -188,9 +188,11 @@ def test_a_flooding_client_is_read_at_the_rate_limit(files):
     limits = Limits(outbox_seconds=2.0, burst_seconds=1.0, speed=1.0)
     with server(checkpoints, limits=limits) as (url, app):
         with client(url) as ws:
+            # the clock starts before the hello, so before the server's reading starts (after
+            # it): the server's own elapsed time is at most the test's, whatever either waits for
+            start, stop = time.monotonic(), threading.Event()
             ws.send(json.dumps(HELLO))
             ws.recv(timeout=20)
-            start, stop = time.monotonic(), threading.Event()       # before the server's own start
 
             def flood():
                 hop = np.full(4000, 0.1, "<f4").tobytes()
