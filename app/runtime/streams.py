@@ -193,12 +193,11 @@ class StreamsEngine:
 
     def _records(self, taken, answers) -> list[StepResult]:
         out = []
-        rows = {name: (rounded(p), np.isfinite(p).all(axis=1), latency) for name, (p, latency) in answers.items()}
+        per_model = {name: (rounded(p), np.isfinite(p).all(axis=1), latency) for name, (p, latency) in answers.items()}
         for i, (stream, token) in enumerate(taken):
             models = {}
             for name, e in self.entries.items():
-                probabilities, finite, latency = rows[name]
-                probabilities = probabilities[i]
+                rows, finite, latency = per_model[name]
                 if not finite[i]:
                     self.leave(stream, f"{name} answered non-finite probabilities at hop {stream.step}; "
                                        f"this stream stopped")
@@ -206,7 +205,7 @@ class StreamsEngine:
                     break
                 batch, cfg = self.batches[name], e.model.cfg
                 models[name] = ModelStep(
-                    probabilities=probabilities, classes=list(e.classes), flops=batch.step_flops(i),
+                    probabilities=rows[i], classes=list(e.classes), flops=batch.step_flops(i),
                     latency_ms=latency, state_bytes=batch.slot_nbytes * e.spacing, trained=e.trained,
                     landmark_mode=batch.mode, landmark_update=batch.landmark_updated(i),
                     warm=batch.window_full(i), spacing=e.spacing, variant=cfg.variant, layers=cfg.layers,

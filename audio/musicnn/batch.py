@@ -17,9 +17,7 @@ recomputed: ``accumulate``). What changes is the layout:
   channels) is a stream value for every row whose window holds interior timbral rows only, so
   it is cached per ring row and computed for the k rows that became such and the 6 + 6 at the
   patch's ends (58 MFLOPs a stream-hop fewer at 16 frames, 11 %: tests/audio/test_musicnn_batch.py
-  holds the count to torch's FLOP counter; with the timbral rows' im2col as their only copy, 7 /
-  5 % less time at 8 / 16 streams than before, a one-off A/B taking turns in one process,
-  2026-11-26);
+  holds the count to torch's FLOP counter);
 * the mid-end and back-end run once for every stream of the hop (of a chunk of streams on the
   CPU: ``chunk``);
 * no step waits for the device: ring indices come from host state (``start``) and reach the

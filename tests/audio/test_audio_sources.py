@@ -136,6 +136,21 @@ def test_demo_signal_is_deterministic_music():
     assert len(list(DemoSource(seconds=2.0))) == 8
 
 
+def test_demo_hops_without_hi_hat_are_the_pieces_formula_without_drawing_noise():
+    """``render`` draws no noise where no hi-hat plays (half the hops); every hop, with hi-hat
+    or without, at hop starts and elsewhere, is bit for bit the piece's formula: chords and bass
+    plus the seeded off-beat noise, clipped."""
+    from audio.sources import _demo_tonal
+    src, quiet = DemoSource(seed=5), 0
+    for start in [t * HOP for t in range(16)] + [1234, 3 * HOP + 17]:
+        tonal, off_beat, decay = _demo_tonal(start, HOP)
+        noise = np.random.default_rng(5 * 1_000_003 + start).standard_normal(HOP)
+        want = np.clip(tonal + np.where(off_beat, noise * 0.05 * decay, 0.0), -1, 1).astype(np.float32)
+        assert src.render(start, HOP).tobytes() == want.tobytes(), start
+        quiet += not off_beat.any()
+    assert quiet == 8                                   # the shortcut ran for the quiet hops
+
+
 def test_missing_portaudio_is_a_typed_error_and_files_still_work(monkeypatch, tmp_path):
     import builtins
     import sys

@@ -21,7 +21,6 @@ SIZES = {"cpu": (8, 16), "cuda": (1024, 4096)}
 def frontend_modes_bench(device: str = "cpu", sizes: tuple[int, ...] | None = None, hops: int = 25,
                          warm: int = 10) -> list[dict]:
     from audio.frontends import build_frontend
-    from audio.musicnn.batch import default_accumulate, per_branch
 
     net = build_frontend("musicnn", device=device).net
     rows = []
@@ -34,15 +33,21 @@ def frontend_modes_bench(device: str = "cpu", sizes: tuple[int, ...] | None = No
             except torch.OutOfMemoryError:                   # CUDA: the state of thousands of streams
                 print(f"  {streams:6d} streams, front end with accumulators in {names[0]}: out of memory", flush=True)
                 rows += [{"streams": streams, "mode": m, "out_of_memory": True,
-                          "default": per_branch(MODES[m]) == default_accumulate(device, streams)} for m in names]
+                          "default": is_default(m, device, streams)} for m in names]
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows
 
 
+def is_default(mode: str, device: str, streams: int) -> bool:
+    """Whether ``mode`` is what MusicnnBatch keeps by default for ``streams`` on ``device``."""
+    from audio.musicnn.batch import default_accumulate, per_branch
+    return per_branch(MODES[mode]) == default_accumulate(device, streams)
+
+
 def time_modes(net, names: list[str], streams: int, frames: list, hops: int, warm: int) -> list[dict]:
     """The ways ``names``, taking turns hop by hop on the same frames (frames[k % 2])."""
-    from audio.musicnn.batch import MusicnnBatch, default_accumulate
+    from audio.musicnn.batch import MusicnnBatch
 
     slots = list(range(streams))
     batches = {m: MusicnnBatch(net, streams, accumulate=MODES[m]) for m in names}
@@ -64,7 +69,7 @@ def time_modes(net, names: list[str], streams: int, frames: list, hops: int, war
     for m, b in batches.items():
         state = sum(t.numel() * t.element_size() for t in b.state.values()) / b.capacity
         rows.append({"streams": streams, "mode": m, "accumulate": list(b.accumulate),
-                     "default": b.accumulate == default_accumulate(b.device.type, streams),
+                     "default": is_default(m, b.device.type, streams),
                      "push_ms_median": statistics.median(times[m]),
                      "mflops_per_stream_hop": 2 * statistics.mean(macs[m]) / 1e6,
                      "state_mb_per_stream": state / 1e6})
