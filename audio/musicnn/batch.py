@@ -6,8 +6,14 @@ cached, edge rows recomputed, temporal pre-activations kept per patch row and up
 frames that leave and arrive (or, per branch, only the features kept and the rows a hop changed
 recomputed: ``accumulate``). What changes is the layout:
 
-* every per-stream cache has a slot axis, and its patch rows sit in a ring (``start[slot]`` is
-  the ring index of patch row 0), so a hop moves no cached row;
+* every per-stream cache has a slot axis, and its patch rows sit in a ring (``start[slot]``
+  counts the rows the stream has moved by; patch row p sits in ring row (start + p) mod the
+  ring's length), so a hop moves no cached row;
+* a temporal branch with accumulators keeps them only for its edge rows: the b rows whose
+  window reaches before the patch (they lose frames) and the a rows whose window reaches past
+  it (they gain frames), in two rings of b and a rows. An interior row's pre-activations do
+  not change while it is interior: its features are kept, and when it becomes a start-edge
+  row its sum is computed from the patch (k rows of up to K - 1 taps a hop);
 * the streams of a hop are grouped by how many frames they bring (15 or 16 for 0.25 s hops):
   one group's timbral rows are one matrix product per branch, its temporal updates one product
   per branch with the streams side by side in the columns (the tap matrices depend on k only);
@@ -70,8 +76,8 @@ class MusicnnBatch:
     ``push(slots, frames) -> (S, 50)`` taggrams. Which slots are free is the caller's business.
 
     ``accumulate`` (per temporal branch, K = 128, 64, 32) keeps a branch's pre-activations of
-    every patch row (187 x 51 x 96 floats, 3.7 MB per slot and branch) and updates them by the
-    frames that leave and arrive: the fewest multiply-accumulates. A branch without them keeps
+    its K - 1 edge rows (127, 63 or 31 rows of 51 x 96 floats: 2.5, 1.2 or 0.6 MB per slot) and
+    updates them by the frames that leave and arrive: the fewest multiply-accumulates. A branch without them keeps
     only its features and recomputes the k + K - 1 rows a hop changes, by one convolution per end
     of the patch: no scattered adds, more multiply-accumulates (2.5x for K = 128, 1.9x for 64,
     1.2x for 32). The default on the CPU accumulates the K = 128 branch only: 3-6 % slower than
@@ -104,7 +110,7 @@ class MusicnnBatch:
         self.mid_temporal = w[:, TIMBRAL_FEATS:].contiguous()
         self.template = self._state_of(one)
         self.state = {name: t.new_zeros((capacity, *t.shape)) for name, t in self.template.items()}
-        self.start = np.zeros(capacity, np.int64)        # ring index of patch row 0, per slot
+        self.start = np.zeros(capacity, np.int64)        # rows moved since the slot's reset (ring origin)
         self.macs = np.zeros(capacity, np.int64)          # multiply-accumulates of each slot's last push
 
     # ------------------------------------------------------------------ slots
@@ -117,7 +123,9 @@ class MusicnnBatch:
                  "last": torch.sigmoid(self.net.head(self._front_of(one)[None]))[0]}
         for j, acc in enumerate(one.temporal):
             if self.accumulate[j]:
-                state[f"z{j}"] = acc.z                                                 # (P, C', 96)
+                b, a = same_padding(acc.K)
+                state[f"zs{j}"] = acc.z[:b]                                            # (b, C', 96): row p in ring row p
+                state[f"ze{j}"] = acc.z[P - a:].roll((P - a) % a, dims=0)            # (a, C', 96): row p in (p mod a)
             state[f"f{j}"] = acc.bn.max_relu(acc.z, dim=2)                             # (P, C')
         return state
 
@@ -190,11 +198,11 @@ class MusicnnBatch:
     def _dev(self, a: np.ndarray) -> Tensor:
         return on_device(a, self.device)
 
-    def _ring(self, idx: np.ndarray, first: int, count: int) -> Tensor:
-        """(G * count,) flat indices (slot * P + ring row) of patch rows first .. first + count - 1
-        (cyclic) of slots idx."""
+    def _ring(self, idx: np.ndarray, first: int, count: int, n: int = P) -> Tensor:
+        """(G * count,) flat indices (slot * n + ring row) of patch rows first .. first + count - 1
+        of slots idx in a ring of n rows (patch row p in ring row (start + p) mod n)."""
         s = np.asarray(idx)[:, None]
-        return self._dev((s * P + (self.start[s] + np.arange(first, first + count)[None]) % P).reshape(-1))
+        return self._dev((s * n + (self.start[s] + np.arange(first, first + count)[None]) % n).reshape(-1))
 
     def _rows(self, name: str, idx: np.ndarray, first: int, count: int) -> Tensor:
         """(G, count, C): patch rows first .. first + count - 1 of state ``name`` (slots, P, C),
@@ -241,30 +249,25 @@ class MusicnnBatch:
 
     def _temporal(self, idx: np.ndarray, old: Tensor, patch: Tensor, k: int) -> int:
         """The temporal branches' rows a hop changed, P-k-a .. P-1 (their windows reach the new
-        frames) and 0 .. b-1 (theirs lost the old ones): a branch with accumulators updates them
-        by the frames that leave and arrive, one without recomputes those rows from the new
-        patch (G, P, 96) and its zero padding. Moves the slots' ring starts by k."""
+        frames) and 0 .. b-1 (theirs lost the old ones): a branch with accumulators updates its
+        edge rows by the frames that leave and arrive, and sums the rows that became start-edge
+        rows over the new patch; one without recomputes those rows from the new patch (G, P, 96)
+        and its zero padding. Moves the slots' ring origins by k."""
         st = self.state
-        # frames 0..k-1 of the old patch leave old rows k .. k+b-1 (one product per
-        # branch for the group: (G, b*C', 96) = taps (b*C', k) @ frames (G, k, 96))
+        # frames 0..k-1 of the old patch leave old rows k .. b-1, which stay start-edge rows (one
+        # product per branch for the group: (G, (b-k)*C', 96) = taps ((b-k)*C', k) @ frames (G, k, 96))
         for j, (kernel, _, _, _, _) in enumerate(self.temporal):
-            if self.accumulate[j]:
-                b, a = same_padding(kernel)
-                out = self._taps_for(j, ("out", k), range(k, k + b), range(0, k)) @ old[:, :k]
-                st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS).index_add_(
-                    0, self._ring(idx, k, b), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
-        self.start[idx] = (self.start[idx] + k) % P                                    # old row p is now p - k
+            b, a = same_padding(kernel)
+            if self.accumulate[j] and k < b:
+                out = self._taps_for(j, ("out", k), range(k, b), range(0, k)) @ old[:, :k]
+                st[f"zs{j}"].view(-1, TEMPORAL_CH, BANDS).index_add_(
+                    0, self._ring(idx, k, b - k, b), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
+        self.start[idx] += k                                                           # old row p is now p - k
         macs = 0
         for j, (kernel, bn, weight, bias, _) in enumerate(self.temporal):
             b, a = same_padding(kernel)
             if self.accumulate[j]:
-                z = st[f"z{j}"].view(-1, TEMPORAL_CH, BANDS)
-                z[self._ring(idx, P - k, k)] = bias.view(-1, 1)
-                taps = self._taps_for(j, ("in", k), range(P - k - a, P), range(P - k - b, P), P - k)   # (R*C', k+b)
-                z.index_add_(0, self._ring(idx, P - k - a, a + k), (taps @ patch[:, P - k - b:]).view(-1, TEMPORAL_CH, BANDS))
-                # the rows changed: one cyclic run of each slot's ring
-                self._features(idx, bn, st[f"z{j}"], st[f"f{j}"], P - k - a, k + kernel - 1)
-                macs += TEMPORAL_CH * BANDS * (b * k + (a + k) * (k + b))
+                macs += self._edge_rows(j, idx, patch, k)
                 continue
             tail = torch.nn.functional.pad(patch[:, P - k - a - b:], (0, 0, 0, a))      # -> rows P-k-a .. P-1
             head = torch.nn.functional.pad(patch[:, :b + a], (0, 0, b, 0))              # -> rows 0 .. b-1
@@ -274,19 +277,51 @@ class MusicnnBatch:
             macs += TEMPORAL_CH * BANDS * (k + kernel - 1) * kernel
         return macs
 
-    def _features(self, idx: np.ndarray, bn, z: Tensor, f: Tensor, first: int, count: int) -> None:
-        """Features f (C, P, C') of patch rows first .. first + count - 1 of slots idx from their
-        pre-activations z (C, P, C', 96). On the CPU each slot's rows are one or two slices of
-        its ring (views: nothing copied); on CUDA one gather for every slot (a launch per slot
-        would cost more than the copy)."""
+    def _edge_rows(self, j: int, idx: np.ndarray, patch: Tensor, k: int) -> int:
+        """Branch j's edge rings after the origin moved by k (old start-edge rows already lost
+        the leaving frames): the rows that became start-edge rows summed over the new patch, the
+        new frames added to the old end-edge rows and the new rows, the k rows that became
+        interior (or skipped the end ring) taken out as features. Returns its multiply-accumulates."""
+        kernel, bn, _, bias, _ = self.temporal[j]
+        st, G, (b, a) = self.state, len(idx), same_padding(kernel)
+        zs, ze = (st[f"{n}{j}"].view(-1, TEMPORAL_CH, BANDS) for n in ("zs", "ze"))
+        bias = bias.view(-1, 1)
+        # rows b-n .. b-1 became start-edge rows: sums over the new patch's frames 0 .. K-2
+        n = min(k, b)
+        fresh = self._taps_for(j, ("start", n), range(b - n, b), range(0, kernel - 1)) @ patch[:, :kernel - 1]
+        zs[self._ring(idx, b - n, n, b)] = fresh.view(-1, TEMPORAL_CH, BANDS).add_(bias)
+        # rows P-k-a .. P-1 (the old end-edge rows, then the k new ones) gain frames P-k-b .. P-1:
+        # the first k of them leave the end ring (interior now), the last a stay in it
+        frames = patch[:, P - k - b:]
+        out = (self._taps_for(j, ("in-out", k), range(P - k - a, P - a), range(P - k - b, P), P - k) @ frames
+               ).view(G, k, TEMPORAL_CH, BANDS)
+        m = min(k, a)                                    # old end-edge rows among them
+        out[:, :m] += ze.index_select(0, self._ring(idx, P - k - a, m, a)).view(G, m, TEMPORAL_CH, BANDS)
+        if k > a:                                        # new rows that are interior at once
+            out[:, m:] += bias
+        st[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k)] = bn.max_relu(out, dim=3).view(-1, TEMPORAL_CH)
+        stay = self._taps_for(j, ("in-stay", k), range(P - a, P), range(P - k - b, P), P - k) @ frames   # (G, a*C', 96)
+        ze[self._ring(idx, P - m, m, a)] = bias          # the new rows in the end ring start from the bias
+        ze.index_add_(0, self._ring(idx, P - a, a, a), stay.view(-1, TEMPORAL_CH, BANDS))
+        self._features(idx, bn, st[f"zs{j}"], st[f"f{j}"], 0, b)
+        self._features(idx, bn, st[f"ze{j}"], st[f"f{j}"], P - a, a)
+        return TEMPORAL_CH * BANDS * (max(b - k, 0) * k + n * (kernel - 1) + (a + k) * (k + b))
+
+    def _features(self, idx: np.ndarray, bn, z: Tensor, f: Tensor, first: int, n: int) -> None:
+        """Features f (C, P, C') of patch rows first .. first + n - 1 of slots idx from their
+        pre-activations z (C, n, C', 96), a ring that these rows fill (row p in ring row
+        (start + p) mod n), put in patch order. On the CPU the max over each slot's ring as it
+        lies (nothing copied); on CUDA one gather for every slot (a launch per slot would cost
+        more than the copy)."""
         if self.device.type == "cpu":
-            for slot in idx.tolist():
-                lo = (int(self.start[slot]) + first) % P
-                for ring in ([slice(lo, lo + count)] if lo + count <= P else [slice(lo, P), slice(0, lo + count - P)]):
-                    f[slot, ring] = bn.max_relu(z[slot, ring], dim=2)
-            return
-        rows = self._ring(idx, first, count)
-        f.view(-1, TEMPORAL_CH)[rows] = bn.max_relu(z.view(-1, TEMPORAL_CH, BANDS)[rows], dim=2)
+            peaks = z.new_empty(len(idx), n, TEMPORAL_CH)
+            for g, slot in enumerate(idx.tolist()):
+                torch.amax(z[slot], dim=2, out=peaks[g])
+        else:
+            peaks = z.index_select(0, self._dev(idx)).amax(dim=3)
+        local = np.arange(len(idx))[:, None] * n + (self.start[idx][:, None] + np.arange(first, first + n)) % n
+        f.view(-1, TEMPORAL_CH)[self._ring(idx, first, n)] = bn.after_max(
+            peaks.view(-1, TEMPORAL_CH).index_select(0, self._dev(local.reshape(-1))))
 
     def _refill(self, idx: np.ndarray, x: Tensor) -> None:
         """Slots ``idx`` jumped by a whole patch or more: their caches recomputed from it."""
@@ -300,12 +335,13 @@ class MusicnnBatch:
         st["mid"][sl, 2 * EDGE:P - 2 * EDGE] = self._mid_rows(st["timbral"][sl, EDGE:P - EDGE])
         macs = (P + 2 * EDGE) * timbral_macs_per_frame() + (P - 4 * EDGE) * MID_TIMBRAL_MACS   # (+ _front's edge rows)
         for j, (kernel, bn, weight, bias, _) in enumerate(self.temporal):
-            before, after = same_padding(kernel)
-            z = torch.nn.functional.conv2d(torch.nn.functional.pad(patch, (0, 0, before, after))[:, None],
+            b, a = same_padding(kernel)
+            z = torch.nn.functional.conv2d(torch.nn.functional.pad(patch, (0, 0, b, a))[:, None],
                                            weight, bias)                               # (G, C', P, 96)
             z = z.permute(0, 2, 1, 3)                                                  # (G, P, C', 96)
-            if self.accumulate[j]:
-                st[f"z{j}"][sl] = z
+            if self.accumulate[j]:                       # the edge rows, ring origin 0
+                st[f"zs{j}"].view(-1, TEMPORAL_CH, BANDS)[self._ring(idx, 0, b, b)] = z[:, :b].reshape(-1, TEMPORAL_CH, BANDS)
+                st[f"ze{j}"].view(-1, TEMPORAL_CH, BANDS)[self._ring(idx, P - a, a, a)] = z[:, P - a:].reshape(-1, TEMPORAL_CH, BANDS)
             st[f"f{j}"][sl] = bn.max_relu(z, dim=3)
             macs += TEMPORAL_CH * BANDS * P * kernel
         self.macs[idx] = macs

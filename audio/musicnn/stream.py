@@ -43,7 +43,11 @@ class SignedBN:
         """max over ``dim`` of BN(ReLU(z)) given zs = sign * z (channels last), from one max:
         for a channel with a negative BN scale the max of the result is BN(ReLU(min z)), and
         min z = -max(-z) exactly. (The batch network takes the max and the min of z.)"""
-        return F.relu(zs.amax(dim=dim) * self.sign) * self.scale + self.shift
+        return self.after_max(zs.amax(dim=dim))
+
+    def after_max(self, m: Tensor) -> Tensor:
+        """BN(ReLU(.)) of the maxima m = max zs (channels last)."""
+        return F.relu(m * self.sign) * self.scale + self.shift
 
 
 class TimbralCache:

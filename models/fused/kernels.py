@@ -13,6 +13,9 @@ import math
 import numpy as np
 from numba import njit
 
+from .numba_cache import share
+
+share()                                                # one cache for every copy of this code
 JIT = dict(cache=True, nogil=True, fastmath=True, error_model="numpy")
 
 

@@ -146,9 +146,9 @@ def test_streams_bench_rows_memory_and_capacity_follow_from_its_hops(capsys):
 
 def test_frontend_modes_table_compares_the_three_ways_on_the_same_pushes():
     """`bench --streams`, its front-end table (2 streams, 2 timed pushes): a row per way of keeping
-    the temporal branches, the CPU's default marked; accumulators trade state (187 x 51 x 96 floats
-    per branch) for multiply-accumulates, so every branch's has the fewest MFLOPs and the most
-    state, none the reverse."""
+    the temporal branches, the CPU's default marked; accumulators trade state (K - 1 edge rows of
+    51 x 96 floats for a branch of K taps) for multiply-accumulates, so every branch's has the
+    fewest MFLOPs and the most state, none the reverse."""
     from app.offline.bench.frontend_modes import MODES, frontend_modes_bench, modes_table
     rows = frontend_modes_bench("cpu", sizes=(2,), hops=2, warm=1)
     by = {r["mode"]: r for r in rows}
@@ -157,7 +157,7 @@ def test_frontend_modes_table_compares_the_three_ways_on_the_same_pushes():
     state = [by[m]["state_mb_per_stream"] for m in MODES]
     assert flops == sorted(flops) and len(set(flops)) == 3
     assert state == sorted(state, reverse=True)
-    branch = 187 * 51 * 96 * 4 / 1e6
-    assert state[0] - state[1] == pytest.approx(2 * branch) and state[1] - state[2] == pytest.approx(branch)
+    row = 51 * 96 * 4 / 1e6
+    assert state[0] - state[1] == pytest.approx((63 + 31) * row) and state[1] - state[2] == pytest.approx(127 * row)
     assert [r["default"] for r in rows] == [False, True, False]
     assert len(modes_table(rows)) == 2 + len(rows)

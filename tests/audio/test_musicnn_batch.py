@@ -77,8 +77,9 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
             batch.reset(0)
             histories[0], singles[0] = [], MusicnnStream(net)
         slots = sorted(histories)
-        # 0.25 s hops bring 15 or 16 frames; also none, one, a jump past the temporal kernels, a whole patch
-        ks = {s: [15, 16, 16, 0, 1, 80, 16, 200, 15][(hop + s) % 9] for s in slots}
+        # 0.25 s hops bring 15 or 16 frames; also none, one, more than the K = 32 and 64 branches'
+        # end-edge rows (40), a jump past the temporal kernels, a whole patch
+        ks = {s: [15, 16, 40, 0, 1, 80, 16, 200, 15][(hop + s) % 9] for s in slots}
         pushed = [frames(rng, ks[s]) for s in slots]
         with FlopCounterMode(display=False) as counter:
             got = batch.push(slots, pushed).cpu()                                   # (S, 50)
@@ -99,15 +100,20 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
 
 
 def recomputing_costs(k: int, accumulate: tuple) -> int:
-    """What a hop of k frames costs beyond MusicnnStream's (every branch by accumulators): per
-    branch without them, k + K - 1 rows of K taps instead of the accumulators' updates (b k
-    leaving, (a + k)(k + b) arriving); less the first mid-end convolution's timbral part, which
-    the batch computes for the k rows that became interior and the 6 + 6 at the patch's ends, not
-    for all 187."""
+    """What a hop of k frames costs beyond MusicnnStream's (every branch by accumulators of
+    every row): per branch with accumulators of its edge rows only, the min(k, b) rows that
+    became start-edge rows summed over K - 1 frames, and leaving frames taken from b - k rows
+    instead of b; per branch without them, k + K - 1 rows of K taps instead of the
+    accumulators' updates (b k leaving, (a + k)(k + b) arriving); less the first mid-end
+    convolution's timbral part, which the batch computes for the k rows that became interior
+    and the 6 + 6 at the patch's ends, not for all 187."""
     extra = 0
     for K, acc in zip(musicnn.TEMPORAL, accumulate):
         b, a = musicnn.same_padding(K)
-        extra += 0 if acc else (k + K - 1) * K - (b * k + (a + k) * (k + b))
+        if acc:
+            extra += min(k, b) * (K - 1) + max(b - k, 0) * k - b * k
+        else:
+            extra += (k + K - 1) * K - (b * k + (a + k) * (k + b))
     saved = (musicnn.PATCH_FRAMES - 12 - k) * 7 * 2 * musicnn.TIMBRAL_CH * musicnn.MID_CH
     return extra * musicnn.TEMPORAL_CH * musicnn.BANDS - saved
 
