@@ -77,15 +77,15 @@ class MusicnnBatch:
 
     ``accumulate`` (per temporal branch, K = 128, 64, 32) keeps a branch's pre-activations of
     its K - 1 edge rows (127, 63 or 31 rows of 51 x 96 floats: 2.5, 1.2 or 0.6 MB per slot) and
-    updates them by the frames that leave and arrive: the fewest multiply-accumulates. A branch without them keeps
-    only its features and recomputes the k + K - 1 rows a hop changes, by one convolution per end
-    of the patch: no scattered adds, more multiply-accumulates (2.5x for K = 128, 1.9x for 64,
-    1.2x for 32). The default on the CPU accumulates the K = 128 branch only: 3-6 % slower than
-    accumulating all three at 8 and 16 streams, where recomputing all three took 22-25 % longer
-    (`bench --streams`, its front-end table); 4.2 MB of state per slot instead of 11.5. On CUDA
-    all three below a capacity of 4,096 streams, none from there (on an H200: 46.5 against 48.0
-    ms a push at 1,024 streams, 198.3 against 160.7 ms at 4,096, a probe before that table
-    existed; and 10,000 streams' accumulators would take 115 GB).
+    updates them by the frames that leave and arrive: the fewest multiply-accumulates. A branch
+    without them keeps only its features and recomputes the k + K - 1 rows a hop changes, by one
+    convolution per end of the patch: no scattered adds, more multiply-accumulates (2.0x for
+    K = 128, 1.4x for 64, 1.03x for 32, at 16 frames). The default on the CPU accumulates the
+    K = 128 branch only: as fast as accumulating all three at 8 and 16 streams, where
+    recomputing all three took 11-12 % longer (`bench --streams`, its front-end table); 3.0 MB
+    of state per slot instead of 4.9. On CUDA all three below a capacity of 4,096 streams, none
+    from there (set on an H200 when every branch kept all 187 rows: 46.5 against 48.0 ms a push
+    at 1,024 streams, 198.3 against 160.7 ms at 4,096, a probe before that table existed).
 
     ``chunk``: streams computed together (CPU: 8, so that a hop's temporaries stop growing with
     the streams: 43 MB resident for 32 streams, 97 MB with all 32 at once, and no cost in time at
