@@ -284,7 +284,7 @@ class MusicnnBatch:
         interior (or skipped the end ring) taken out as features. Returns its multiply-accumulates."""
         kernel, bn, _, bias, _ = self.temporal[j]
         st, G, (b, a) = self.state, len(idx), same_padding(kernel)
-        zs, ze = (st[f"{n}{j}"].view(-1, TEMPORAL_CH, BANDS) for n in ("zs", "ze"))
+        zs, ze = (st[f"{name}{j}"].view(-1, TEMPORAL_CH, BANDS) for name in ("zs", "ze"))
         bias = bias.view(-1, 1)
         # rows b-n .. b-1 became start-edge rows: sums over the new patch's frames 0 .. K-2
         n = min(k, b)
