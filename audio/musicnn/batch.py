@@ -101,6 +101,7 @@ class MusicnnBatch:
         self.accumulate = per_branch(default_accumulate(self.device.type, capacity) if accumulate is None
                                      else accumulate)                                  # per temporal branch
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
+        self.slotwise_max = not cuda                   # _features: per slot in place, or one gather
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
         self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)
         self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
@@ -312,8 +313,8 @@ class MusicnnBatch:
         pre-activations z (C, n, C', 96), a ring that these rows fill (row p in ring row
         (start + p) mod n), put in patch order. On the CPU the max over each slot's ring as it
         lies (nothing copied); on CUDA one gather for every slot (a launch per slot would cost
-        more than the copy)."""
-        if self.device.type == "cpu":
+        more than the copy): ``slotwise_max``. Both give the same floats."""
+        if self.slotwise_max:
             peaks = z.new_empty(len(idx), n, TEMPORAL_CH)
             for g, slot in enumerate(idx.tolist()):
                 torch.amax(z[slot], dim=2, out=peaks[g])

@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]           # the project: models/fused/ is two below
+HERE = Path(__file__).resolve().parent                # models/fused/: the kernels' files
+ROOT = HERE.parents[1]                                 # the project (or site-packages, installed)
 
 
 def cache_root() -> Path:
@@ -25,8 +26,8 @@ def cache_root() -> Path:
 
 
 def share() -> None:
-    """Make numba look here first for this project's kernels (idempotent; without numba's cache
-    internals, as in a numba that lacks them, nothing changes)."""
+    """Make numba look here first for the fused kernels (idempotent; with a numba that lacks
+    these cache internals, nothing changes)."""
     try:
         from numba.core import caching
     except ImportError:                                # pragma: no cover - numba ships with librosa
@@ -37,7 +38,7 @@ def share() -> None:
         return
 
     class ProjectCacheLocator(base, caching._CacheLocator):
-        """numba's cache locator for a file of this project: the cache root plus the file's
+        """numba's cache locator for a file of models/fused/: the cache root plus the file's
         directory inside the project."""
 
         def __init__(self, py_func, py_file):
@@ -51,9 +52,9 @@ def share() -> None:
         @classmethod
         def from_function(cls, py_func, py_file):
             try:
-                Path(py_file).resolve().relative_to(ROOT)
+                Path(py_file).resolve().relative_to(HERE)
             except (ValueError, OSError):
-                return None                            # not this project's: numba's own places
+                return None                            # not the kernels' (librosa's...): numba's own places
             return super().from_function(py_func, py_file)
 
     impl._locator_classes.insert(0, ProjectCacheLocator)
