@@ -127,14 +127,13 @@ def test_the_features_gathered_as_on_cuda_are_the_per_slot_ones_bit_for_bit(nets
     pair[1].slotwise_max = False
     rng = np.random.default_rng(3)
     for hop in range(12):
-        for b in pair:
+        for batch in pair:
             if hop in (0, 4):
-                b.reset(hop // 4)
+                batch.reset(hop // 4)
         slots = [0] if hop < 4 else [0, 1]
         ks = [[16, 15, 40, 1, 80][(hop + s * (hop % 2)) % 5] for s in slots]    # odd hops: k per stream
         pushed = [frames(rng, k) for k in ks]
-        a, b = (x.push(slots, pushed) for x in pair)
-        assert torch.equal(a, b)
+        assert torch.equal(*(batch.push(slots, pushed) for batch in pair))
     assert all(torch.equal(pair[0].state[name], pair[1].state[name]) for name in pair[0].state)
 
 
