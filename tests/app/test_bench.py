@@ -2,6 +2,7 @@
 with the same FLOPs per step (one set of formulas, the same steps), ratios taken in one run."""
 import json
 import math
+import subprocess
 
 import pytest
 
@@ -32,8 +33,9 @@ def test_bench_only_rows_fused_and_torch_paths_count_the_same_flops(tmp_path):
 
 
 def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
-    """`bench ... --page`: each run kind stored as JSON with its command, date and machine; the
-    page is rendered from every stored run, a new run of a kind replacing its section."""
+    """`bench ... --page`: each run kind stored as JSON with its command, date, machine and the
+    checkout's commit (git's own answer); the page is rendered from every stored run, a new run
+    of a kind replacing its section."""
     from app.offline.bench import page as bench_page
     data = bench.run(windows=(12,), steps=10, budget_s=0.2, out=tmp_path / "b.md", only="SDA continual (")
     store, page = tmp_path / "runs", tmp_path / "benchmarks.md"
@@ -48,6 +50,8 @@ def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
     assert 0 < entry["machine"]["speed_index_ms"] < 100
     assert text.index("## Attention and model steps") < text.index("## Live control under load")
     assert "*`python main.py bench --windows 12 --page`, " in text and "speed index" in text
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=bench_page.ROOT, capture_output=True, text=True).stdout
+    assert entry["commit"].split()[0] == head[:7] and f", code at commit {entry['commit']}, " in text
     for r in data["rows"]:
         assert f"| {r['what']} | {r['median_us']:,.1f} |" in text
     assert "| 500 | 20 | 0 | 6 | 0 | 0.50 / 3.00 / 21.00 |" in text

@@ -5,7 +5,8 @@ kind replaces its section.
 
 The machine is named by its cores, its CPU and a speed index: the median step of torch's 1-layer
 encoder recomputing a window of n = 120 (d = 192, 16 heads) on one torch thread, timed in a fresh
-process at the end of each run.
+process at the end of each run. The code is named by its git commit (marked when tracked files
+differ from it; absent outside a checkout).
 """
 from __future__ import annotations
 
@@ -53,10 +54,24 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def commit() -> str | None:
+    """The checkout's commit, short, with " and changes" when tracked files differ from it; None
+    outside a git checkout (an installed wheel)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+    try:
+        head = git("rev-parse", "--short=7", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + (" and changes" if changed else "")
+
+
 def record(kind: str, data, argv=None, store: Path = STORE, page: Path = PAGE) -> Path:
     """Store one run of ``kind`` and rewrite the page; returns the page's path."""
     entry = {"kind": kind, "command": "python main.py " + " ".join(sys.argv[1:] if argv is None else argv),
-             "date": datetime.date.today().isoformat(), "machine": machine(), "data": data}
+             "date": datetime.date.today().isoformat(), "machine": machine(), "commit": commit(), "data": data}
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".{kind}.json.tmp"
     tmp.write_text(json.dumps(entry, indent=1, allow_nan=True) + "\n")
@@ -76,7 +91,8 @@ def stored(store: Path = STORE) -> dict[str, dict]:
 def provenance(e: dict) -> str:
     m = e["machine"]
     gpu = f", {m['gpu']}" if m.get("gpu") else ""
-    return (f"*`{e['command']}`, {e['date']}, {m['cores']} cores ({m['cpu']}){gpu}, torch {m['torch']}, "
+    code = f", code at commit {e['commit']}" if e.get("commit") else ""
+    return (f"*`{e['command']}`, {e['date']}{code}, {m['cores']} cores ({m['cpu']}){gpu}, torch {m['torch']}, "
             f"speed index {m['speed_index_ms']:.2f} ms (torch's 1-layer encoder step at n = 120, one thread).*")
 
 
