@@ -36,6 +36,8 @@ BANDS = 96
 TAGS = 50
 TIMBRAL = (38, 67)            # kernel widths in frequency (0.4 and 0.7 of 96 bands)
 TIMBRAL_CH = 204
+TIMBRAL_COLS = 208            # the continual front ends' timbral product: 204 filters, 4 of zeros
+                              # (audio/musicnn/stream.py TimbralCache says why)
 TEMPORAL = (128, 64, 32)      # kernel lengths in time
 TEMPORAL_CH = 51
 FRONT_CH = 2 * TIMBRAL_CH + 3 * TEMPORAL_CH      # 561
@@ -173,8 +175,10 @@ class Musicnn(nn.Module):
 
 # ----------------------------------------------------------------------------- FLOPs
 
-def timbral_macs_per_frame() -> int:
-    return sum(TIMBRAL_CH * 7 * w * (BANDS - w + 1) for w in TIMBRAL)
+def timbral_macs_per_frame(columns: int = TIMBRAL_CH) -> int:
+    """Both timbral convolutions for one frame, ``columns`` filters each (the continual front
+    ends compute TIMBRAL_COLS)."""
+    return sum(columns * 7 * w * (BANDS - w + 1) for w in TIMBRAL)
 
 
 def temporal_macs_per_frame() -> int:

@@ -41,14 +41,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import (BANDS, float32, MID_CH, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, Musicnn,
+from . import (BANDS, float32, MID_CH, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
                       head_macs, same_padding, timbral_macs_per_frame)
-from .stream import MusicnnStream, toeplitz_taps
+from .stream import MusicnnStream, timbral_features, toeplitz_taps
 
 P, EDGE = PATCH_FRAMES, 3
 CPU_CHUNK = 8                                          # streams computed together on the CPU
 CPU_ACCUMULATE = (True, False, False)                  # temporal branches (K = 128, 64, 32) with accumulators on the CPU
 CUDA_LEAN_FROM = 4096                                  # CUDA: no accumulators from this capacity on
+TEMPORAL_CONV_CH = 56                                  # a recomputing branch's convolution: 51 filters, 5 of zeros
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 MID_TIMBRAL_MACS = 7 * TIMBRAL_FEATS * MID_CH          # the first mid-end convolution's timbral part, per row
 
@@ -86,6 +87,10 @@ class MusicnnBatch:
     of state per slot instead of 4.9. On CUDA all three below a capacity of 4,096 streams, none
     from there (set on an H200 when every branch kept all 187 rows: 46.5 against 48.0 ms a push
     at 1,024 streams, 198.3 against 160.7 ms at 4,096, a probe before that table existed).
+    A recomputing branch's convolution has TEMPORAL_CONV_CH = 56 output channels, its 51
+    filters and 5 of zeros: on the CPU, oneDNN's convolution took a third of the time for K = 64
+    and 0.7-0.8 of it for K = 32 (4 streams' rows of a hop, one process taking turns, 2 threads,
+    a 2-core AMD EPYC host, 2026-11-26), for 10 % more multiply-accumulates.
 
     ``chunk``: streams computed together (CPU: 8, so that a hop's temporaries stop growing with
     the streams: 43 MB resident for 32 streams, 97 MB with all 32 at once, and no cost in time at
@@ -105,6 +110,9 @@ class MusicnnBatch:
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
         self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)
         self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
+        pad = TEMPORAL_CONV_CH - TEMPORAL_CH
+        self.conv = [(torch.nn.functional.pad(a.weight, (0, 0, 0, 0, 0, 0, 0, pad)),
+                      torch.nn.functional.pad(a.bias, (0, pad))) for a in one.temporal]   # (56, 1, K, 1), (56,)
         self._taps: dict = {}
         w = net.mid[0].weight                                                         # (64, 561, 7)
         self.mid_timbral = w[:, :TIMBRAL_FEATS].contiguous()
@@ -218,8 +226,8 @@ class MusicnnBatch:
         out = x.new_empty(n, rows, TIMBRAL_FEATS)
         for i, (w, bn, weight, bias) in enumerate(self.timbral):
             cols = x.unfold(1, 2 * EDGE + 1, 1).unfold(2, w, 1).reshape(-1, (2 * EDGE + 1) * w)
-            z = torch.addmm(bias, cols, weight).view(n * rows, BANDS - w + 1, -1)
-            out[:, :, i * z.shape[2]:(i + 1) * z.shape[2]] = bn.max_relu(z, dim=1).view(n, rows, -1)
+            z = torch.addmm(bias, cols, weight).view(n * rows, BANDS - w + 1, -1)     # (n rows, F, 208)
+            out[:, :, i * TIMBRAL_CH:(i + 1) * TIMBRAL_CH] = timbral_features(bn, z).view(n, rows, -1)
         return out
 
     def _mid_rows(self, timbral: Tensor) -> Tensor:
@@ -246,7 +254,7 @@ class MusicnnBatch:
         # the mid-end's first convolution, timbral part: rows P-6-k .. P-7 now see interior rows only
         window = self._rows("timbral", idx, P - 3 * EDGE - k, k + 2 * EDGE)           # (G, k + 6, 408)
         st["mid"].view(-1, MID_CH)[self._ring(idx, P - 2 * EDGE - k, k)] = self._mid_rows(window).reshape(-1, MID_CH)
-        self.macs[idx] = macs + (k + 2 * EDGE) * timbral_macs_per_frame() + k * MID_TIMBRAL_MACS
+        self.macs[idx] = macs + (k + 2 * EDGE) * timbral_macs_per_frame(TIMBRAL_COLS) + k * MID_TIMBRAL_MACS
 
     def _temporal(self, idx: np.ndarray, old: Tensor, patch: Tensor, k: int) -> int:
         """The temporal branches' rows a hop changed, P-k-a .. P-1 (their windows reach the new
@@ -265,17 +273,18 @@ class MusicnnBatch:
                     0, self._ring(idx, k, b - k, b), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
         self.start[idx] += k                                                           # old row p is now p - k
         macs = 0
-        for j, (kernel, bn, weight, bias, _) in enumerate(self.temporal):
+        for j, (kernel, bn, _, _, _) in enumerate(self.temporal):
             b, a = same_padding(kernel)
             if self.accumulate[j]:
                 macs += self._edge_rows(j, idx, patch, k)
                 continue
             tail = torch.nn.functional.pad(patch[:, P - k - a - b:], (0, 0, 0, a))      # -> rows P-k-a .. P-1
             head = torch.nn.functional.pad(patch[:, :b + a], (0, 0, b, 0))              # -> rows 0 .. b-1
-            rows = torch.cat([bn.max_relu(torch.nn.functional.conv2d(seg[:, None], weight, bias).permute(0, 2, 1, 3), dim=3)
+            rows = torch.cat([bn.max_relu(torch.nn.functional.conv2d(seg[:, None], *self.conv[j])[:, :TEMPORAL_CH]
+                                          .permute(0, 2, 1, 3), dim=3)
                               for seg in (tail, head)], dim=1)                           # (G, k+K-1, C'): one cyclic run
             st[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k + kernel - 1)] = rows.reshape(-1, TEMPORAL_CH)
-            macs += TEMPORAL_CH * BANDS * (k + kernel - 1) * kernel
+            macs += TEMPORAL_CONV_CH * BANDS * (k + kernel - 1) * kernel
         return macs
 
     def _edge_rows(self, j: int, idx: np.ndarray, patch: Tensor, k: int) -> int:
@@ -334,7 +343,7 @@ class MusicnnBatch:
         padded = torch.nn.functional.pad(patch, (0, 0, EDGE, EDGE))
         st["timbral"][sl] = self._timbral_rows(padded)
         st["mid"][sl, 2 * EDGE:P - 2 * EDGE] = self._mid_rows(st["timbral"][sl, EDGE:P - EDGE])
-        macs = (P + 2 * EDGE) * timbral_macs_per_frame() + (P - 4 * EDGE) * MID_TIMBRAL_MACS   # (+ _front's edge rows)
+        macs = (P + 2 * EDGE) * timbral_macs_per_frame(TIMBRAL_COLS) + (P - 4 * EDGE) * MID_TIMBRAL_MACS   # (+ _front's edge rows)
         for j, (kernel, bn, weight, bias, _) in enumerate(self.temporal):
             b, a = same_padding(kernel)
             z = torch.nn.functional.conv2d(torch.nn.functional.pad(patch, (0, 0, b, a))[:, None],

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from . import (BANDS, float32, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, Musicnn, head_macs,
-                      patch_macs, same_padding, timbral_macs_per_frame)
+from . import (BANDS, float32, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
+                      head_macs, patch_macs, same_padding, timbral_macs_per_frame)
 
 
 class SignedBN:
@@ -50,18 +50,31 @@ class SignedBN:
         return F.relu(m * self.sign) * self.scale + self.shift
 
 
+def timbral_features(bn: SignedBN, z: Tensor) -> Tensor:
+    """(R, F, TIMBRAL_COLS) timbral pre-activations over F frequency positions -> (R, 204)
+    features: the max over frequency, the zero filters that pad the product dropped."""
+    return bn.after_max(z.amax(dim=1)[:, :TIMBRAL_CH])
+
+
 class TimbralCache:
     """Both timbral branches over the patch. ``rows[p]`` holds the stream value of patch row p
     for interior rows (3 <= p <= 183); edge rows are recomputed with the patch's zero padding.
     All the rows a hop needs go through one matrix product per branch (im2col), with each
-    channel's weights negated where its batch-norm scale is negative (see SignedBN)."""
+    channel's weights negated where its batch-norm scale is negative (see SignedBN). The
+    product has TIMBRAL_COLS = 208 columns, the 204 filters and 4 of zeros: with a multiple of
+    16 columns torch's CPU matrix product ran 1.3x faster for the same 204 useful ones (one
+    process taking turns, 2 threads, a 2-core AMD EPYC host, 2026-11-26: 10.8 against 8.0 ms
+    for 8 streams' hop of the 38-wide branch, 8.9 against 6.9 ms for the 67-wide one), 2 %
+    more multiply-accumulates."""
     EDGE = 3
 
     def __init__(self, net: Musicnn):
         self.branches = []
         for conv, bn, w in zip(net.timbral, net.timbral_bn, TIMBRAL):
             sbn = SignedBN(bn)
-            self.branches.append((w, sbn, conv.weight.flatten(1).t() * sbn.sign, conv.bias * sbn.sign))
+            pad = TIMBRAL_COLS - TIMBRAL_CH
+            weight = F.pad(conv.weight.flatten(1).t() * sbn.sign, (0, pad))          # (7 w, 208)
+            self.branches.append((w, sbn, weight.contiguous(), F.pad(conv.bias * sbn.sign, (0, pad))))
 
     def segments(self, xs: list[Tensor]) -> list[Tensor]:
         """(L_i, 96) normalised segments (padding in place) -> [(L_i - 6, 408)]."""
@@ -70,7 +83,7 @@ class TimbralCache:
         for w, bn, weight, bias in self.branches:
             cols = torch.cat([x.unfold(0, 7, 1).unfold(1, w, 1).reshape(-1, 7 * w) for x in xs])
             z = torch.addmm(bias, cols, weight).view(sum(sizes), BANDS - w + 1, -1)
-            outs.append(bn.max_relu(z, dim=1))
+            outs.append(timbral_features(bn, z))
         return list(torch.cat(outs, dim=1).split(sizes))
 
     def reset(self, patch: Tensor) -> None:
@@ -223,7 +236,7 @@ class MusicnnStream:
             self.last_macs = patch_macs()
             return torch.sigmoid(self.net.head(front))[0]
         timbral, rows = self.timbral.update(self.patch, k)
-        macs = head_macs() + rows * timbral_macs_per_frame()
+        macs = head_macs() + rows * timbral_macs_per_frame(TIMBRAL_COLS)
         feats = [timbral]
         for acc in self.temporal:
             full = acc.shift(old, self.patch, k)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from audio import musicnn
-from audio.musicnn.batch import MusicnnBatch
+from audio.musicnn.batch import TEMPORAL_CONV_CH, MusicnnBatch
 from audio.musicnn.stream import MusicnnStream
 from error_model import EPS32
 
@@ -104,18 +104,18 @@ def recomputing_costs(k: int, accumulate: tuple) -> int:
     every row): per branch with accumulators of its edge rows only, the min(k, b) rows that
     became start-edge rows summed over K - 1 frames, and leaving frames taken from b - k rows
     instead of b; per branch without them, k + K - 1 rows of K taps instead of the
-    accumulators' updates (b k leaving, (a + k)(k + b) arriving); less the first mid-end
+    accumulators' updates (b k leaving, (a + k)(k + b) arriving), in 56 channels; less the first mid-end
     convolution's timbral part, which the batch computes for the k rows that became interior
     and the 6 + 6 at the patch's ends, not for all 187."""
-    extra = 0
+    extra = 0                                     # taps x rows x channels
     for K, acc in zip(musicnn.TEMPORAL, accumulate):
         b, a = musicnn.same_padding(K)
         if acc:
-            extra += min(k, b) * (K - 1) + max(b - k, 0) * k - b * k
-        else:
-            extra += (k + K - 1) * K - (b * k + (a + k) * (k + b))
+            extra += (min(k, b) * (K - 1) + max(b - k, 0) * k - b * k) * musicnn.TEMPORAL_CH
+        else:                                     # the convolution's 56 channels: 51 filters, 5 of zeros
+            extra += (k + K - 1) * K * TEMPORAL_CONV_CH - (b * k + (a + k) * (k + b)) * musicnn.TEMPORAL_CH
     saved = (musicnn.PATCH_FRAMES - 12 - k) * 7 * 2 * musicnn.TIMBRAL_CH * musicnn.MID_CH
-    return extra * musicnn.TEMPORAL_CH * musicnn.BANDS - saved
+    return extra * musicnn.BANDS - saved
 
 
 def test_the_features_gathered_as_on_cuda_are_the_per_slot_ones_bit_for_bit(nets):
