@@ -6,7 +6,7 @@ kind replaces its section.
 The machine is named by its cores, its CPU and a speed index: the median step of torch's 1-layer
 encoder recomputing a window of n = 120 (d = 192, 16 heads) on one torch thread, timed in a fresh
 process at the end of each run. The code is named by its git commit (marked when tracked files
-differ from it; absent outside a checkout).
+outside docs/ differ from it; absent outside a checkout).
 """
 from __future__ import annotations
 
@@ -55,14 +55,14 @@ def cpu_name() -> str:
 
 
 def commit() -> str | None:
-    """The checkout's commit, short, with " and changes" when tracked files differ from it; None
-    outside a git checkout (an installed wheel)."""
+    """The checkout's commit, short, with " and changes" when tracked files outside docs/ (which
+    the bench itself rewrites) differ from it; None outside a git checkout (an installed wheel)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30,
                               check=True).stdout.strip()
     try:
         head = git("rev-parse", "--short=7", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs")
     except (OSError, subprocess.SubprocessError):
         return None
     return head + (" and changes" if changed else "")
