@@ -18,7 +18,7 @@ recomputed: ``accumulate``). What changes is the layout:
   one group's timbral rows are one matrix product per branch, its temporal updates one product
   per branch with the streams side by side in the columns (the tap matrices depend on k only);
 * only the temporal rows a hop changed are reduced over frequency (a per-slot feature cache;
-  on CUDA all slots' changed rows in one gather, on the CPU by slices of each ring);
+  an edge ring's maxima on CUDA by one gather for all slots, on the CPU slot by slot in place);
 * the mid-end's first convolution is split by its input channels: its timbral part (408 of 561
   channels) is a stream value for every row whose window holds interior timbral rows only, so
   it is cached per ring row and computed for the k rows that became such and the 6 + 6 at the
@@ -81,10 +81,10 @@ class MusicnnBatch:
     updates them by the frames that leave and arrive: the fewest multiply-accumulates. A branch
     without them keeps only its features and recomputes the k + K - 1 rows a hop changes, by one
     convolution per end of the patch: no scattered adds, more multiply-accumulates (2.2x for
-    K = 128, 1.6x for 64, 1.1x for 32, at 16 frames, the convolution's padding included). The default on the CPU accumulates the
-    K = 128 branch only: as fast as accumulating all three or faster at 8 and 16 streams, where
-    recomputing all three took 6-7 % longer (`bench --streams`, its front-end table); 3.0 MB of
-    state per slot instead of 4.9. On CUDA all three below a capacity of 4,096 streams, none
+    K = 128, 1.6x for 64, 1.1x for 32, at 16 frames, the convolution's padding included). The
+    default on the CPU accumulates the K = 128 branch only: as fast as accumulating all three
+    or faster at 8 and 16 streams, where recomputing all three took 6-7 % longer (`bench
+    --streams`, its front-end table); 3.0 MB of state per slot instead of 4.9. On CUDA all three below a capacity of 4,096 streams, none
     from there (set on an H200 when every branch kept all 187 rows: 46.5 against 48.0 ms a push
     at 1,024 streams, 198.3 against 160.7 ms at 4,096, a probe before that table existed).
     A recomputing branch's convolution has TEMPORAL_CONV_CH = 56 output channels, its 51
