@@ -324,14 +324,14 @@ class MusicnnBatch:
         lies (nothing copied); on CUDA one gather for every slot (a launch per slot would cost
         more than the copy): ``slotwise_max``. Both give the same floats."""
         if self.slotwise_max:
-            peaks = z.new_empty(len(idx), n, TEMPORAL_CH)
+            peaks = z.new_empty(len(idx), n, TEMPORAL_CH)                             # ring order
             for g, slot in enumerate(idx.tolist()):
                 torch.amax(z[slot], dim=2, out=peaks[g])
-        else:
-            peaks = z.index_select(0, self._dev(idx)).amax(dim=3)
-        local = np.arange(len(idx))[:, None] * n + (self.start[idx][:, None] + np.arange(first, first + n)) % n
-        f.view(-1, TEMPORAL_CH)[self._ring(idx, first, n)] = bn.after_max(
-            peaks.view(-1, TEMPORAL_CH).index_select(0, self._dev(local.reshape(-1))))
+            local = np.arange(len(idx))[:, None] * n + (self.start[idx][:, None] + np.arange(first, first + n)) % n
+            peaks = peaks.view(-1, TEMPORAL_CH).index_select(0, self._dev(local.reshape(-1)))
+        else:                                                                           # patch order
+            peaks = z.view(-1, TEMPORAL_CH, BANDS).index_select(0, self._ring(idx, first, n, n)).amax(dim=2)
+        f.view(-1, TEMPORAL_CH)[self._ring(idx, first, n)] = bn.after_max(peaks)
 
     def _refill(self, idx: np.ndarray, x: Tensor) -> None:
         """Slots ``idx`` jumped by a whole patch or more: their caches recomputed from it."""
