@@ -193,7 +193,7 @@ class MusicnnFrontEnd:
         self.net, self.checksum = build_musicnn(model, device=device)
         self.model, self.device, self.continual, self.random = model, device, continual, False
         self.description = f"musicnn {model} (pretrained, {'continual' if continual else 'recomputed'})"
-        musicnn_mel.mel_basis()               # imports librosa now, not on the first hop
+        musicnn_mel.mel_basis()               # computed now, not on the first hop
         warm = self.stream()                  # first-call costs (kernels, tap tables) now too
         for _ in range(3):
             warm.push(np.zeros(melspec.HOP, np.float32))
