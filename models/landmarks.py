@@ -84,11 +84,17 @@ class ContinualLandmarks:
         self.n, self.m = window, num_landmarks
         self.sizes = segment_sizes(window, num_landmarks)
         self.state: LandmarkTrackerState | None = None
+        self.own_hist = True
 
-    def reset(self, batch: int, d: int, device, dtype) -> None:
+    def reset(self, batch: int, d: int, device, dtype, hist: tuple[Tensor, Tensor] | None = None) -> None:
+        """``hist``: (q, k) (batch, n, d) tensors to keep the warm-up tokens in, where the caller
+        stores token t in row t while t < n anyway (an attention kernel's ring): the tracker writes
+        the same values there, and they are not stored twice."""
         z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)  # noqa: E731
+        self.own_hist = hist is None
+        hist_q, hist_k = (z(batch, self.n, d), z(batch, self.n, d)) if hist is None else hist
         self.state = LandmarkTrackerState(
-            t=0, hist_q=z(batch, self.n, d), hist_k=z(batch, self.n, d), seg_q=z(batch, d),
+            t=0, hist_q=hist_q, hist_k=hist_k, seg_q=z(batch, d),
             seg_k=z(batch, d), seg_count=0, completed=0,
             q_land=z(batch, self.m, d), k_land=z(batch, self.m, d))
 
@@ -180,7 +186,7 @@ class ContinualLandmarks:
         if st is None:
             return 0
         return sum(x.numel() * x.element_size()
-                   for x in (st.hist_q, st.hist_k, st.seg_q, st.seg_k, st.q_land, st.k_land))
+                   for x in ((st.hist_q, st.hist_k) if self.own_hist else ()) + (st.seg_q, st.seg_k, st.q_land, st.k_land))
 
 
 def segment_means(x: Tensor, m: int) -> Tensor:

@@ -45,6 +45,19 @@ def many_streams_heap() -> bool:
         return False
 
 
+def release_free_heap() -> bool:
+    """Give the heap's free memory back to the system now (glibc ``malloc_trim``), so that what
+    stays resident is what the process holds (``many_streams_heap`` keeps up to 64 MB of it for
+    the next hop's temporaries). True if done (Linux glibc only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
 def rss_mb(pid: int | str = "self") -> float:
     """Resident memory of a process now (MB; Linux /proc; nan if it is gone; elsewhere this
     process's peak so far)."""

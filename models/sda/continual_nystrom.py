@@ -107,7 +107,7 @@ class ContinualNystromKernel(SDAKernel):
         if not window_input:
             self.st.ring = Ring(self._zeros(B, n, d), self._zeros(B, n, d), self._zeros(B, n, d))
             self.st.key_scores = self._zeros(B, n, self.m)
-            self.tracker.reset(B, d, device, dtype)
+            self.tracker.reset(B, d, device, dtype, hist=(self.st.ring.q, self.st.ring.k))   # slot t = token t while t < n
 
     def _check_more(self, d: int) -> None:
         check_fixed_dim(self, d)

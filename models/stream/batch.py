@@ -62,9 +62,11 @@ def has_fused_step(model) -> bool:
 
 
 def shared_weights_clone(model):
-    """A copy of ``model`` whose parameters and buffers are the model's own tensors (not copied):
-    its own step state, the same weights."""
+    """A copy of ``model`` with its own step state and the model's weights: its parameters and
+    buffers, and every submodule without step state (none in it or below it has ``reset``), are
+    the model's own objects, not copies; only the modules on the way to a state are copied."""
     memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    memo.update({id(m): m for m in model.modules() if not any(hasattr(s, "reset") for s in m.modules())})
     memo[id(getattr(model, "_fused_step", None))] = None    # rebuilt by the clone's reset
     return copy.deepcopy(model, memo)
 

@@ -131,9 +131,10 @@ def test_memory_per_stream_is_the_median_slope_over_the_top_rows():
 def test_streams_bench_rows_memory_and_capacity_follow_from_its_hops(capsys):
     """`bench --streams`, two rows (1 and 2 demo streams): each row's FLOPs are the front end's and
     the five models' per stream-hop, its GFLOP/s those over its median hop; memory per added
-    stream is the last doubling's; the capacity the largest row within half a hop; the last line
+    stream is the last doubling's, of the memory held once the free heap is given back (at most
+    what was resident before); the capacity the largest row within half a hop; the last line
     says it."""
-    from app.offline.bench.streams import REAL_TIME_MS, print_streams, streams_bench
+    from app.offline.bench.streams import REAL_TIME_MS, print_streams, streams_bench, streams_table
     r = streams_bench("cpu", hops=3, warm=2, max_streams=2)
     rows = r["rows"]
     assert [x["streams"] for x in rows][:1] == [1] and len(r["models"]) == 5
@@ -141,6 +142,8 @@ def test_streams_bench_rows_memory_and_capacity_follow_from_its_hops(capsys):
         assert 0 < x["frontend_flops_per_stream_hop"] < x["flops_per_stream_hop"]
         assert x["hop_ms_p95"] >= x["hop_ms_median"] > 0
         assert abs(x["gflops"] - x["flops_per_stream_hop"] * x["streams"] / (x["hop_ms_median"] * 1e6)) < 1e-9
+        assert 0 < x["rss_mb"] <= x["rss_with_free_heap_mb"] + 1.0        # 1 MB: a page table's worth
+    assert "resident (MB) | with free heap (MB) |" in streams_table(r)[0]
     assert r["capacity"] == max([x["streams"] for x in rows if x["hop_ms_p95"] <= REAL_TIME_MS], default=0)
     if len(rows) == 2:
         assert r["mb_per_stream"] == pytest.approx(rows[1]["rss_mb"] - rows[0]["rss_mb"], rel=1e-9, abs=1e-9)

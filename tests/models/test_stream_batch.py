@@ -124,6 +124,27 @@ def test_slots_are_reused_and_refused_when_full():
     assert (a, b) == (0, 1)
 
 
+def test_a_fused_slot_copies_only_what_holds_its_state():
+    """A slot's clone (cpu-fused) is the model's own weights and stateless modules; copied are
+    the modules on the way to its attention state, and the landmark tracker keeps its warm-up
+    tokens in the kernel's ring rather than in a second copy (per-stream memory, bench --streams)."""
+    model = model_of("continual_nystrom", "continual", 1).use_fused(True)
+    if not has_fused_step(model):
+        pytest.skip("no compiled step here")
+    batch = StreamBatch(model, capacity=2)
+    slot = batch.join()
+    batch.step([slot], torch.rand(1, D))
+    clone = batch.clones[slot]
+    own = dict(model.named_modules())
+    assert {name for name, m in clone.named_modules() if m is not own[name]} == {"", "blocks", "blocks.0",
+                                                                                 "blocks.0.attn"}
+    assert all(p is q for p, q in zip(clone.parameters(), model.parameters()))
+    sda = clone.blocks[0].attn.sda
+    assert sda.tracker.state.hist_q is sda.st.ring.q and sda.tracker.state.hist_k is sda.st.ring.k
+    heads_d = sda.tracker.state.seg_q.numel()                       # (heads, d_head)
+    assert sda.tracker.nbytes() == 4 * (2 + 2 * M) * heads_d        # segment sums and landmarks only
+
+
 def test_flops_follow_the_single_stream_formulas():
     """Per stream, the FLOPs of its position and events: the torch step's, plus the rescale
     the graph takes branch-free (as the ONNX export)."""
