@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run a command. SIGINT and SIGTERM stop it as Ctrl+C does (exit 130 / 143); a resource that
     runs out (a full disk, a quota, a read-only folder) is one line naming it and its path (the
     command's ``--out`` where the error names none)."""
-    fixed_mmap_threshold()             # flat memory over long streams (app/runtime/memory.py)
+    if argv is None:                   # the process's own command (main.py, `nystream`); a call
+        fixed_mmap_threshold()         # from Python leaves its caller's allocator as it was.
+                                       # Flat memory over long streams (app/runtime/memory.py)
     hold_signals()                     # (main.py holds them from its start)
     handlers, args = stop_on_signals(), None
     try:

@@ -4,7 +4,11 @@ glibc raises its mmap threshold each time a large block (a decoded audio block, 
 freed; later blocks of that size then come from the heap, whose fragments keep the process's
 resident memory high: a one-hour file classified with the default grew from 490 MB (hop 100) to
 732 MB (hop 1,000) and 765 MB (hops 2,000-3,000). A fixed threshold returns every large block to
-the system when it is freed: 481-484 MB at hops 100-1,000 (one run each; README *Memory*)."""
+the system when it is freed: 481-484 MB at hops 100-1,000 (one-off runs, one each). Commands
+started from the command line set it (app/cli.py); a call of ``app.cli.main(argv)`` from Python
+leaves its process's allocator alone: page faults of fresh mapped blocks cost a heavy torch
+workload about a quarter of its time (the suite's musicnn-batch and attention-equality tests:
+101 s with it, 78 s without, one run each, 2026-11-26)."""
 from __future__ import annotations
 
 import ctypes

@@ -38,8 +38,9 @@ def status(key):
 cap = status("VmSize:") + int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 before = status("VmRSS:")
+sys.argv = ["main.py", *sys.argv[3:]]
 try:
-    code = cli.main(sys.argv[3:])
+    code = cli.main()                       # as main.py runs it (its process's heap policy too)
 finally:
     print(f"GROWTH {status('VmHWM:') - before}", file=sys.stderr)
 sys.exit(code)

@@ -1,6 +1,10 @@
 """The packed step log: what it gives back equals what the engine produced, and it stays within
 its byte budget (the window's export history for an hour-long run)."""
 import copy
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 from tiny import tiny_model
 
@@ -8,6 +12,8 @@ from app.runtime.engine import Engine
 from app.runtime.steplog import StepLog
 from audio.sources import DemoSource
 from audio.vggish import build_embedder
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def engine_results(seconds=4):
@@ -54,26 +60,24 @@ def test_the_oldest_hops_go_first_beyond_the_budget():
 
 
 
-def test_the_mmap_threshold_is_fixed_on_linux_glibc():
-    """Set at start-up by every command (app/cli.py); its effect on a long stream is measured in
-    the README (*Memory*): a one-hour file at hop 1,000, 732 MB with glibc's default, 484 MB with it."""
-    import platform
-    import sys
+def heap_policy_in_a_fresh_process(call: str) -> str:
+    """``call`` (a function of app/runtime/memory.py) run in a fresh interpreter, its result: the
+    policy it sets is the process's for good, so not this worker's."""
+    code = f"from app.runtime.memory import {call}; print({call}())"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip()
 
-    from app.runtime.memory import fixed_mmap_threshold
+
+def test_the_mmap_threshold_is_fixed_on_linux_glibc():
+    """Set at start-up by every command run from the command line (app/cli.py); its effect on a
+    long stream is measured in app/runtime/memory.py."""
     expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-    assert fixed_mmap_threshold() is expected
+    assert heap_policy_in_a_fresh_process("fixed_mmap_threshold") == str(expected)
 
 
 def test_a_many_streams_heap_is_set_on_linux_glibc():
     """StreamsEngine.warm() (serve, classify FILE FILE ..., bench --streams) sets it; the hop time
     and memory it gives are measured in app/runtime/memory.py."""
-    import platform
-    import sys
-
-    from app.runtime.memory import fixed_mmap_threshold, many_streams_heap
     expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-    try:
-        assert many_streams_heap() is expected
-    finally:
-        fixed_mmap_threshold()                   # this worker's other tests as every command starts
+    assert heap_policy_in_a_fresh_process("many_streams_heap") == str(expected)
