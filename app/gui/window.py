@@ -225,14 +225,18 @@ class MainWindow(QMainWindow):
         return self.lineup.wanted(self.frontend_name, self.device, ticked, layers=self.layers_box.value(),
                                   window=self.window_box.value(), landmarks=self.landmarks_box.value())
 
-    def _add(self, name: str, what) -> None:
-        """Run ``what`` (a trained Entry, or an untrained config at the front end's native
-        spacing, seed 0: the same weights every run); the engine process builds it."""
+    def _model(self, name: str, what) -> tuple[str, ModelSpec, dict]:
+        """(name, spec, add_model keywords) of ``what``: a trained Entry, or an untrained config at
+        the front end's native spacing, seed 0 (the same weights every run)."""
         if isinstance(what, Entry):
-            self.engine.add_model(name, what.spec(self.device), trained=True, spacing=what.spacing,
-                                  frontend=what.frontend, classes=what.classes)
-        else:
-            self.engine.add_model(name, ModelSpec(config=what, seed=0, device=self.device), spacing=None)
+            return name, what.spec(self.device), dict(trained=True, spacing=what.spacing,
+                                                      frontend=what.frontend, classes=what.classes)
+        return name, ModelSpec(config=what, seed=0, device=self.device), dict(spacing=None)
+
+    def _add(self, name: str, what) -> None:
+        """Run ``what`` from the next hop; the engine process builds it."""
+        name, spec, kwargs = self._model(name, what)
+        self.engine.add_model(name, spec, **kwargs)
 
     def sync_models(self, rebuild: bool = False) -> None:
         """Make the running models match the checkboxes (and untrained shapes, if ``rebuild``)."""
@@ -284,19 +288,18 @@ class MainWindow(QMainWindow):
         self.genre.reset()
         self.history.clear()
         self.recent.clear()
-        self.engine.start_run(self.frontend_spec(), self.source_spec(), [])
-        self.running, self.stopped, self.failed = True, False, False
         wanted = self.wanted_models()
-        for name, what in wanted.items():
-            self._add(name, what)
-        self.auto_names = set(wanted)
+        models = [self._model(name, what) for name, what in wanted.items()]
         fe = self.frontend_name
         for name, e in self.checkpoint_models.items():
             if e.frontend != fe:
                 self.show_error(f"{name} was trained on {e.frontend} tokens and does not run on the "
                                 f"{fe} front end; choose {e.frontend} under Front end to run it.")
                 continue
-            self._add(name, e)
+            models.append(self._model(name, e))
+        self.engine.start_run(self.frontend_spec(), self.source_spec(), models)   # in from the first hop
+        self.running, self.stopped, self.failed = True, False, False
+        self.auto_names = set(wanted)
         if self.mode_fixed.isChecked():
             self.switch_landmarks()
         self.paused = False

@@ -35,6 +35,7 @@ def test_window_runs_a_file_and_every_plot_gets_data(make_window, qtbot, music_f
     qtbot.wait(100)
     last = w.history[-1]
     assert last.source == "file:music.wav" and set(last.models) == {"regular", "continual", "continual_nystrom"}
+    assert set(w.history[0].models) == set(last.models)          # every model from the run's first hop
     focus = w.focus_box.currentText()
     heights = w.genre.bars.opts["width"]
     np.testing.assert_allclose(heights, w.history[-1].models[focus].probabilities, atol=0.05)
