@@ -185,8 +185,8 @@ class ContinualLandmarks:
         st = self.state
         if st is None:
             return 0
-        return sum(x.numel() * x.element_size()
-                   for x in ((st.hist_q, st.hist_k) if self.own_hist else ()) + (st.seg_q, st.seg_k, st.q_land, st.k_land))
+        held = (st.seg_q, st.seg_k, st.q_land, st.k_land) + ((st.hist_q, st.hist_k) if self.own_hist else ())
+        return sum(x.numel() * x.element_size() for x in held)
 
 
 def segment_means(x: Tensor, m: int) -> Tensor:
