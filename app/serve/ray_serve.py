@@ -24,6 +24,8 @@ import socket
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import ray
@@ -35,6 +37,7 @@ REGISTRY = "nystream-serve-registry"
 NAMESPACE = "nystream"
 EXCLUDES = [".git", ".venv", "tests", "docs", "scripts", "bench_results", "*.egg-info", "__pycache__"]
 STALE_S = 3.0
+PROXY_WAIT_S = 300.0          # serve.start's wait for Ray Serve's HTTP proxy (Ray's own: 60 s)
 _registry = None
 
 
@@ -92,7 +95,7 @@ def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_
     public = bind(host, port)                        # ServeError (one line) when it cannot be had
     global _registry                 # held here: an actor without a handle is gone
     _registry = Registry.options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True).remote()
-    serve.start(http_options={"host": "127.0.0.1", "port": free_loopback_port()})
+    start_serve({"host": "127.0.0.1", "port": free_loopback_port()})
     inner = proxy_address()
     deployment = serve.deployment(ingress(spec, token, ours), name=APP, num_replicas=replicas,
                                   max_ongoing_requests=spec.capacity + 8,
@@ -100,6 +103,30 @@ def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_
     serve.run(deployment.bind(), name=APP, route_prefix="/")
     Edge.start(inner, public, spec.limits.message_bytes)   # the one of this process
     return f"ws://{host if ':' not in host else '[' + host + ']'}:{public.getsockname()[1]}/v1/stream"
+
+
+def start_serve(http_options: dict) -> None:
+    """``serve.start``, waiting for its HTTP proxy past Ray's own fixed 60 s, up to PROXY_WAIT_S
+    in all: on a loaded host the proxy's process can take longer to start (Ray then raises, with
+    its controller running; a second ``serve.start`` connects to it)."""
+    t0 = time.monotonic()
+    try:
+        serve.start(http_options=http_options)
+        return
+    except TimeoutError:                  # "HTTP proxies not available after 60s."
+        serve.start(http_options=http_options)
+    inner = proxy_address()
+    while True:
+        try:
+            urllib.request.urlopen(f"http://{inner}/-/healthz", timeout=5).read()
+            return
+        except urllib.error.HTTPError:     # it answers (503 until an application runs)
+            return
+        except OSError:
+            if time.monotonic() - t0 > PROXY_WAIT_S:
+                from .server import ServeError
+                raise ServeError(f"Ray Serve's HTTP proxy did not start within {PROXY_WAIT_S:.0f} s") from None
+            time.sleep(0.5)
 
 
 def free_loopback_port() -> int:

@@ -34,8 +34,13 @@ def deployed(files):
              include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
     try:
         # Serve already running with HTTP options of its own (as on a cluster that serves other
-        # apps): serve.start ignores the port `start` asks for, and the edge relays to this one
-        serve.start(http_options={"host": "127.0.0.1", "port": ray_serve.free_loopback_port()})
+        # apps): serve.start ignores the port `start` asks for, and the edge relays to this one.
+        # Started as on a host too loaded for Ray's own wait for the proxy (cut to 10 ms here):
+        # start_serve waits on for it
+        import ray.serve._private.api as serve_api
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(serve_api, "HTTP_PROXY_TIMEOUT", 0.01)
+            ray_serve.start_serve({"host": "127.0.0.1", "port": ray_serve.free_loopback_port()})
         # one stream per replica: a second client is refused (1013) and lands on the other one
         spec = HubSpec(FrontEndSpec("musicnn"), 1, tuple(checkpoints))
         yield ray_serve.start(spec, None, "127.0.0.1", port, 2, cpus_per_replica=0.5), port
