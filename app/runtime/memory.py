@@ -21,14 +21,20 @@ MANY_STREAMS_MMAP_BYTES = 32 * 2**20              # glibc's largest mmap thresho
 MANY_STREAMS_TRIM_BYTES = 64 * 2**20
 
 
+def glibc_call(name: str, *args: int) -> int | None:
+    """glibc's function ``name`` called with ``args``, its result; None where there is no glibc
+    (not Linux, musl, no libc.so.6)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL("libc.so.6"), name)(*args)
+    except (OSError, AttributeError):
+        return None
+
+
 def fixed_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
     """Fix glibc's mmap threshold at ``size`` bytes; True if set (Linux glibc only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        return ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, size) == 1
-    except (OSError, AttributeError):        # musl, or no libc.so.6
-        return False
+    return glibc_call("mallopt", M_MMAP_THRESHOLD, size) == 1
 
 
 def many_streams_heap() -> bool:
@@ -39,27 +45,15 @@ def many_streams_heap() -> bool:
     hops each (4 streams leaving and joining, 2 cores, 2026-11-26) a hop took 89 ms with the
     fixed 128 KB threshold and 46 ms with this, resident memory 25 MB higher and flat (542-547
     MB); `bench --streams` on the CPU is measured with it. True if set (Linux glibc only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return (libc.mallopt(M_MMAP_THRESHOLD, MANY_STREAMS_MMAP_BYTES) == 1
-                and libc.mallopt(M_TRIM_THRESHOLD, MANY_STREAMS_TRIM_BYTES) == 1)
-    except (OSError, AttributeError):
-        return False
+    return (glibc_call("mallopt", M_MMAP_THRESHOLD, MANY_STREAMS_MMAP_BYTES) == 1
+            and glibc_call("mallopt", M_TRIM_THRESHOLD, MANY_STREAMS_TRIM_BYTES) == 1)
 
 
 def release_free_heap() -> bool:
     """Give the heap's free memory back to the system now (glibc ``malloc_trim``), so that what
     stays resident is what the process holds (``many_streams_heap`` keeps up to 64 MB of it for
     the next hop's temporaries). True if done (Linux glibc only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-        return True
-    except (OSError, AttributeError):
-        return False
+    return glibc_call("malloc_trim", 0) is not None
 
 
 def rss_mb(pid: int | str = "self") -> float:
