@@ -10,6 +10,14 @@ sample frames, their log-mels in one call on the network's device (the host's va
 audio/musicnn/mel.py), then the network once for every stream of the hop (its continual caches in
 per-stream slots, audio/musicnn/batch.py); VGGish takes each stream's log-mel on the host.
 
+On the CPU the streams are spread over shards (``StreamsShard``), one per thread torch may use,
+each a batched engine of its own (its own front-end slots and model slots, the weights shared)
+stepped by its own thread with one torch thread: a hop runs the shards at once. Two shards of 8
+streams, one thread each, took 110-127 ms a hop where one engine of 16 streams on two threads took
+156-179 ms (2 cores, AMD EPYC, two runs taking turns, 2026-11-26; `bench --streams` measures it
+as shipped): many small operations of a hop use one thread, and a second shard fills the other
+core. A stream joins the shard with the fewest streams; its records do not depend on which.
+
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 On CUDA a hop waits for the device once, when it copies every model's probabilities back; the
 log-mel's, the network's and each model's times are then read from CUDA events recorded between
@@ -20,6 +28,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,18 +52,19 @@ class Stream:
     slots: dict[str, list[int]]          # model name -> its slot for each phase (spacing)
     step: int = 0                        # hops taken
     error: str | None = None             # why it left early
+    shard: int = 0                       # which shard of the engine holds it
 
     @property
     def name(self) -> str:
         return getattr(self.source, "name", f"stream {self.number}")
 
 
-class StreamsEngine:
+class StreamsShard:
     """Every model of ``entries`` (app/runtime/lineup.py) over up to ``capacity`` streams of one
-    front end. ``run(sources)`` yields one StepResult per stream per hop; ``errors`` lists the
-    streams that left early, with why."""
+    front end, in one batch per model: ``hop()`` steps them all. ``errors`` (a list, the
+    engine's) gets the streams that left early, with why."""
 
-    def __init__(self, frontend, entries, capacity: int):
+    def __init__(self, frontend, entries, capacity: int, errors: list | None = None):
         self.frontend = as_frontend(frontend)
         self.entries, self.batches = {}, {}
         for e in entries:
@@ -71,7 +81,8 @@ class StreamsEngine:
         self.frontend_batch = self.frontend.batch(capacity)
         self.device = next((next(e.model.parameters()).device for e in entries), torch.device("cpu"))
         self.streams: list[Stream] = []
-        self.errors: list[tuple[Stream, str]] = []
+        self.errors: list[tuple[Stream, str]] = [] if errors is None else errors
+        self.numbers: list[int] = []         # the joining numbers of the last hop's records, in order
         self._joined = 0
 
     @torch.no_grad()
@@ -103,12 +114,13 @@ class StreamsEngine:
         gc.freeze()
 
     # ------------------------------------------------------------------ streams
-    def join(self, source) -> Stream:
+    def join(self, source, number: int | None = None) -> Stream:
         """A new stream of ``source`` from its first hop; ValueError when every slot is taken."""
         if len(self.streams) >= self.capacity:
             raise ValueError(f"all {self.capacity} streams are taken")
         slots = {name: [self.batches[name].join() for _ in range(e.spacing)] for name, e in self.entries.items()}
-        stream = Stream(self._joined, source, iter(source), self.frontend_batch.join(), slots)
+        stream = Stream(self._joined if number is None else number, source, iter(source),
+                        self.frontend_batch.join(), slots)
         self._joined += 1
         self.streams.append(stream)
         return stream
@@ -151,6 +163,7 @@ class StreamsEngine:
                 continue
             taken.append(stream)
             hops.append(hop)
+        self.numbers = []
         if not taken:
             return []
         tokens = self.frontend_batch.push([s.frontend_slot for s in taken], hops)
@@ -212,6 +225,7 @@ class StreamsEngine:
                     window=cfg.window)
             if models is None:
                 continue
+            self.numbers.append(stream.number)
             stats = stream.source.stats
             out.append(StepResult(
                 stream.step, (stream.step + 1 + stats.dropped) * HOP_SECONDS, stream.name,
@@ -223,3 +237,82 @@ class StreamsEngine:
                 done_time=time.monotonic(), mel=token.mel))
             stream.step += 1
         return out
+
+
+def default_shards(device: torch.device, capacity: int) -> int:
+    """CPU: one shard per thread torch may use (``torch.get_num_threads()``), at most one per
+    stream; CUDA: one (the device does the work)."""
+    return 1 if device.type != "cpu" else max(1, min(torch.get_num_threads(), capacity))
+
+
+class StreamsEngine:
+    """Every model of ``entries`` (app/runtime/lineup.py) over up to ``capacity`` streams of one
+    front end, spread over ``shards`` (default: ``default_shards``). ``run(sources)`` yields one
+    StepResult per stream per hop, streams in joining order; ``errors`` lists the streams that
+    left early, with why. With more than one shard, torch's threads (the caller's budget,
+    ``torch.get_num_threads()``) are split between the shards' threads: set process-wide here."""
+
+    def __init__(self, frontend, entries, capacity: int, *, shards: int | None = None):
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        device = next((next(e.model.parameters()).device for e in entries
+                       if hasattr(e.model, "parameters")), torch.device("cpu"))
+        k = default_shards(device, capacity) if shards is None else max(1, min(int(shards), capacity))
+        self.errors: list[tuple[Stream, str]] = []
+        self.shards = [StreamsShard(frontend, entries, capacity // k + (i < capacity % k), self.errors)
+                       for i in range(k)]
+        first = self.shards[0]
+        self.frontend, self.entries, self.device = first.frontend, first.entries, first.device
+        self.capacity = capacity
+        self.pool = None
+        if k > 1:
+            torch.set_num_threads(max(1, torch.get_num_threads() // k))
+            self.pool = ThreadPoolExecutor(k, thread_name_prefix="shard")
+        self._joined = 0
+
+    def warm(self) -> None:
+        """Each shard ready to serve (``StreamsShard.warm``)."""
+        for shard in self.shards:
+            shard.warm()
+
+    @property
+    def streams(self) -> list[Stream]:
+        """The streams, in joining order."""
+        if len(self.shards) == 1:
+            return self.shards[0].streams
+        return sorted((s for shard in self.shards for s in shard.streams), key=lambda s: s.number)
+
+    def join(self, source) -> Stream:
+        """A new stream of ``source`` in the shard with the fewest streams; ValueError when every
+        slot is taken."""
+        room = [i for i, shard in enumerate(self.shards) if len(shard.streams) < shard.capacity]
+        if not room:
+            raise ValueError(f"all {self.capacity} streams are taken")
+        i = min(room, key=lambda i: len(self.shards[i].streams))
+        stream = self.shards[i].join(source, self._joined)
+        stream.shard = i
+        self._joined += 1
+        return stream
+
+    def leave(self, stream: Stream, error: str | None = None) -> None:
+        self.shards[stream.shard].leave(stream, error)
+
+    def run(self, sources: Iterable) -> Iterator[StepResult]:
+        """Every source as a stream, all at once; records in hop order, streams in joining order."""
+        for source in sources:
+            self.join(source)
+        while self.streams:
+            yield from self.hop()
+
+    def hop(self) -> list[StepResult]:
+        """One hop of every active stream that has one: the shards at once, each in its thread;
+        the records in joining order. A shard's exception is raised once every shard is done."""
+        if self.pool is None:
+            return self.shards[0].hop()
+        running = [(shard, self.pool.submit(shard.hop)) for shard in self.shards if shard.streams]
+        wait([f for _, f in running])
+        numbered = []
+        for shard, future in running:
+            numbered += zip(shard.numbers, future.result())
+        numbered.sort(key=lambda x: x[0])
+        return [r for _, r in numbered]

@@ -1,7 +1,9 @@
 """The server's engine loop: one StreamsEngine (app/runtime/streams.py) whose streams are network
-connections, stepped by one worker thread whenever a stream has a whole hop; sherpa-onnx's
-server loop. The event loop feeds each connection's audio in and takes its records out; the
-engine is touched by that one thread only.
+connections, stepped by one worker thread (the engine's shards each in a thread of its own)
+whenever a stream has a whole hop; sherpa-onnx's server loop. A hop waits for other streams'
+hops at most BATCH_DELAY_S after the oldest waiting one arrived, and not at all once every
+stream has one (as Triton's dynamic batcher's queue delay). The event loop feeds each
+connection's audio in and takes its records out; the engine is touched by that one thread only.
 
 A connection (``Connection``) owns its audio source (``NetworkSource``), its outbox of records
 and its tally. A client that leaves, fails or stops reading closes only its own connection: its
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
@@ -23,7 +26,7 @@ from audio.melspec import HOP, HOP_SECONDS
 
 from .protocol import GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, TRY_LATER, Hello, Limits, PcmDecoder, ProtocolError
 
-BATCH_WINDOW_S = 0.01       # after the first hop is ready, wait this long for others to join the batch
+BATCH_DELAY_S = 0.01        # a ready hop waits at most this for other streams' hops (dynamic batching)
 
 
 class NetworkSource:
@@ -36,6 +39,7 @@ class NetworkSource:
         self.name, self.decoder, self.stats = name, decoder, decoder.stats
         self.input_rate = decoder.hello.sample_rate
         self.ready: collections.deque = collections.deque()
+        self.arrived: collections.deque = collections.deque()    # time.monotonic() each ready hop was made
         self.pending, self.made = np.zeros(0, np.float32), 0
         self.ended = False
 
@@ -45,8 +49,10 @@ class NetworkSource:
         if self.ended:
             return
         self.pending = np.concatenate([self.pending, samples])
+        now = time.monotonic()
         while len(self.pending) >= HOP:
             self.ready.append(self.pending[:HOP].copy())
+            self.arrived.append(now)
             self.pending, self.made = self.pending[HOP:], self.made + 1
 
     def end(self) -> None:
@@ -55,24 +61,35 @@ class NetworkSource:
         self.push(self.decoder.flush())
         if self.made == 0 and len(self.pending):
             self.ready.append(np.pad(self.pending, (0, HOP - len(self.pending))))
+            self.arrived.append(time.monotonic())
         self.ended = True
 
     def close(self) -> None:
         """The client is gone: no more hops."""
         self.ready.clear()
+        self.arrived.clear()
         self.ended = True
+
+    def oldest(self) -> float | None:
+        """When the oldest hop not yet taken was made (time.monotonic()), None without one."""
+        arrived = self.arrived
+        return arrived[0] if arrived else None
 
     def __iter__(self):
         return self
 
     def __next__(self):
         ended = self.ended                  # read first: every hop of an ended source is queued
-        if self.ready:
-            self.stats.hops += 1
-            return self.ready.popleft()
-        if ended:
-            raise StopIteration
-        return None
+        try:
+            hop = self.ready.popleft()
+        except IndexError:                  # none (or the client left meanwhile: close() cleared them)
+            if ended or self.ended:
+                raise StopIteration from None
+            return None
+        self.stats.hops += 1
+        if self.arrived:
+            self.arrived.popleft()
+        return hop
 
 
 class Connection:
@@ -160,12 +177,39 @@ class Hub:
     async def _engine(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
+    def batch_wait(self) -> float | None:
+        """Seconds the next hop waits for more streams' hops (dynamic batching, as Triton's
+        dynamic batcher's queue delay): 0 when every stream has a hop or has ended, else until
+        the oldest waiting hop has waited BATCH_DELAY_S; None when no stream has a hop."""
+        oldest, everyone = None, True
+        for conn in self.connections.values():
+            source = conn.source
+            since = source.oldest()
+            if since is not None:
+                oldest = since if oldest is None else min(oldest, since)
+            elif source.ended:
+                return 0.0                  # its stream leaves at the next hop
+            else:
+                everyone = False
+        if oldest is None:
+            return None
+        return 0.0 if everyone else max(0.0, oldest + BATCH_DELAY_S - time.monotonic())
+
     async def run(self) -> None:
         self.wake = asyncio.Event()
         while True:
             await self.wake.wait()
             self.wake.clear()
-            await asyncio.sleep(BATCH_WINDOW_S)
+            wait = self.batch_wait()
+            while wait:                     # more hops may arrive (each feed pokes): look again
+                try:
+                    await asyncio.wait_for(self.wake.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
+                self.wake.clear()
+                wait = self.batch_wait()
+            if wait is None:                # nothing to step (a hop taken meanwhile, a client idle)
+                continue
             try:
                 records = await self._engine(self.engine.hop)
             except Exception as e:  # noqa: BLE001 - an engine fault ends every stream, not the server

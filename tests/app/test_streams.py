@@ -1,7 +1,7 @@
 """Many sources in one engine (app/runtime/streams.py) and `classify FILE FILE ...`: each stream's
-records equal the single-stream engine's for that source alone, whenever it joined and whatever
-else ran (on CUDA too, skipped without it: the batched front end and models against the CPU's
-single-stream engine); a stream that fails leaves alone."""
+records equal the single-stream engine's for that source alone, whenever it joined, whatever else
+ran and whichever shard held it (on CUDA too, skipped without it: the batched front end and models
+against the CPU's single-stream engine); a stream that fails leaves alone."""
 import json
 
 import numpy as np
@@ -67,27 +67,44 @@ def named(source, name: str):
     return source
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+@pytest.mark.parametrize("device,shards", [("cpu", 1), ("cpu", 2), pytest.param("cuda", 1, marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device"))])
-def test_streams_joining_at_different_hops_each_equal_their_source_alone(frontend, device, tmp_path, errors):
+def test_streams_joining_at_different_hops_each_equal_their_source_alone(frontend, device, shards, tmp_path, errors):
+    """With 2 shards (capacity 2 + 1): the first two streams in one each, the third with the first."""
     song = write(tmp_path / "song.wav", tone(3.0, 22050, 330.0, channels=2), 22050)
     make = {"demo:0": lambda: named(DemoSource(seed=0, seconds=5), "demo:0"), "file:song.wav": lambda: FileSource(song),
             "demo:3": lambda: named(DemoSource(seed=3, seconds=2), "demo:3")}
     streams_frontend = frontend if device == "cpu" else build_frontend("musicnn", device=device)
-    engine = StreamsEngine(streams_frontend, entries(device=device), capacity=3)
+    engine = StreamsEngine(streams_frontend, entries(device=device), capacity=3, shards=shards)
     got = {name: [] for name in make}
-    engine.join(make["demo:0"]())
-    engine.join(make["file:song.wav"]())
+    order = []
+    held = [engine.join(make["demo:0"]()).shard, engine.join(make["file:song.wav"]()).shard]
     hop = 0
     while engine.streams:
         if hop == 5:
-            engine.join(make["demo:3"]())                              # joins at hop 5
-        for r in engine.hop():
+            held.append(engine.join(make["demo:3"]()).shard)          # joins at hop 5
+        records = engine.hop()
+        order.append([r.source for r in records])
+        for r in records:
             got[r.source].append(r)
         hop += 1
     for name, records in got.items():
         same(errors, records, alone(frontend, make[name]()))
     assert [len(got[n]) for n in make] == [20, 12, 8] and engine.errors == []
+    assert held == ([0, 1, 0] if shards == 2 else [0, 0, 0])
+    assert all(o == [n for n in make if n in o] for o in order)        # each hop's records in joining order
+
+
+def test_a_full_engine_refuses_a_stream_and_a_leaver_frees_its_shard(frontend):
+    """Streams join the shard with the fewest streams; with every slot taken, one line."""
+    engine = StreamsEngine(frontend, entries("musicnn", MODELS[1:2]), capacity=3, shards=2)
+    assert [s.capacity for s in engine.shards] == [2, 1]
+    streams = [engine.join(DemoSource(seed=i, seconds=1)) for i in range(3)]
+    assert [s.shard for s in streams] == [0, 1, 0] and [s.number for s in engine.streams] == [0, 1, 2]
+    with pytest.raises(ValueError, match="all 3 streams are taken"):
+        engine.join(DemoSource(seed=3, seconds=1))
+    engine.leave(streams[1])
+    assert engine.join(DemoSource(seed=4, seconds=1)).shard == 1
 
 
 def test_vggish_streams_batched_equal_each_source_alone(errors):
@@ -104,9 +121,10 @@ def test_vggish_streams_batched_equal_each_source_alone(errors):
         same(errors, got[name], alone(vggish, named(DemoSource(seed=int(name[-1]), seconds=seconds), name)))
 
 
-def test_a_stream_whose_file_changes_leaves_and_the_others_run_to_their_end(frontend, tmp_path, errors):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_stream_whose_file_changes_leaves_and_the_others_run_to_their_end(frontend, shards, tmp_path, errors):
     victim = write(tmp_path / "v.wav", tone(6.0, 16000, 440.0), 16000)
-    engine = StreamsEngine(frontend, entries(), capacity=2)
+    engine = StreamsEngine(frontend, entries(), capacity=2, shards=shards)
     records = {"file:v.wav": [], "demo": []}
     engine.join(FileSource(victim))
     engine.join(DemoSource(seed=0, seconds=4))
