@@ -10,13 +10,16 @@ sample frames, their log-mels in one call on the network's device (the host's va
 audio/musicnn/mel.py), then the network once for every stream of the hop (its continual caches in
 per-stream slots, audio/musicnn/batch.py); VGGish takes each stream's log-mel on the host.
 
-On the CPU the streams are spread over shards (``StreamsShard``), one per thread torch may use,
-each a batched engine of its own (its own front-end slots and model slots, the weights shared)
-stepped by its own thread with one torch thread: a hop runs the shards at once. Two shards of 8
-streams, one thread each, took 110-127 ms a hop where one engine of 16 streams on two threads took
-156-179 ms (2 cores, AMD EPYC, two runs taking turns, 2026-11-26; `bench --streams` measures it
-as shipped): many small operations of a hop use one thread, and a second shard fills the other
-core. A stream joins the shard with the fewest streams; its records do not depend on which.
+On the CPU, from 8 streams of capacity on, the streams are spread over shards (``StreamsShard``),
+one per thread torch may use and at most one per 4 streams, each a batched engine of its own (its
+own front-end and model slots, the weights shared) stepped by its own thread with one torch
+thread: a hop runs the shards at once, and no operation waits at a barrier for a torch thread
+that another thread of the process (a server's event loop) holds off its core. Serving 16
+real-time clients on 2 cores (`bench --serve 16`, one engine against two shards taking turns,
+2026-11-26, AMD EPYC) the p95 latency went from 3,450 and 3,979 ms to 193 and 147 ms; the
+engine alone (16 demo streams, the same day) took 118-161 ms a hop as one engine on two threads
+and 119-141 ms in two shards, and with 2 or 4 streams one engine was faster (30-48 against
+34-55 ms). A stream joins the shard with the fewest streams; its records do not depend on which.
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 On CUDA a hop waits for the device once, when it copies every model's probabilities back; the
@@ -239,10 +242,15 @@ class StreamsShard:
         return out
 
 
+STREAMS_PER_SHARD = 4       # of capacity, at least, for each shard on the CPU
+
+
 def default_shards(device: torch.device, capacity: int) -> int:
     """CPU: one shard per thread torch may use (``torch.get_num_threads()``), at most one per
-    stream; CUDA: one (the device does the work)."""
-    return 1 if device.type != "cpu" else max(1, min(torch.get_num_threads(), capacity))
+    STREAMS_PER_SHARD streams of capacity; CUDA: one (the device does the work)."""
+    if device.type != "cpu":
+        return 1
+    return max(1, min(torch.get_num_threads(), capacity // STREAMS_PER_SHARD))
 
 
 class StreamsEngine:

@@ -95,6 +95,20 @@ def test_streams_joining_at_different_hops_each_equal_their_source_alone(fronten
     assert all(o == [n for n in make if n in o] for o in order)        # each hop's records in joining order
 
 
+def test_the_cpu_takes_a_shard_per_thread_from_8_streams_on_and_cuda_one():
+    from app.runtime.streams import default_shards
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cpu = torch.device("cpu")
+        assert [default_shards(cpu, c) for c in (1, 4, 7, 8, 32)] == [1, 1, 1, 2, 2]
+        torch.set_num_threads(16)
+        assert [default_shards(cpu, c) for c in (8, 32, 256)] == [2, 8, 16]
+        assert default_shards(torch.device("cuda"), 256) == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_full_engine_refuses_a_stream_and_a_leaver_frees_its_shard(frontend):
     """Streams join the shard with the fewest streams; with every slot taken, one line."""
     engine = StreamsEngine(frontend, entries("musicnn", MODELS[1:2]), capacity=3, shards=2)
