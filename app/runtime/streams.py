@@ -10,16 +10,17 @@ sample frames, their log-mels in one call on the network's device (the host's va
 audio/musicnn/mel.py), then the network once for every stream of the hop (its continual caches in
 per-stream slots, audio/musicnn/batch.py); VGGish takes each stream's log-mel on the host.
 
-On the CPU, from 8 streams of capacity on, the streams are spread over shards (``StreamsShard``),
-one per thread torch may use and at most one per 4 streams, each a batched engine of its own (its
-own front-end and model slots, the weights shared) stepped by its own thread with one torch
-thread: a hop runs the shards at once, and no operation waits at a barrier for a torch thread
-that another thread of the process (a server's event loop) holds off its core. Serving 16
-real-time clients on 2 cores (`bench --serve 16`, one engine against two shards taking turns,
-2026-11-26, AMD EPYC) the p95 latency went from 3,450 and 3,979 ms to 193 and 147 ms; the
-engine alone (16 demo streams, the same day) took 118-161 ms a hop as one engine on two threads
-and 119-141 ms in two shards, and with 2 or 4 streams one engine was faster (30-48 against
-34-55 ms). A stream joins the shard with the fewest streams; its records do not depend on which.
+The streams may be spread over shards (``StreamsShard``, ``shards=``; `serve` does it on the CPU:
+``default_shards``), each a batched engine of its own (its own front-end and model slots, the
+weights shared) stepped by its own thread with one torch thread: a hop runs the shards at once,
+and no operation waits at a barrier for a torch thread that another thread of the process (a
+server's event loop) holds off its core. Serving 16 real-time clients on 2 cores (`bench --serve
+16`, one engine against two shards taking turns, 2026-11-26, AMD EPYC) the p95 latency went
+from 3,450 and 3,979 ms to 193 and 147 ms. The engine alone gains nothing from them and its tail
+grows (the slower shard ends the hop): 16 demo streams took a p95 of 141-143 ms as one engine on
+two threads and 160-161 ms in two shards, 8 streams 75-84 against 93-111 ms (the same day,
+interleaved runs), so `classify` and `bench --streams` keep one. A stream joins the shard with the
+fewest streams; its records do not depend on which.
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 On CUDA a hop waits for the device once, when it copies every model's probabilities back; the
@@ -246,8 +247,10 @@ STREAMS_PER_SHARD = 4       # of capacity, at least, for each shard on the CPU
 
 
 def default_shards(device: torch.device, capacity: int) -> int:
-    """CPU: one shard per thread torch may use (``torch.get_num_threads()``), at most one per
-    STREAMS_PER_SHARD streams of capacity; CUDA: one (the device does the work)."""
+    """A server's shards (app/serve/hub.py). CPU: one per thread torch may use
+    (``torch.get_num_threads()``), at most one per STREAMS_PER_SHARD streams of capacity (with 2
+    or 4 streams one engine was faster alone: 30-48 against 34-55 ms a hop); CUDA: one (the
+    device does the work)."""
     if device.type != "cpu":
         return 1
     return max(1, min(torch.get_num_threads(), capacity // STREAMS_PER_SHARD))
@@ -255,17 +258,15 @@ def default_shards(device: torch.device, capacity: int) -> int:
 
 class StreamsEngine:
     """Every model of ``entries`` (app/runtime/lineup.py) over up to ``capacity`` streams of one
-    front end, spread over ``shards`` (default: ``default_shards``). ``run(sources)`` yields one
+    front end, spread over ``shards`` (default one). ``run(sources)`` yields one
     StepResult per stream per hop, streams in joining order; ``errors`` lists the streams that
     left early, with why. With more than one shard, torch's threads (the caller's budget,
     ``torch.get_num_threads()``) are split between the shards' threads: set process-wide here."""
 
-    def __init__(self, frontend, entries, capacity: int, *, shards: int | None = None):
+    def __init__(self, frontend, entries, capacity: int, *, shards: int = 1):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
-        device = next((next(e.model.parameters()).device for e in entries
-                       if hasattr(e.model, "parameters")), torch.device("cpu"))
-        k = default_shards(device, capacity) if shards is None else max(1, min(int(shards), capacity))
+        k = max(1, min(int(shards), capacity))
         self.errors: list[tuple[Stream, str]] = []
         self.shards = [StreamsShard(frontend, entries, capacity // k + (i < capacity % k), self.errors)
                        for i in range(k)]

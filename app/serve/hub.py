@@ -1,9 +1,10 @@
 """The server's engine loop: one StreamsEngine (app/runtime/streams.py) whose streams are network
-connections, stepped by one worker thread (the engine's shards each in a thread of its own)
-whenever a stream has a whole hop; sherpa-onnx's server loop. A hop waits for other streams'
-hops at most BATCH_DELAY_S after the oldest waiting one arrived, and not at all once every
-stream has one (as Triton's dynamic batcher's queue delay). The event loop feeds each
-connection's audio in and takes its records out; the engine is touched by that one thread only.
+connections, stepped by one worker thread (on the CPU the engine's shards, one per core, each in
+a thread of its own: app/runtime/streams.py says why) whenever a stream has a whole hop;
+sherpa-onnx's server loop. A hop waits for other streams' hops at most BATCH_DELAY_S after the
+oldest waiting one arrived, and not at all once every stream has one (as Triton's dynamic
+batcher's queue delay). The event loop feeds each connection's audio in and takes its records
+out; the engine is touched by that one thread only.
 
 A connection (``Connection``) owns its audio source (``NetworkSource``), its outbox of records
 and its tally. A client that leaves, fails or stops reading closes only its own connection: its
@@ -19,8 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
 import numpy as np
+import torch
 
-from app.runtime.streams import StreamsEngine
+from app.runtime.streams import StreamsEngine, default_shards
 from app.runtime.verdict import Tally
 from audio.melspec import HOP, HOP_SECONDS
 
@@ -123,7 +125,7 @@ class Hub:
     full, 1001 while draining); ``run()`` is the loop; ``drain()`` ends every stream."""
 
     def __init__(self, frontend, entries, capacity: int, limits: Limits, *, device: str = "cpu"):
-        self.engine = StreamsEngine(frontend, entries, capacity)
+        self.engine = StreamsEngine(frontend, entries, capacity, shards=default_shards(torch.device(device), capacity))
         self.engine.warm()                               # compiled before the first client, not in its hops
         self.capacity, self.limits, self.device = capacity, limits, device
         self.models = [e.name for e in entries]

@@ -95,7 +95,7 @@ def test_streams_joining_at_different_hops_each_equal_their_source_alone(fronten
     assert all(o == [n for n in make if n in o] for o in order)        # each hop's records in joining order
 
 
-def test_the_cpu_takes_a_shard_per_thread_from_8_streams_on_and_cuda_one():
+def test_a_server_on_the_cpu_takes_a_shard_per_thread_from_8_streams_on_and_on_cuda_one():
     from app.runtime.streams import default_shards
     threads = torch.get_num_threads()
     try:

@@ -103,10 +103,15 @@ def same(errors, got: list[dict], want: list[dict]) -> None:
     errors("served vs classify FILE --jsonl (probabilities)", worst, PROB_TOL)
 
 
-def test_two_clients_joining_at_different_times_each_get_what_classify_gives(files, capsys, errors):
+@pytest.mark.parametrize("shards", [1, 2])
+def test_two_clients_joining_at_different_times_each_get_what_classify_gives(files, capsys, errors, monkeypatch, shards):
+    """With 2 shards (as on a 2-core CPU) each client in its own."""
+    from app.serve import hub as hub_module
+    monkeypatch.setattr(hub_module, "default_shards", lambda device, capacity: shards)
     checkpoints, songs = files
     want = {k: classify_jsonl(capsys, p, checkpoints) for k, p in songs.items()}
     with server(checkpoints) as (url, app):
+        assert len(app.state.hub.engine.shards) == shards
         got = {}
         second = threading.Thread(target=lambda: got.__setitem__("b", stream(url, hops_of(songs["b"]))))
         got["a"] = stream(url, hops_of(songs["a"]), wait=second.start)    # b joins after a's second hop
@@ -326,3 +331,34 @@ def test_a_host_beyond_loopback_needs_a_token(monkeypatch):
     monkeypatch.setattr(server_module, "bind", no_bind)
     with pytest.raises(SystemExit, match="reachable from other machines: give --token-file"):
         main(["serve", "--host", "192.0.2.1"])
+
+
+def test_a_hop_waits_for_the_other_streams_at_most_the_batch_delay():
+    """Hub.batch_wait on real sources: none with a hop -> no hop; every stream with one (or one
+    ended) -> at once; else the oldest waiting hop's remaining BATCH_DELAY_S."""
+    from types import SimpleNamespace
+
+    from app.serve.hub import BATCH_DELAY_S, Hub, NetworkSource
+    from app.serve.protocol import Hello, PcmDecoder
+    from audio.melspec import HOP
+
+    def source(name):
+        return NetworkSource(name, PcmDecoder(Hello(16000, 1, "f32le")))
+    a, b = source("a"), source("b")
+    hub = SimpleNamespace(connections={"a": SimpleNamespace(source=a), "b": SimpleNamespace(source=b)})
+    assert Hub.batch_wait(hub) is None
+    hop = np.zeros(HOP, np.float32).tobytes()
+    before = time.monotonic()
+    a.push(a.decoder.feed(hop))
+    wait = Hub.batch_wait(hub)
+    assert 0 < wait <= BATCH_DELAY_S and wait >= BATCH_DELAY_S - (time.monotonic() - before)
+    b.push(b.decoder.feed(hop[:len(hop) // 2]))                   # half a hop: not yet
+    assert 0 < Hub.batch_wait(hub) <= wait
+    b.push(b.decoder.feed(hop[len(hop) // 2:]))
+    assert Hub.batch_wait(hub) == 0.0
+    assert next(a) is not None and next(b) is not None and next(a) is None
+    assert Hub.batch_wait(hub) is None
+    b.close()
+    assert Hub.batch_wait(hub) == 0.0                             # its stream leaves at the next hop
+    with pytest.raises(StopIteration):
+        next(b)
