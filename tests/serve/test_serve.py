@@ -333,14 +333,19 @@ def test_a_host_beyond_loopback_needs_a_token(monkeypatch):
         main(["serve", "--host", "192.0.2.1"])
 
 
-def test_a_hop_waits_for_the_other_streams_at_most_the_batch_delay():
+def test_a_hop_waits_for_the_other_streams_at_most_the_batch_delay(monkeypatch):
     """Hub.batch_wait on real sources: none with a hop -> no hop; every stream with one (or one
-    ended) -> at once; else the oldest waiting hop's remaining BATCH_DELAY_S."""
+    ended) -> at once; else the oldest waiting hop's remaining BATCH_DELAY_S (set to 100 s here,
+    so that no pause of the host can use it up between two looks)."""
     from types import SimpleNamespace
 
-    from app.serve.hub import BATCH_DELAY_S, Hub, NetworkSource
+    from app.serve import hub as hub_module
+    from app.serve.hub import Hub, NetworkSource
     from app.serve.protocol import Hello, PcmDecoder
     from audio.melspec import HOP
+
+    BATCH_DELAY_S = 100.0
+    monkeypatch.setattr(hub_module, "BATCH_DELAY_S", BATCH_DELAY_S)
 
     def source(name):
         return NetworkSource(name, PcmDecoder(Hello(16000, 1, "f32le")))
