@@ -13,8 +13,8 @@ per-stream slots, audio/musicnn/batch.py); VGGish takes each stream's log-mel on
 The streams may be spread over shards (``StreamsShard``, ``shards=``; `serve` does it on the CPU:
 ``default_shards``), each a batched engine of its own (its own front-end and model slots, the
 weights shared) stepped by its own thread with one torch thread: a hop runs the shards at once,
-and no operation waits at a barrier for a torch thread that another thread of the process (a
-server's event loop) holds off its core. Serving 16 real-time clients on 2 cores (`bench --serve
+and another thread of the process taking a core (a server's event loop) holds up one shard's
+single-thread operations, not every two-thread operation of the hop. Serving 16 real-time clients on 2 cores (`bench --serve
 16`, one engine against two shards taking turns, 2026-11-26, AMD EPYC) the p95 latency went
 from 3,450 and 3,979 ms to 193 and 147 ms. The engine alone gains nothing from them and its tail
 grows (the slower shard ends the hop): 16 demo streams took a p95 of 141-143 ms as one engine on
