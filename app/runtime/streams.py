@@ -14,13 +14,13 @@ The streams may be spread over shards (``StreamsShard``, ``shards=``; `serve` do
 ``default_shards``), each a batched engine of its own (its own front-end and model slots, the
 weights shared) stepped by its own thread with one torch thread: a hop runs the shards at once,
 and another thread of the process taking a core (a server's event loop) holds up one shard's
-single-thread operations, not every two-thread operation of the hop. Serving 16 real-time clients on 2 cores (`bench --serve
-16`, one engine against two shards taking turns, 2026-11-26, AMD EPYC) the p95 latency went
-from 3,450 and 3,979 ms to 193 and 147 ms. The engine alone gains nothing from them and its tail
-grows (the slower shard ends the hop): 16 demo streams took a p95 of 141-143 ms as one engine on
-two threads and 160-161 ms in two shards, 8 streams 75-84 against 93-111 ms (the same day,
-interleaved runs), so `classify` and `bench --streams` keep one. A stream joins the shard with the
-fewest streams; its records do not depend on which.
+single-thread operations, not every two-thread operation of the hop. Serving 16 real-time
+clients on 2 cores (`bench --serve 16`, one engine against two shards taking turns, 2026-11-26,
+AMD EPYC) the p95 latency went from 3,450 and 3,979 ms to 193 and 147 ms. The engine alone
+gains nothing from them and its tail grows (the slower shard ends the hop): 16 demo streams took
+a p95 of 141-143 ms as one engine on two threads and 160-161 ms in two shards, 8 streams 75-84
+against 93-111 ms (the same day, interleaved runs), so `classify` and `bench --streams` keep
+one. A stream joins the shard with the fewest streams; its records do not depend on which.
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 On CUDA a hop waits for the device once, when it copies every model's probabilities back; the
