@@ -87,7 +87,6 @@ class StreamsShard:
         self.streams: list[Stream] = []
         self.errors: list[tuple[Stream, str]] = [] if errors is None else errors
         self.numbers: list[int] = []         # the joining numbers of the last hop's records, in order
-        self._joined = 0
 
     @torch.no_grad()
     def warm(self) -> None:
@@ -118,14 +117,13 @@ class StreamsShard:
         gc.freeze()
 
     # ------------------------------------------------------------------ streams
-    def join(self, source, number: int | None = None) -> Stream:
-        """A new stream of ``source`` from its first hop; ValueError when every slot is taken."""
+    def join(self, source, number: int) -> Stream:
+        """A new stream of ``source`` (the engine's ``number``-th) from its first hop; ValueError
+        when every slot is taken."""
         if len(self.streams) >= self.capacity:
             raise ValueError(f"all {self.capacity} streams are taken")
         slots = {name: [self.batches[name].join() for _ in range(e.spacing)] for name, e in self.entries.items()}
-        stream = Stream(self._joined if number is None else number, source, iter(source),
-                        self.frontend_batch.join(), slots)
-        self._joined += 1
+        stream = Stream(number, source, iter(source), self.frontend_batch.join(), slots)
         self.streams.append(stream)
         return stream
 
@@ -143,13 +141,6 @@ class StreamsShard:
             self.errors.append((stream, error))
 
     # ------------------------------------------------------------------ hops
-    def run(self, sources: Iterable) -> Iterator[StepResult]:
-        """Every source as a stream, all at once; records in hop order, streams in joining order."""
-        for source in sources:
-            self.join(source)
-        while self.streams:
-            yield from self.hop()
-
     def hop(self) -> list[StepResult]:
         """One hop of every active stream that has one (a live source yields None while its next
         hop is incomplete; a stream whose source has ended leaves)."""

@@ -40,8 +40,7 @@ class NetworkSource:
     def __init__(self, name: str, decoder: PcmDecoder):
         self.name, self.decoder, self.stats = name, decoder, decoder.stats
         self.input_rate = decoder.hello.sample_rate
-        self.ready: collections.deque = collections.deque()
-        self.arrived: collections.deque = collections.deque()    # time.monotonic() each ready hop was made
+        self.ready: collections.deque = collections.deque()      # (time.monotonic() it was made, hop)
         self.pending, self.made = np.zeros(0, np.float32), 0
         self.ended = False
 
@@ -53,8 +52,7 @@ class NetworkSource:
         self.pending = np.concatenate([self.pending, samples])
         now = time.monotonic()
         while len(self.pending) >= HOP:
-            self.ready.append(self.pending[:HOP].copy())
-            self.arrived.append(now)
+            self.ready.append((now, self.pending[:HOP].copy()))
             self.pending, self.made = self.pending[HOP:], self.made + 1
 
     def end(self) -> None:
@@ -62,20 +60,18 @@ class NetworkSource:
             return
         self.push(self.decoder.flush())
         if self.made == 0 and len(self.pending):
-            self.ready.append(np.pad(self.pending, (0, HOP - len(self.pending))))
-            self.arrived.append(time.monotonic())
+            self.ready.append((time.monotonic(), np.pad(self.pending, (0, HOP - len(self.pending)))))
         self.ended = True
 
     def close(self) -> None:
         """The client is gone: no more hops."""
         self.ready.clear()
-        self.arrived.clear()
         self.ended = True
 
     def oldest(self) -> float | None:
         """When the oldest hop not yet taken was made (time.monotonic()), None without one."""
-        arrived = self.arrived
-        return arrived[0] if arrived else None
+        ready = self.ready
+        return ready[0][0] if ready else None
 
     def __iter__(self):
         return self
@@ -83,14 +79,12 @@ class NetworkSource:
     def __next__(self):
         ended = self.ended                  # read first: every hop of an ended source is queued
         try:
-            hop = self.ready.popleft()
+            _, hop = self.ready.popleft()
         except IndexError:                  # none (or the client left meanwhile: close() cleared them)
             if ended or self.ended:
                 raise StopIteration from None
             return None
         self.stats.hops += 1
-        if self.arrived:
-            self.arrived.popleft()
         return hop
 
 
