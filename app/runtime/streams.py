@@ -12,15 +12,14 @@ per-stream slots, audio/musicnn/batch.py); VGGish takes each stream's log-mel on
 
 The streams may be spread over shards (``StreamsShard``, ``shards=``; `serve` does it on the CPU:
 ``default_shards``), each a batched engine of its own (its own front-end and model slots, the
-weights shared) stepped by its own thread with one torch thread: a hop runs the shards at once,
-and another thread of the process taking a core (a server's event loop) holds up one shard's
-single-thread operations, not every two-thread operation of the hop. Serving 16 real-time
-clients on 2 cores (`bench --serve 16`, one engine against two shards taking turns, 2026-11-26,
-AMD EPYC) the p95 latency went from 3,450 and 3,979 ms to 193 and 147 ms. The engine alone
-gains nothing from them and its tail grows (the slower shard ends the hop): 16 demo streams took
-a p95 of 141-143 ms as one engine on two threads and 160-161 ms in two shards, 8 streams 75-84
-against 93-111 ms (the same day, interleaved runs), so `classify` and `bench --streams` keep
-one. A stream joins the shard with the fewest streams; its records do not depend on which.
+weights shared) stepped by its own thread with one torch thread. ``hop()`` runs the shards at
+once and returns when the last is done; a server steps each shard in a loop of its own instead
+(app/serve/hub.py's lanes), so that a shard that the event loop's thread holds up delays only its
+own streams. The engine alone gains nothing from shards and its tail grows (the slower shard ends
+the hop): 16 demo streams took a p95 of 141-143 ms as one engine on two threads and 160-161 ms
+in two shards, 8 streams 75-84 against 93-111 ms (2026-11-26, interleaved runs, AMD EPYC), so
+`classify` and `bench --streams` keep one. A stream joins the shard with the fewest streams (or
+the one it is given); its records do not depend on which.
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 On CUDA a hop waits for the device once, when it copies every model's probabilities back; the
@@ -30,6 +29,7 @@ them (the device's timeline, launch gaps included).
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -268,7 +268,7 @@ class StreamsEngine:
         if k > 1:
             torch.set_num_threads(max(1, torch.get_num_threads() // k))
             self.pool = ThreadPoolExecutor(k, thread_name_prefix="shard")
-        self._joined = 0
+        self._joined, self._numbering = 0, threading.Lock()
 
     def warm(self) -> None:
         """Each shard ready to serve (``StreamsShard.warm``)."""
@@ -282,16 +282,23 @@ class StreamsEngine:
             return self.shards[0].streams
         return sorted((s for shard in self.shards for s in shard.streams), key=lambda s: s.number)
 
-    def join(self, source) -> Stream:
-        """A new stream of ``source`` in the shard with the fewest streams; ValueError when every
+    def place(self) -> int:
+        """The shard a new stream joins: the one with the fewest streams; ValueError when every
         slot is taken."""
         room = [i for i, shard in enumerate(self.shards) if len(shard.streams) < shard.capacity]
         if not room:
             raise ValueError(f"all {self.capacity} streams are taken")
-        i = min(room, key=lambda i: len(self.shards[i].streams))
-        stream = self.shards[i].join(source, self._joined)
+        return min(room, key=lambda i: len(self.shards[i].streams))
+
+    def join(self, source, shard: int | None = None) -> Stream:
+        """A new stream of ``source`` in ``shard`` (default ``place()``); ValueError when it
+        is full. Streams of different shards may join from different threads (a server's lanes)."""
+        i = self.place() if shard is None else shard
+        with self._numbering:
+            number = self._joined
+            self._joined += 1
+        stream = self.shards[i].join(source, number)
         stream.shard = i
-        self._joined += 1
         return stream
 
     def leave(self, stream: Stream, error: str | None = None) -> None:

@@ -185,7 +185,8 @@ class Edge:
     def __init__(self, inner: str, sock, message_bytes: int):
         self.app = build_edge(inner)
         config = uvicorn.Config(self.app, ws_max_size=message_bytes, ws_ping_interval=20.0, ws_ping_timeout=20.0,
-                                log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+                                ws_per_message_deflate=False, log_level="warning", lifespan="off",
+                                timeout_graceful_shutdown=2)
         self.server = LoopServer(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
                                        name="nystream-edge")

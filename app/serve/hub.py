@@ -1,14 +1,15 @@
 """The server's engine loop: one StreamsEngine (app/runtime/streams.py) whose streams are network
-connections, stepped by one worker thread (on the CPU the engine's shards, one per core, each in
-a thread of its own: app/runtime/streams.py says why) whenever a stream has a whole hop;
-sherpa-onnx's server loop. A hop waits for other streams' hops at most BATCH_DELAY_S after the
-oldest waiting one arrived, and not at all once every stream has one (as Triton's dynamic
-batcher's queue delay). The event loop feeds each connection's audio in and takes its records
-out; the engine is touched by that one thread only.
+connections. On the CPU its shards (one per core) are lanes: each lane is stepped by a thread of
+its own, in a loop of its own, whenever one of its streams has a whole hop, and waits for no
+other lane (a lane that the event loop's thread holds up delays only its own streams). On CUDA
+there is one lane. sherpa-onnx's server loop, per lane: a hop waits for the lane's other streams'
+hops at most BATCH_DELAY_S after the oldest waiting one arrived, and not at all once every stream
+of the lane has one (as Triton's dynamic batcher's queue delay). The event loop feeds each
+connection's audio in and takes its records out; a shard is touched by its lane's thread only.
 
 A connection (``Connection``) owns its audio source (``NetworkSource``), its outbox of records
 and its tally. A client that leaves, fails or stops reading closes only its own connection: its
-source ends, and its slot is free at the next hop.
+source ends, and its slot is free at its lane's next hop.
 """
 from __future__ import annotations
 
@@ -125,10 +126,12 @@ class Hub:
         self.models = [e.name for e in entries]
         self.classes = list(entries[0].classes) if entries else []
         self.frontend = frontend.description
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self.lanes = len(self.engine.shards)
+        self.pools = [ThreadPoolExecutor(1, thread_name_prefix=f"lane{i}") for i in range(self.lanes)]
         self.connections: dict[str, Connection] = {}
         self.draining, self.joined = False, 0
-        self.wake: asyncio.Event | None = None
+        self.wakes: list[asyncio.Event] = []
+        self.load = [0] * self.lanes                     # streams placed in each lane, joining ones included
 
     # ------------------------------------------------------------------ connections
     async def open(self, hello: Hello) -> Connection:
@@ -138,29 +141,49 @@ class Hub:
             raise ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later")
         conn = Connection(self.joined, hello, self.limits)
         self.joined += 1
+        lane = self._place()
         try:
-            conn.stream = await self._engine(self.engine.join, conn.source)
-        except ValueError as e:                          # every slot taken (a leaver not yet gone)
-            raise ProtocolError(TRY_LATER, str(e)) from None
+            conn.stream = await self._engine(lane, self.engine.join, conn.source, lane)
+        except BaseException as e:
+            self.load[lane] -= 1
+            if isinstance(e, ValueError):                # every slot taken (a leaver not yet gone)
+                raise ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later") from None
+            raise
         self.connections[conn.source.name] = conn        # after the join: the loop retires no stream it cannot see
         return conn
 
+    def _place(self) -> int:
+        """The lane a new stream joins: the one with the fewest streams, counting those still
+        joining (joins run on the lanes' threads, so the shards' own counts lag)."""
+        room = [i for i in range(self.lanes) if self.load[i] < self.engine.shards[i].capacity]
+        if not room:
+            raise ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later")
+        lane = min(room, key=lambda i: self.load[i])
+        self.load[lane] += 1
+        return lane
+
     def feed(self, conn: Connection, data: bytes) -> None:
         conn.source.push(conn.source.decoder.feed(data))
-        self.poke()
+        self.poke(conn)
 
     def end(self, conn: Connection) -> None:
         conn.source.end()
-        self.poke()
+        self.poke(conn)
 
     def gone(self, conn: Connection) -> None:
-        """The client left or failed: its stream ends at the next hop."""
+        """The client left or failed: its stream ends at its lane's next hop."""
         conn.source.close()
-        self.poke()
+        self.poke(conn)
 
-    def poke(self) -> None:
-        if self.wake is not None:
-            self.wake.set()
+    def poke(self, conn: Connection | None = None) -> None:
+        """Wake the lane of ``conn`` (every lane without one)."""
+        if not self.wakes:
+            return
+        if conn is not None and conn.stream is not None:
+            self.wakes[conn.stream.shard].set()
+        else:
+            for wake in self.wakes:
+                wake.set()
 
     async def drain(self) -> None:
         """Refuse new clients; end every stream (its buffered audio still classified)."""
@@ -170,15 +193,18 @@ class Hub:
             self.end(conn)
 
     # ------------------------------------------------------------------ the loop
-    async def _engine(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+    async def _engine(self, lane: int, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pools[lane], fn, *args)
 
-    def batch_wait(self) -> float | None:
-        """Seconds the next hop waits for more streams' hops (dynamic batching, as Triton's
-        dynamic batcher's queue delay): 0 when every stream has a hop or has ended, else until
-        the oldest waiting hop has waited BATCH_DELAY_S; None when no stream has a hop."""
+    def batch_wait(self, lane: int | None = None) -> float | None:
+        """Seconds the lane's next hop waits for more of its streams' hops (dynamic batching, as
+        Triton's dynamic batcher's queue delay): 0 when every stream of the lane has a hop or has
+        ended, else until the oldest waiting hop has waited BATCH_DELAY_S; None when no stream of
+        the lane has a hop. ``lane`` None: every connection."""
         oldest, everyone = None, True
         for conn in self.connections.values():
+            if lane is not None and conn.stream.shard != lane:
+                continue
             source = conn.source
             since = source.oldest()
             if since is not None:
@@ -192,24 +218,30 @@ class Hub:
         return 0.0 if everyone else max(0.0, oldest + BATCH_DELAY_S - time.monotonic())
 
     async def run(self) -> None:
-        self.wake = asyncio.Event()
+        """Every lane's loop, until cancelled."""
+        self.wakes = [asyncio.Event() for _ in range(self.lanes)]
+        await asyncio.gather(*(self._lane(i) for i in range(self.lanes)))
+
+    async def _lane(self, lane: int) -> None:
+        wake, shard = self.wakes[lane], self.engine.shards[lane]
         while True:
-            await self.wake.wait()
-            self.wake.clear()
-            wait = self.batch_wait()
+            await wake.wait()
+            wake.clear()
+            wait = self.batch_wait(lane)
             while wait:                     # more hops may arrive (each feed pokes): look again
                 try:
-                    await asyncio.wait_for(self.wake.wait(), wait)
+                    await asyncio.wait_for(wake.wait(), wait)
                 except asyncio.TimeoutError:
                     pass
-                self.wake.clear()
-                wait = self.batch_wait()
+                wake.clear()
+                wait = self.batch_wait(lane)
             if wait is None:                # nothing to step (a hop taken meanwhile, a client idle)
                 continue
+            mine = [c for c in self.connections.values() if c.stream.shard == lane]
             try:
-                records = await self._engine(self.engine.hop)
-            except Exception as e:  # noqa: BLE001 - an engine fault ends every stream, not the server
-                for conn in list(self.connections.values()):
+                records = await self._engine(lane, shard.hop)
+            except Exception as e:  # noqa: BLE001 - a lane's fault ends its streams, not the server
+                for conn in mine:
                     conn.fail(SERVER_ERROR, f"server error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 records = []
             for r in records:
@@ -221,18 +253,18 @@ class Hub:
                     conn.outbox.put_nowait(r.to_json())
                 except asyncio.QueueFull:
                     conn.fail(POLICY, f"results unread for {self.limits.outbox_seconds:g} s; closed")
-                    self.poke()
-            self._retire()
-            if any(c.source.ready or c.source.ended for c in self.connections.values()):
-                self.wake.set()
+            self._retire(lane)
+            if any(c.source.ready or c.source.ended for c in mine):
+                wake.set()
 
-    def _retire(self) -> None:
-        """Connections whose stream has left the engine: their records are all out. (The
-        engine's list of failed streams is not kept: each connection's stream says its own.)"""
+    def _retire(self, lane: int) -> None:
+        """The lane's connections whose stream has left its shard: their records are all out.
+        (The engine's list of failed streams is not kept: each connection's stream says its own.)"""
         self.engine.errors.clear()
-        active = {id(s) for s in self.engine.streams}
-        for name in [n for n, c in self.connections.items() if id(c.stream) not in active]:
+        active = {id(s) for s in self.engine.shards[lane].streams}
+        for name in [n for n, c in self.connections.items() if c.stream.shard == lane and id(c.stream) not in active]:
             conn = self.connections.pop(name)
+            self.load[lane] -= 1
             if conn.stream.error is not None:
                 conn.error = conn.stream.error
                 conn.fail(SERVER_ERROR, conn.error)

@@ -121,7 +121,7 @@ def serve_forever(spec, token: str | None, host: str, port: int) -> int:
 
     app = build_app(spec.build, token=token, limits=spec.limits, version=ours, on_start=started)
     config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
-                            ws_ping_timeout=20.0, log_level="warning", lifespan="on")
+                            ws_ping_timeout=20.0, ws_per_message_deflate=False, log_level="warning", lifespan="on")
     DrainingServer(config, app).run(sockets=[sock])
     print("# stopped", file=sys.stderr, flush=True)
     return 0

@@ -47,7 +47,8 @@ def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), 
         finally:
             for task in tasks:
                 task.cancel()
-            hub.pool.shutdown(wait=False, cancel_futures=True)
+            for pool in hub.pools:
+                pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.token, app.state.limits = token, limits

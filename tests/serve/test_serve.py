@@ -124,6 +124,58 @@ def test_two_clients_joining_at_different_times_each_get_what_classify_gives(fil
         assert app.state.hub.health()["active_streams"] == 0
 
 
+def test_a_lane_held_up_delays_only_its_own_streams(files, capsys, errors, monkeypatch):
+    """Two lanes (as on a 2-core CPU), the first client's held in its hop: the second client,
+    in the other lane, gets all of classify's records and its verdict meanwhile; then the first
+    gets its own. Clients joining at once are spread over the lanes."""
+    from app.runtime.streams import StreamsShard
+    from app.serve import hub as hub_module
+    monkeypatch.setattr(hub_module, "default_shards", lambda device, capacity: 2)
+    checkpoints, songs = files
+    want = {k: classify_jsonl(capsys, p, checkpoints) for k, p in songs.items()}
+    release, held = threading.Event(), threading.Event()
+    hop = StreamsShard.hop
+
+    def held_hop(shard):
+        if shard is shards[0] and shard.streams:
+            held.set()
+            release.wait(60)
+        return hop(shard)
+    monkeypatch.setattr(StreamsShard, "hop", held_hop)
+    with server(checkpoints, capacity=4) as (url, app):
+        hub = app.state.hub
+        shards = hub.engine.shards
+        got = {}
+        first = threading.Thread(target=lambda: got.__setitem__("a", stream(url, hops_of(songs["a"]))))
+        first.start()
+        assert held.wait(60)                                     # a's lane is inside its hop
+        got["b"] = stream(url, hops_of(songs["b"]))               # b: the other lane, start to end
+        a_meanwhile = hub.connections["ws:0"].source.stats.hops
+        release.set()
+        first.join(timeout=60)
+        assert hub.load == [0, 0]
+        for k in songs:
+            records, verdict, code = got[k]
+            assert code == 1000 and verdict["hops"] == len(want[k])
+            same(errors, records, want[k])
+        assert a_meanwhile == 0                                  # held in its first hop
+        # four clients at once: two in each lane (the lanes' joins run on their own threads)
+        placed = []
+        hub_open = hub_module.Hub.open
+
+        async def open_and_note(self, hello):
+            conn = await hub_open(self, hello)
+            placed.append(conn.stream.shard)
+            return conn
+        monkeypatch.setattr(hub_module.Hub, "open", open_and_note)
+        together = [threading.Thread(target=stream, args=(url, hops_of(songs["b"]))) for _ in range(4)]
+        for t in together:
+            t.start()
+        for t in together:
+            t.join(timeout=60)
+        assert sorted(placed) == [0, 0, 1, 1]
+
+
 def test_listen_prints_what_classify_prints(files, capsys, errors):
     checkpoints, songs = files
     want = classify_jsonl(capsys, songs["a"], checkpoints)

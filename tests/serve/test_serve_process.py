@@ -1,6 +1,6 @@
 """The real `serve` command in its own process: docs/serve.md's Python example runs as printed
 against it, and SIGTERM drains it (a streaming client gets its verdict and a close 1001, the
-server exits 0)."""
+server exits 0); it declines WebSocket compression."""
 import json
 import os
 import re
@@ -48,7 +48,8 @@ def test_the_example_runs_and_sigterm_drains(tmp_path):
         got = {"messages": []}
 
         def stream():
-            with connect(url, proxy=None) as ws:
+            with connect(url, proxy=None) as ws:       # offering permessage-deflate, as by default
+                got["extensions"] = ws.protocol.extensions
                 ws.send(json.dumps({"sample_rate": 16000, "channels": 1, "format": "f32le"}))
                 ws.recv(timeout=20)
 
@@ -74,6 +75,7 @@ def test_the_example_runs_and_sigterm_drains(tmp_path):
         assert server.wait(timeout=40) == 0
         client.join(timeout=20)
         assert got["close"] == (1001, "the server is shutting down")
+        assert got["extensions"] == []         # the server declines compression (docs/serve.md)
         *records, verdict = got["messages"]
         assert len(records) >= 4 and verdict["hops"] == len(records) == verdict["verdict"]["continual"]["steps"]
         assert len(records) < 30               # the drain ended the stream: the client's later audio is not read
