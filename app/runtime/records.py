@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -50,8 +50,11 @@ class StepResult:
     mel: np.ndarray | None = field(default=None, repr=False)   # (k, bands) this hop's log-mel frames
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("mel")
+        """The record as dicts of its fields, without ``mel``, for serialising: its lists are
+        the record's own, not copies (``asdict`` deep-copies them, the log-mel frames included:
+        5.4x as long for a record of five models, one-off timing)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "mel"}
+        d["models"] = {name: {f.name: getattr(m, f.name) for f in fields(m)} for name, m in self.models.items()}
         return d
 
     def to_json(self) -> str:

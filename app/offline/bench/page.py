@@ -343,7 +343,7 @@ SECTIONS = [
      streams_body),
     ("Serving clients over WebSocket", [f"serve-{n}{ray}" for n in range(1, 1025) for ray in ("", "-ray2", "-ray4")],
      "`bench --serve N [--ray K]`: the real `serve` command (musicnn and the five shipped models; on the CPU its "
-     "engine in shards, one per core: docs/serve.md) in its own "
+     "engine in lanes, one per core: docs/serve.md) in its own "
      "process, and N WebSocket clients on loopback in the bench's process, each streaming real audio "
      "(the shared GTZAN excerpts) in real time, one 0.25 s hop per message. Latency: from a hop's last "
      "sample sent to its record received. Server CPU (cores, /proc) and resident memory per stream. "
