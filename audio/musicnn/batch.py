@@ -300,22 +300,24 @@ class MusicnnBatch:
         n = min(k, b)
         fresh = self._taps_for(j, ("start", n), range(b - n, b), range(0, kernel - 1)) @ patch[:, :kernel - 1]
         zs[self._ring(idx, b - n, n, b)] = fresh.view(-1, TEMPORAL_CH, BANDS).add_(bias)
-        # rows P-k-a .. P-1 (the old end-edge rows, then the k new ones) gain frames P-k-b .. P-1:
-        # the first k of them leave the end ring (interior now), the last a stay in it
-        frames = patch[:, P - k - b:]
-        out = (self._taps_for(j, ("in-out", k), range(P - k - a, P - a), range(P - k - b, P), P - k) @ frames
-               ).view(G, k, TEMPORAL_CH, BANDS)
-        m = min(k, a)                                    # old end-edge rows among them
+        # rows P-k-a .. P-1, the a old end-edge rows then the k new ones: an old row gains the new
+        # frames P-k .. P-1 only, a new row sums its window's frames from P-k-b on (one product
+        # each: no zero taps). The first k of these rows leave the end ring (interior now), the
+        # last a stay in it
+        z = torch.cat([self._taps_for(j, ("old", k), range(P - k - a, P - k), range(P - k, P)) @ patch[:, P - k:],
+                       self._taps_for(j, ("new", k), range(P - k, P), range(P - k - b, P)) @ patch[:, P - k - b:]],
+                      dim=1).view(G, a + k, TEMPORAL_CH, BANDS)
+        out, stay = z[:, :k], z[:, k:]
+        m = min(k, a)                                    # old end-edge rows among the first k
         out[:, :m] += ze.index_select(0, self._ring(idx, P - k - a, m, a)).view(G, m, TEMPORAL_CH, BANDS)
         if k > a:                                        # new rows that are interior at once
             out[:, m:] += bias
-        st[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k)] = bn.max_relu(out, dim=3).view(-1, TEMPORAL_CH)
-        stay = self._taps_for(j, ("in-stay", k), range(P - a, P), range(P - k - b, P), P - k) @ frames   # (G, a*C', 96)
+        st[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k)] = bn.max_relu(out, dim=3).reshape(-1, TEMPORAL_CH)
         ze[self._ring(idx, P - m, m, a)] = bias          # the new rows in the end ring start from the bias
-        ze.index_add_(0, self._ring(idx, P - a, a, a), stay.view(-1, TEMPORAL_CH, BANDS))
+        ze.index_add_(0, self._ring(idx, P - a, a, a), stay.reshape(-1, TEMPORAL_CH, BANDS))
         self._features(idx, bn, st[f"zs{j}"], st[f"f{j}"], 0, b)
         self._features(idx, bn, st[f"ze{j}"], st[f"f{j}"], P - a, a)
-        return TEMPORAL_CH * BANDS * (max(b - k, 0) * k + n * (kernel - 1) + (a + k) * (k + b))
+        return TEMPORAL_CH * BANDS * (max(b - k, 0) * k + n * (kernel - 1) + a * k + k * (k + b))
 
     def _features(self, idx: np.ndarray, bn, z: Tensor, f: Tensor, first: int, n: int) -> None:
         """Features f (C, P, C') of patch rows first .. first + n - 1 of slots idx from their

@@ -102,16 +102,18 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
 def recomputing_costs(k: int, accumulate: tuple) -> int:
     """What a hop of k frames costs beyond MusicnnStream's (every branch by accumulators of
     every row): per branch with accumulators of its edge rows only, the min(k, b) rows that
-    became start-edge rows summed over K - 1 frames, and leaving frames taken from b - k rows
-    instead of b; per branch without them, k + K - 1 rows of K taps instead of the
-    accumulators' updates (b k leaving, (a + k)(k + b) arriving), in 56 channels; less the first mid-end
+    became start-edge rows summed over K - 1 frames, leaving frames taken from b - k rows
+    instead of b, and arriving frames without MusicnnStream's zero taps (the a old end-edge rows
+    take the k new frames, not k + b: a b fewer); per branch without them, k + K - 1 rows of K
+    taps instead of the accumulators' updates (b k leaving, (a + k)(k + b) arriving), in 56
+    channels; less the first mid-end
     convolution's timbral part, which the batch computes for the k rows that became interior
     and the 6 + 6 at the patch's ends, not for all 187."""
     extra = 0                                     # taps x rows x channels
     for K, acc in zip(musicnn.TEMPORAL, accumulate):
         b, a = musicnn.same_padding(K)
         if acc:
-            extra += (min(k, b) * (K - 1) + max(b - k, 0) * k - b * k) * musicnn.TEMPORAL_CH
+            extra += (min(k, b) * (K - 1) + max(b - k, 0) * k - b * k - a * b) * musicnn.TEMPORAL_CH
         else:                                     # the convolution's 56 channels: 51 filters, 5 of zeros
             extra += (k + K - 1) * K * TEMPORAL_CONV_CH - (b * k + (a + k) * (k + b)) * musicnn.TEMPORAL_CH
     saved = (musicnn.PATCH_FRAMES - 12 - k) * 7 * 2 * musicnn.TIMBRAL_CH * musicnn.MID_CH
