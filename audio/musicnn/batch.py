@@ -80,11 +80,11 @@ class MusicnnBatch:
     its K - 1 edge rows (127, 63 or 31 rows of 51 x 96 floats: 2.5, 1.2 or 0.6 MB per slot) and
     updates them by the frames that leave and arrive: the fewest multiply-accumulates. A branch
     without them keeps only its features and recomputes the k + K - 1 rows a hop changes, by one
-    convolution per end of the patch: no scattered adds, more multiply-accumulates (2.2x for
-    K = 128, 1.6x for 64, 1.1x for 32, at 16 frames, the convolution's padding included). The
+    convolution per end of the patch: no scattered adds, more multiply-accumulates (4.0x for
+    K = 128, 2.2x for 64, 1.4x for 32, at 16 frames, the convolution's padding included). The
     default on the CPU accumulates the K = 128 branch only: as fast as accumulating all three
-    or faster at 8 and 16 streams, where recomputing all three took 6-7 % longer (`bench
-    --streams`, its front-end table); 3.0 MB of state per slot instead of 4.9. On CUDA all three below a capacity of 4,096 streams, none
+    at 8 and 16 streams, where recomputing all three took 14-15 % longer (`bench --streams`, its
+    front-end table); 3.0 MB of state per slot instead of 4.9. On CUDA all three below a capacity of 4,096 streams, none
     from there (set on an H200 when every branch kept all 187 rows: 46.5 against 48.0 ms a push
     at 1,024 streams, 198.3 against 160.7 ms at 4,096, a probe before that table existed).
     A recomputing branch's convolution has TEMPORAL_CONV_CH = 56 output channels, its 51
