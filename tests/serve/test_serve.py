@@ -58,13 +58,16 @@ def hops_of(path) -> list[np.ndarray]:
     return list(FileSource(path))
 
 
-def stream(url, hops, *, wait=None) -> tuple[list[dict], dict, int]:
-    """Send a file's hops and end (``wait()`` runs after the second hop, the sending paused),
-    reading all the while: (records, verdict, close code)."""
+def stream(url, hops, *, wait=None, joined=None) -> tuple[list[dict], dict, int]:
+    """Send a file's hops and end (``joined()`` runs once the server has answered the hello,
+    before any audio; ``wait()`` after the second hop, the sending paused), reading all the
+    while: (records, verdict, close code)."""
     records, verdict = [], None
     with client(url) as ws:
         ws.send(json.dumps(HELLO))
         assert set(json.loads(ws.recv(timeout=20))) == {"classes", "models"}
+        if joined is not None:
+            joined()
 
         def send():
             for i, hop in enumerate(hops):
@@ -159,16 +162,13 @@ def test_a_lane_held_up_delays_only_its_own_streams(files, capsys, errors, monke
             assert code == 1000 and verdict["hops"] == len(want[k])
             same(errors, records, want[k])
         assert a_meanwhile == 0                                  # held in its first hop
-        # four clients at once: two in each lane (the lanes' joins run on their own threads)
+        # four clients at once, each sending its audio once all four have joined: two in each
+        # lane (the lanes' joins run on their own threads)
         placed = []
-        hub_open = hub_module.Hub.open
-
-        async def open_and_note(self, hello):
-            conn = await hub_open(self, hello)
-            placed.append(conn.stream.shard)
-            return conn
-        monkeypatch.setattr(hub_module.Hub, "open", open_and_note)
-        together = [threading.Thread(target=stream, args=(url, hops_of(songs["b"]))) for _ in range(4)]
+        everyone = threading.Barrier(4, timeout=60, action=lambda: placed.extend(
+            c.stream.shard for c in hub.connections.values()))
+        together = [threading.Thread(target=stream, args=(url, hops_of(songs["b"])), kwargs={"joined": everyone.wait})
+                    for _ in range(4)]
         for t in together:
             t.start()
         for t in together:
