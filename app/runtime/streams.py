@@ -12,14 +12,13 @@ per-stream slots, audio/musicnn/batch.py); VGGish takes each stream's log-mel on
 
 The streams may be spread over shards (``StreamsShard``, ``shards=``; `serve` does it on the CPU:
 ``default_shards``), each a batched engine of its own (its own front-end and model slots, the
-weights shared) stepped by its own thread with one torch thread. ``hop()`` runs the shards at
-once and returns when the last is done; a server steps each shard in a loop of its own instead
-(app/serve/hub.py's lanes), so that a shard that the event loop's thread holds up delays only its
-own streams. The engine alone gains nothing from shards and its tail grows (the slower shard ends
-the hop): 16 demo streams took a p95 of 141-143 ms as one engine on two threads and 160-161 ms
-in two shards, 8 streams 75-84 against 93-111 ms (2026-11-26, interleaved runs, AMD EPYC), so
-`classify` and `bench --streams` keep one. A stream joins the shard with the fewest streams (or
-the one it is given); its records do not depend on which.
+weights shared). ``hop()`` steps them one after another; a server steps each shard in a loop and
+a thread of its own (app/serve/hub.py's lanes), so that a shard that the event loop's thread
+holds up delays only its own streams. `classify` and `bench --streams` keep one engine: stepped
+at once, each in its own thread, two shards gave 16 demo streams a p95 of 160-161 ms against
+141-143 ms for one engine on two threads, 8 streams 93-111 against 75-84 ms (the slower shard
+ended the hop; 2026-11-26, interleaved runs, AMD EPYC). A stream joins the shard with the fewest
+streams (or the one it is given); its records do not depend on which.
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 On CUDA a hop waits for the device once, when it copies every model's probabilities back; the
@@ -32,7 +31,6 @@ import gc
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -251,8 +249,7 @@ class StreamsEngine:
     """Every model of ``entries`` (app/runtime/lineup.py) over up to ``capacity`` streams of one
     front end, spread over ``shards`` (default one). ``run(sources)`` yields one
     StepResult per stream per hop, streams in joining order; ``errors`` lists the streams that
-    left early, with why. With more than one shard, torch's threads (the caller's budget,
-    ``torch.get_num_threads()``) are split between the shards' threads: set process-wide here."""
+    left early, with why."""
 
     def __init__(self, frontend, entries, capacity: int, *, shards: int = 1):
         if capacity < 1:
@@ -264,10 +261,6 @@ class StreamsEngine:
         first = self.shards[0]
         self.frontend, self.entries, self.device = first.frontend, first.entries, first.device
         self.capacity = capacity
-        self.pool = None
-        if k > 1:
-            torch.set_num_threads(max(1, torch.get_num_threads() // k))
-            self.pool = ThreadPoolExecutor(k, thread_name_prefix="shard")
         self._joined, self._numbering = 0, threading.Lock()
 
     def warm(self) -> None:
@@ -282,13 +275,15 @@ class StreamsEngine:
             return self.shards[0].streams
         return sorted((s for shard in self.shards for s in shard.streams), key=lambda s: s.number)
 
-    def place(self) -> int:
-        """The shard a new stream joins: the one with the fewest streams; ValueError when every
-        slot is taken."""
-        room = [i for i, shard in enumerate(self.shards) if len(shard.streams) < shard.capacity]
+    def place(self, load: list[int] | None = None) -> int:
+        """The shard a new stream joins: the one with the fewest streams (``load``: the caller's
+        count of each shard's streams, joins in flight included); ValueError when every slot is
+        taken."""
+        load = [len(shard.streams) for shard in self.shards] if load is None else load
+        room = [i for i, shard in enumerate(self.shards) if load[i] < shard.capacity]
         if not room:
             raise ValueError(f"all {self.capacity} streams are taken")
-        return min(room, key=lambda i: len(self.shards[i].streams))
+        return min(room, key=lambda i: load[i])
 
     def join(self, source, shard: int | None = None) -> Stream:
         """A new stream of ``source`` in ``shard`` (default ``place()``); ValueError when it
@@ -312,14 +307,14 @@ class StreamsEngine:
             yield from self.hop()
 
     def hop(self) -> list[StepResult]:
-        """One hop of every active stream that has one: the shards at once, each in its thread;
-        the records in joining order. A shard's exception is raised once every shard is done."""
-        if self.pool is None:
+        """One hop of every active stream that has one, shard after shard; the records in
+        joining order."""
+        if len(self.shards) == 1:
             return self.shards[0].hop()
-        running = [(shard, self.pool.submit(shard.hop)) for shard in self.shards if shard.streams]
-        wait([f for _, f in running])
         numbered = []
-        for shard, future in running:
-            numbered += zip(shard.numbers, future.result())
+        for shard in self.shards:
+            if shard.streams:
+                records = shard.hop()
+                numbered += zip(shard.numbers, records)
         numbered.sort(key=lambda x: x[0])
         return [r for _, r in numbered]

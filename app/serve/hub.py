@@ -120,7 +120,10 @@ class Hub:
     full, 1001 while draining); ``run()`` is the loop; ``drain()`` ends every stream."""
 
     def __init__(self, frontend, entries, capacity: int, limits: Limits, *, device: str = "cpu"):
-        self.engine = StreamsEngine(frontend, entries, capacity, shards=default_shards(torch.device(device), capacity))
+        shards = default_shards(torch.device(device), capacity)
+        if shards > 1:                                   # each lane's thread gets an even share of torch's (process-wide)
+            torch.set_num_threads(max(1, torch.get_num_threads() // shards))
+        self.engine = StreamsEngine(frontend, entries, capacity, shards=shards)
         self.engine.warm()                               # compiled before the first client, not in its hops
         self.capacity, self.limits, self.device = capacity, limits, device
         self.models = [e.name for e in entries]
@@ -137,30 +140,23 @@ class Hub:
     async def open(self, hello: Hello) -> Connection:
         if self.draining:
             raise ProtocolError(GOING_AWAY, "the server is shutting down")
-        if len(self.connections) >= self.capacity:
-            raise ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later")
+        full = ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later")
+        try:
+            lane = self.engine.place(self.load)          # joins run on the lanes' threads: the shards' counts lag
+        except ValueError:
+            raise full from None
+        self.load[lane] += 1
         conn = Connection(self.joined, hello, self.limits)
         self.joined += 1
-        lane = self._place()
         try:
             conn.stream = await self._engine(lane, self.engine.join, conn.source, lane)
         except BaseException as e:
             self.load[lane] -= 1
             if isinstance(e, ValueError):                # every slot taken (a leaver not yet gone)
-                raise ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later") from None
+                raise full from None
             raise
         self.connections[conn.source.name] = conn        # after the join: the loop retires no stream it cannot see
         return conn
-
-    def _place(self) -> int:
-        """The lane a new stream joins: the one with the fewest streams, counting those still
-        joining (joins run on the lanes' threads, so the shards' own counts lag)."""
-        room = [i for i in range(self.lanes) if self.load[i] < self.engine.shards[i].capacity]
-        if not room:
-            raise ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later")
-        lane = min(room, key=lambda i: self.load[i])
-        self.load[lane] += 1
-        return lane
 
     def feed(self, conn: Connection, data: bytes) -> None:
         conn.source.push(conn.source.decoder.feed(data))
