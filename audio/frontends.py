@@ -22,7 +22,7 @@ import torch
 
 from . import melspec
 from .musicnn import mel as musicnn_mel
-from .musicnn.batch import MusicnnBatch, on_device
+from .musicnn.batch import MusicnnBatch
 
 FRONTENDS = ("musicnn", "vggish")
 DEFAULT_FRONTEND = "musicnn"
@@ -35,6 +35,23 @@ class HopToken:
     mel_ms: float             # time spent on the log-mel
     network_ms: float         # time spent on the network
     flops: int                # FLOPs of the network for this hop (2 x multiply-accumulates)
+
+
+@dataclass
+class HopTokens:
+    """One hop of many streams (a slots' ``push``): stream i's token is row i of ``tokens``,
+    kept together (no per-stream tensor); its other fields are per stream."""
+    tokens: torch.Tensor      # (S, D) on the network's device
+    mels: list[np.ndarray]    # (k, bands) log-mel frames each stream's hop added (for display)
+    mel_ms: list[float]       # each stream's share of the log-mel's time
+    network_ms: list[float]   # each stream's share of the network's time
+    flops: list[int]          # each stream's network FLOPs
+
+    def __len__(self) -> int:
+        return len(self.flops)
+
+    def __getitem__(self, i: int) -> HopToken:
+        return HopToken(self.tokens[i:i + 1], self.mels[i], self.mel_ms[i], self.network_ms[i], self.flops[i])
 
 
 class FrontEnd(Protocol):
@@ -56,7 +73,7 @@ class FrontEnd(Protocol):
 
     def batch(self, capacity: int):
         """Slots for ``capacity`` streams: ``join() -> slot``, ``leave(slot)``, and
-        ``push(slots, hops) -> [HopToken]`` running the network once for every stream given."""
+        ``push(slots, hops) -> HopTokens`` running the network once for every stream given."""
         ...
 
     def file_tokens(self, path: str | Path) -> tuple[torch.Tensor, dict]:
@@ -88,7 +105,7 @@ class _Slots:
     def joined(self, slot: int) -> None:
         pass
 
-    def push(self, slots: list[int], hops: list[np.ndarray]) -> list[HopToken]:
+    def push(self, slots: list[int], hops: list[np.ndarray]) -> HopTokens:
         """One hop of each stream in ``slots``: its log-mel alone, the network for all at once;
         each token's ``network_ms`` is its share of the batched call. The tokens stay on the
         network's device (on CUDA the call returns before the device is done; ``network_start``
@@ -104,8 +121,7 @@ class _Slots:
             self.network_start.record()
         tokens, flops = self.network(slots, mels)
         share = (time.perf_counter() - t0) * 1e3 / max(len(slots), 1)
-        return [HopToken(tokens[i:i + 1], self.shown(mels[i]), mel_ms[i], share, flops[i])
-                for i in range(len(slots))]
+        return HopTokens(tokens, [self.shown(m) for m in mels], mel_ms, [share] * len(slots), list(flops))
 
 
 def frontend_metadata(fe: FrontEnd) -> dict:
@@ -185,14 +201,16 @@ class MusicnnFrontEnd:
     mel_levels, frame_ms = (0.0, 4.0), 1e3 * musicnn_mel.FRAME_HOP / musicnn_mel.SAMPLE_RATE  # log10(1e4 x + 1)
     native_spacing = round(musicnn_mel.PATCH_HOP * musicnn_mel.FRAME_HOP / melspec.HOP)   # 4
 
-    def __init__(self, model: str = "MSD_musicnn", *, device="cpu", continual: bool = True):
+    def __init__(self, model: str = "MSD_musicnn", *, device="cpu", continual: bool = True, tf32: bool = False):
         from .musicnn import build_musicnn
         device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("cpu")
         self.net, self.checksum = build_musicnn(model, device=device)
+        self.net.tf32 = tf32 = bool(tf32) and device.type == "cuda"     # audio/musicnn: ``precision``
         self.model, self.device, self.continual, self.random = model, device, continual, False
-        self.description = f"musicnn {model} (pretrained, {'continual' if continual else 'recomputed'})"
+        self.description = (f"musicnn {model} (pretrained, {'continual' if continual else 'recomputed'}"
+                            f"{', TF32' if tf32 else ''})")
         musicnn_mel.mel_basis()               # computed now, not on the first hop
         warm = self.stream()                  # first-call costs (kernels, tap tables) now too
         for _ in range(3):
@@ -237,6 +255,7 @@ class _MusicnnSlots(_Slots):
     def __init__(self, net, continual: bool, capacity: int):
         super().__init__(capacity, net.input_bn.mean.device)
         self.net, self.continual = net, continual
+        self.framing = musicnn_mel.SlotFrames(capacity, self.device)      # every slot's unframed samples
         if continual:
             self.caches = MusicnnBatch(net, capacity)
         else:
@@ -245,17 +264,18 @@ class _MusicnnSlots(_Slots):
             self.macs = patch_macs()
 
     def new_mel(self):
-        return musicnn_mel.StreamingMel()
+        return True                     # taken: the slot's samples wait in ``framing``
 
     def joined(self, slot: int) -> None:
+        self.framing.reset(slot)
         if self.continual:
             self.caches.reset(slot)
         else:
             self.patches[slot] = 0.0
 
     @torch.no_grad()
-    def push(self, slots: list[int], hops: list[np.ndarray]) -> list[HopToken]:
-        """Each stream's new sample frames (host), their log-mels in one call on the network's
+    def push(self, slots: list[int], hops: list[np.ndarray]) -> HopTokens:
+        """Every stream's new sample frames and their log-mels, each in one call on the network's
         device (audio/musicnn/mel.py: the host's values), then the network for every stream.
         Each token's ``mel_ms`` and ``network_ms`` are its shares of the two calls; on CUDA
         ``mel_start`` and ``network_start`` are events recorded as each began."""
@@ -264,20 +284,19 @@ class _MusicnnSlots(_Slots):
         if cuda:
             self.mel_start = torch.cuda.Event(enable_timing=True)
             self.mel_start.record()
-        frames = [self.mels[slot].frames(hop) for slot, hop in zip(slots, hops)]
-        counts = [len(f) for f in frames]
-        samples = np.concatenate(frames + [np.zeros((0, musicnn_mel.N_FFT), np.float32)])
-        mel = musicnn_mel.log_mel_of_frames_torch(on_device(samples, self.device))      # (sum counts, 96)
+        frames, counts = self.framing.frames(slots, hops)                          # (F, 512), (S,)
+        mel = musicnn_mel.log_mel_of_frames_torch(frames)                           # (F, 96)
         shown = _on_host(mel)
+        counts = counts.tolist()
         t1 = time.perf_counter()
         if cuda:
             self.network_start = torch.cuda.Event(enable_timing=True)
             self.network_start.record()
         tokens, flops = self.network(slots, mel, counts)
         t2, n = time.perf_counter(), max(len(slots), 1)
-        ends = np.cumsum(counts)
-        return [HopToken(tokens[i:i + 1], shown[ends[i] - counts[i]:ends[i]], (t1 - t0) * 1e3 / n,
-                         (t2 - t1) * 1e3 / n, flops[i]) for i in range(len(slots))]
+        ends = np.cumsum(counts).tolist()
+        mels = [shown[end - k:end] for end, k in zip(ends, counts)]
+        return HopTokens(tokens, mels, [(t1 - t0) * 1e3 / n] * len(slots), [(t2 - t1) * 1e3 / n] * len(slots), flops)
 
     def network(self, slots, mel: torch.Tensor, counts: list[int]):
         """mel: every stream's new log-mel frames, stream after stream (``counts`` each)."""
@@ -317,10 +336,11 @@ def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:
 
 def build_frontend(name: str = DEFAULT_FRONTEND, *, device="cpu", vggish_weights=None,
                    random_vggish: int | None = None, musicnn_model: str = "MSD_musicnn",
-                   continual: bool = True, allow_download: bool = True) -> FrontEnd:
-    """A ready front end; raises MusicnnWeightsError / VGGishWeightsError with what to do."""
+                   continual: bool = True, allow_download: bool = True, tf32: bool = False) -> FrontEnd:
+    """A ready front end; raises MusicnnWeightsError / VGGishWeightsError with what to do.
+    ``tf32``: musicnn's network on CUDA in TF32 (audio/musicnn: ``precision``)."""
     if name == "musicnn":
-        return MusicnnFrontEnd(musicnn_model, device=device, continual=continual)
+        return MusicnnFrontEnd(musicnn_model, device=device, continual=continual, tf32=tf32)
     if name == "vggish":
         from .vggish import build_embedder
         return VGGishFrontEnd(build_embedder(vggish_weights, random_seed=random_vggish,

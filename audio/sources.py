@@ -132,12 +132,10 @@ class DemoSource:
 
     def render(self, start: int, count: int) -> np.ndarray:
         """Samples [start, start + count) of the piece, float32 in [-1, 1]."""
-        tonal, off_beat, decay = _demo_tonal(start, count)
-        if not off_beat.any():        # no hi-hat here (half the hops): no noise drawn, the same values
-            return np.clip(tonal + 0.0, -1, 1).astype(np.float32)
-        rng = np.random.default_rng(self.seed * 1_000_003 + start)      # off-beat hi-hat: seeded noise
-        out = tonal + np.where(off_beat, rng.standard_normal(count) * 0.05 * decay, 0.0)
-        return np.clip(out, -1, 1).astype(np.float32)
+        tonal, hat, quiet = _demo_tonal(start, count)
+        if quiet is not None:         # no hi-hat here (half the hops): the same values for every seed
+            return quiet.copy()
+        return np.clip(tonal + _noise(self.seed, start, count) * hat, -1, 1).astype(np.float32)
 
     def __iter__(self):
         clock = RealtimeClock(self.stats, self._stop, paused=self.paused) if self.realtime else None
@@ -162,10 +160,11 @@ class DemoSource:
 
 
 @functools.lru_cache(maxsize=16)
-def _demo_tonal(start: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _demo_tonal(start: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The demo piece's seed-independent part over samples [start, start + count): chords and
-    bass (float64), where the hi-hat plays, and its decay. Computed once for all demo streams
-    at that position, the same read-only arrays handed to each."""
+    bass (float64), the hi-hat's gain on its noise (0.05 x its decay on off-beats, else 0), and
+    where no hi-hat plays, the samples themselves (float32, clipped; else None). Computed once
+    for all demo streams at that position, the same read-only arrays handed to each."""
     t = np.arange(start, start + count) / SAMPLE_RATE
     beat = 0.5                                           # seconds per beat (120 BPM)
     bar = (t // (4 * beat)).astype(int) % 4
@@ -181,10 +180,36 @@ def _demo_tonal(start: int, count: int) -> tuple[np.ndarray, np.ndarray, np.ndar
                 out[mask] += a * env[mask] * np.sin(2 * np.pi * f * h * t[mask])
         out[mask] += 0.2 * np.exp(-6 * in_beat[mask]) * np.sin(2 * np.pi * chord[0] / 2 * t[mask])
     off_beat = (t % beat) >= beat / 2
-    decay = np.exp(-30 * ((t % (beat / 2)) / beat))
-    for a in (out, off_beat, decay):
-        a.flags.writeable = False
-    return out, off_beat, decay
+    hat = np.where(off_beat, 0.05 * np.exp(-30 * ((t % (beat / 2)) / beat)), 0.0)
+    quiet = None if off_beat.any() else np.clip(out, -1, 1).astype(np.float32)
+    for a in (out, hat, quiet):
+        if a is not None:
+            a.flags.writeable = False
+    return out, hat, quiet
+
+
+NOISE_SAMPLES = 1 << 18              # 16.4 s of the hi-hat's noise, shared by every seed
+NOISE_STRIDE = 104_729               # samples between two seeds' starts in it (a prime: odd)
+
+
+@functools.cache
+def _noise_table() -> np.ndarray:
+    """(NOISE_SAMPLES,) standard normal float64, drawn once (seed 0), read-only."""
+    table = np.random.default_rng(0).standard_normal(NOISE_SAMPLES)
+    table.flags.writeable = False
+    return table
+
+
+def _noise(seed: int, start: int, count: int) -> np.ndarray:
+    """The hi-hat noise of stream ``seed`` over samples [start, start + count): the shared
+    table read from the seed's own offset, cyclically (a view where it does not wrap). Drawing
+    4,000 normals from a generator seeded afresh each hop cost more than the rest of a demo
+    hop; a view costs nothing."""
+    i = (seed * NOISE_STRIDE + start) % NOISE_SAMPLES
+    table = _noise_table()
+    if i + count <= NOISE_SAMPLES:
+        return table[i:i + count]
+    return np.take(table, np.arange(i, i + count) % NOISE_SAMPLES)
 
 
 # ----------------------------------------------------------------------------- microphone

@@ -37,6 +37,12 @@ def add_arguments(p) -> None:
                    help="instead: S = 1, 2, 4, ... demo streams in one engine (musicnn and the shipped "
                         "models) until the p95 hop passes 125 ms; the real-time capacity")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="with --streams: where it runs")
+    p.add_argument("--models", type=lambda v: [m for m in v.split(",") if m], default=None, metavar="NAME[,NAME]",
+                   help="with --streams: only these shipped models, e.g. 'continual_nystrom' (default: all five)")
+    p.add_argument("--streams-from", type=POSITIVE, default=1, metavar="S",
+                   help="with --streams: double from S streams, not 1 (a large device's small rows take long and say little)")
+    p.add_argument("--tf32", action="store_true",
+                   help="with --streams --device cuda: musicnn's network in TF32, and its error against float32")
     p.add_argument("--serve", type=POSITIVE, metavar="N",
                    help="instead: N WebSocket clients streaming real audio in real time to `serve` on "
                         "loopback; latency, dropped hops, server CPU and memory per stream")
@@ -139,18 +145,28 @@ def run(args) -> int:
         import torch
 
         from app.offline.bench.frontend_modes import frontend_modes_bench
-        from app.offline.bench.streams import print_streams, step_bench, streams_bench, tensor_bench
+        from app.offline.bench.streams import (print_streams, step_bench, streams_bench, streams_key, tensor_bench,
+                                               tf32_error)
         if args.device == "cuda" and not torch.cuda.is_available():
             print("error: --device cuda: no CUDA device here", file=sys.stderr)
             return 1
+        if args.tf32 and args.device != "cuda":
+            print("error: --tf32 is for --device cuda (the CPU has no TF32)", file=sys.stderr)
+            return 1
         if args.threads:
             torch.set_num_threads(args.threads)
-        r = streams_bench(args.device)
-        r["tensor"] = tensor_bench(args.device)
-        r["frontend_modes"] = frontend_modes_bench(args.device)
-        r["steps"] = step_bench(args.device)
+        try:
+            r = streams_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from)
+        except ValueError as e:
+            print(f"error: --models: {e}", file=sys.stderr)
+            return 1
+        r["tensor"] = tensor_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from)
+        if args.tf32:
+            r["tf32_error"] = tf32_error(models=args.models)
+        r["frontend_modes"] = frontend_modes_bench(args.device, tf32=args.tf32)
+        r["steps"] = step_bench(args.device, models=args.models)
         print_streams(r)
-        page(f"streams-{args.device}", r)
+        page(streams_key(args.device, args.models, args.tf32), r)
     if args.serve:
         from app.offline.bench.serve import print_serve, serve_bench
         r = serve_bench(args.serve, args.serve_seconds, ray=args.ray)

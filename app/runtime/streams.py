@@ -159,30 +159,27 @@ class StreamsShard:
         self.numbers = []
         if not taken:
             return []
-        tokens = self.frontend_batch.push([s.frontend_slot for s in taken], hops)
+        tokens = self.frontend_batch.push([s.frontend_slot for s in taken], hops)     # HopTokens
         marks = [self._clock()]
-        taken = list(zip(taken, tokens))
-        x = torch.cat([t.token for t in tokens]).to(self.device, non_blocking=True)                  # (S, D)
+        x = tokens.tokens.to(self.device, non_blocking=True)                                  # (S, D)
         probabilities = []
         for name, e in self.entries.items():
-            slots = [s.slots[name][s.step % e.spacing] for s, _ in taken]
+            slots = [s.slots[name][s.step % e.spacing] for s in taken]
             probabilities.append(torch.softmax(self.batches[name].step(slots, x).float(), dim=-1))
             marks.append(self._clock())
         host = torch.cat(probabilities, dim=1).cpu().numpy()         # the hop's one wait for the device
         start = getattr(self.frontend_batch, "network_start", None)
         if self.device.type == "cuda" and start is not None:         # the network's device time, shared
-            share = self._ms(start, marks[0]) / len(taken)
+            tokens.network_ms = [self._ms(start, marks[0]) / len(taken)] * len(taken)
             mel_start = getattr(self.frontend_batch, "mel_start", None)
-            mel = self._ms(mel_start, start) / len(taken) if mel_start is not None else None
-            for t in tokens:
-                t.network_ms = share
-                t.mel_ms = t.mel_ms if mel is None else mel
+            if mel_start is not None:
+                tokens.mel_ms = [self._ms(mel_start, start) / len(taken)] * len(taken)
         answers, column = {}, 0
         for (name, e), a, b in zip(self.entries.items(), marks, marks[1:]):
             width = len(e.classes)
             answers[name] = (host[:, column:column + width], self._ms(a, b) / len(taken))
             column += width
-        return self._records(taken, answers)
+        return self._records(taken, tokens, answers)
 
     def _clock(self):
         """Now: a CUDA event recorded on the current stream (read after the hop's copy, so no
@@ -197,37 +194,41 @@ class StreamsShard:
     def _ms(a, b) -> float:
         return a.elapsed_time(b) if isinstance(a, torch.cuda.Event) else (b - a) * 1e3
 
-    def _records(self, taken, answers) -> list[StepResult]:
-        out = []
-        per_model = {name: (rounded(p), np.isfinite(p).all(axis=1), latency) for name, (p, latency) in answers.items()}
-        for i, (stream, token) in enumerate(taken):
+    def _records(self, taken: list[Stream], tokens, answers) -> list[StepResult]:
+        """A StepResult per stream of the hop (``tokens``: the front end's HopTokens); what is the
+        same for every stream, or is read from the batch for all at once, is made once."""
+        out, done = [], time.monotonic()
+        per_model = []
+        for name, (p, latency) in answers.items():
+            batch, e = self.batches[name], self.entries[name]
+            cfg = e.model.cfg
+            fixed = dict(latency_ms=latency, state_bytes=batch.slot_nbytes * e.spacing, trained=e.trained,
+                         landmark_mode=batch.mode, spacing=e.spacing, variant=cfg.variant, layers=cfg.layers,
+                         window=cfg.window)
+            per_model.append((name, list(e.classes), fixed, rounded(p), np.isfinite(p).all(axis=1).tolist(),
+                              batch.steps_flops(), batch.landmark_updates(), batch.windows_full()))
+        for i, stream in enumerate(taken):
             models = {}
-            for name, e in self.entries.items():
-                rows, finite, latency = per_model[name]
+            for name, classes, fixed, rows, finite, flops, updated, warm in per_model:
                 if not finite[i]:
                     self.leave(stream, f"{name} answered non-finite probabilities at hop {stream.step}; "
                                        f"this stream stopped")
                     models = None
                     break
-                batch, cfg = self.batches[name], e.model.cfg
-                models[name] = ModelStep(
-                    probabilities=rows[i], classes=list(e.classes), flops=batch.step_flops(i),
-                    latency_ms=latency, state_bytes=batch.slot_nbytes * e.spacing, trained=e.trained,
-                    landmark_mode=batch.mode, landmark_update=batch.landmark_updated(i),
-                    warm=batch.window_full(i), spacing=e.spacing, variant=cfg.variant, layers=cfg.layers,
-                    window=cfg.window)
+                models[name] = ModelStep(probabilities=rows[i], classes=classes, flops=flops[i],
+                                         landmark_update=updated[i], warm=warm[i], **fixed)
             if models is None:
                 continue
             self.numbers.append(stream.number)
             stats = stream.source.stats
+            mel_ms, network_ms = tokens.mel_ms[i], tokens.network_ms[i]
             out.append(StepResult(
                 stream.step, (stream.step + 1 + stats.dropped) * HOP_SECONDS, stream.name,
                 self.frontend.description, models,
-                {"frontend": token.mel_ms + token.network_ms, "mel": token.mel_ms,
-                 "network": token.network_ms, "control": 0.0},
-                frontend_flops=token.flops, dropped_hops=stats.dropped,
+                {"frontend": mel_ms + network_ms, "mel": mel_ms, "network": network_ms, "control": 0.0},
+                frontend_flops=tokens.flops[i], dropped_hops=stats.dropped,
                 input_rate=int(getattr(stream.source, "input_rate", 0) or 0),
-                done_time=time.monotonic(), mel=token.mel))
+                done_time=done, mel=tokens.mels[i]))
             stream.step += 1
         return out
 

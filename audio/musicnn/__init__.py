@@ -19,6 +19,7 @@ licence beside it, read with the safetensors library; the tensors' sha256 is che
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -69,12 +70,23 @@ class BatchNorm(nn.Module):
         return x * scale + shift
 
 
-def float32():
-    """On CUDA, the convolutions in float32 as on the CPU (cuDNN's TF32 off, which torch allows
-    by default: the taggrams' error model is float32's), each new shape's algorithm chosen by
-    timing them once (cuDNN's heuristic picked an FFT convolution 30x slower for the mid-end at
-    1,024 streams on an H100)."""
-    return torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=False)
+@contextmanager
+def precision(tf32: bool = False):
+    """The network's arithmetic on CUDA. Default float32 as on the CPU: cuDNN's TF32 off (torch
+    allows it by default; the taggrams' error model is float32's) and cuBLAS's too (its matrix
+    products, the timbral rows and the temporal taps, are most of the FLOPs). ``tf32``: both
+    on, the products on the tensor cores with 10-bit mantissas (`--tf32`; its error against
+    float32: docs/front-ends.md). Each new shape's convolution algorithm is chosen by timing
+    them once (cuDNN's heuristic picked an FFT convolution 30x slower for the mid-end at 1,024
+    streams on an H100). No effect on the CPU."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = bool(tf32)
+    try:
+        with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=bool(tf32)):
+            yield
+    finally:
+        matmul.allow_tf32 = before
 
 
 def same_padding(k: int) -> tuple[int, int]:
@@ -96,6 +108,8 @@ def _max_bn_relu(z: Tensor, bn: BatchNorm, dim: int, channel_dim: int = -1) -> T
 class Musicnn(nn.Module):
     """(B, 187, 96) log-mel -> (B, 50) tag probabilities. Split into stages so that the
     continual front end (audio/musicnn/stream.py) can cache per-frame results."""
+
+    tf32 = False            # CUDA: matrix products and convolutions in TF32 (``precision``)
 
     def __init__(self):
         super().__init__()
@@ -166,7 +180,7 @@ class Musicnn(nn.Module):
 
     def forward(self, mel: Tensor) -> Tensor:
         """(B, T, 96) log-mel patch (T = 187 for the trained models) -> (B, 50) taggram."""
-        with float32():
+        with precision(self.tf32):
             x = self.normalize(mel)
             timbral = self.timbral_valid(F.pad(x, (0, 0, 3, 3)))
             front = torch.cat([timbral, self.temporal_same(x)], dim=2)

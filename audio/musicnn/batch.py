@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import (BANDS, float32, MID_CH, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
+from . import (BANDS, precision, MID_CH, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
                       head_macs, same_padding, timbral_macs_per_frame)
 from .stream import MusicnnStream, timbral_features, toeplitz_taps
 
@@ -164,7 +164,7 @@ class MusicnnBatch:
     def push_rows(self, slots: list[int], rows: Tensor, counts: list[int]) -> Tensor:
         """The same with every stream's frames in one tensor on the network's device: rows
         (sum counts, 96), stream i's the counts[i] after the streams' before it."""
-        with float32():
+        with precision(self.net.tf32):
             return self._push(np.asarray(slots, np.int64), rows, np.asarray(counts, np.int64))
 
     def _push(self, slots: np.ndarray, new: Tensor, counts: np.ndarray) -> Tensor:

@@ -188,6 +188,74 @@ class StreamingMel:
         return out
 
 
+class SlotFrames:
+    """``StreamingMel.frames`` for many streams in one call on a torch device. Each slot's
+    samples not yet framed (at most 511) wait in a row of ``tail``; a hop's frames of every
+    stream are gathered at once from those and the new samples (on CUDA: one copy of the hops
+    to the device, no per-stream work on the host). The frames are StreamingMel's bit for bit:
+    the same samples, moved (tests/audio/test_audio_musicnn.py).
+
+    Shapes: C slots, S streams pushed, n samples a hop (at most), F frames of the hop."""
+
+    def __init__(self, capacity: int, device):
+        import torch
+        self.device = torch.device(device)
+        self.tail = torch.zeros(capacity, N_FFT, device=self.device)    # (C, 512) carried samples, from column 0
+        self.carried = np.zeros(capacity, np.int64)                      # (C,) how many
+        self.started = np.zeros(capacity, bool)                          # (C,) first hop taken (reflect-padded)
+
+    def reset(self, slot: int) -> None:
+        self.carried[slot], self.started[slot] = 0, False
+
+    def frames(self, slots, hops: list[np.ndarray]):
+        """hops[i]: stream ``slots[i]``'s new samples -> ((F, 512) float32 frames on the device,
+        stream after stream; (S,) how many each stream's hop completed)."""
+        import torch
+        from .batch import on_device
+        slots = np.asarray(slots, np.int64)
+        n = np.array([len(h) for h in hops], np.int64)
+        first = ~self.started[slots]
+        if (n[first] <= N_FFT // 2).any():
+            raise ValueError(f"the first hop needs more than {N_FFT // 2} samples for the reflect padding, "
+                             f"got {int(n[first].min())}")
+        if len(set(n.tolist())) <= 1:
+            x = np.stack([np.asarray(h, np.float32) for h in hops]) if len(hops) else np.zeros((0, 0), np.float32)
+        else:                                          # uneven hops: zero-padded to the longest (never read)
+            x = np.zeros((len(hops), n.max()), np.float32)
+            for row, h in zip(x, hops):
+                row[:len(h)] = h
+        c, pre = self.carried[slots], np.where(first, N_FFT // 2, 0)
+        length = c + pre + n                                            # (S,) samples to frame
+        counts = np.where(length >= N_FFT, 1 + (length - N_FFT) // FRAME_HOP, 0)
+        keep = length - counts * FRAME_HOP                              # (S,) carried to the next hop
+        dev = self.device
+        x = on_device(x, dev)                                           # (S, n)
+        rows = torch.from_numpy(slots).to(dev, non_blocking=True)
+        prefix = x[:, 1:N_FFT // 2 + 1].flip(1) if x.shape[1] > N_FFT // 2 else x.new_zeros(len(hops), N_FFT // 2)
+        source = torch.cat([self.tail.index_select(0, rows), prefix, x], dim=1)      # (S, 768 + n)
+        stream = np.repeat(np.arange(len(hops)), counts)                            # (F,) each frame's stream
+        starts = (np.arange(len(stream)) - np.repeat(np.cumsum(counts) - counts, counts)) * FRAME_HOP
+        at = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)  # noqa: E731
+        lanes = torch.arange(N_FFT, device=dev)
+        frames = source[at(stream)[:, None], self._column(at(starts)[:, None] + lanes, at(c[stream])[:, None],
+                                                          at(pre[stream])[:, None], source.shape[1])]
+        tail = source.gather(1, self._column(at(counts * FRAME_HOP)[:, None] + lanes, at(c)[:, None],
+                                             at(pre)[:, None], source.shape[1]))
+        self.tail.index_copy_(0, rows, tail)
+        self.carried[slots], self.started[slots] = keep, True
+        return frames, counts
+
+    @staticmethod
+    def _column(position, carried, pre, width):
+        """Where position p of a stream's buffer (its carried samples, the reflect padding of a
+        first hop, the hop) sits in its row of ``source`` ([tail 512 | padding 256 | hop])."""
+        import torch
+        p = torch.where(position < carried, position,
+                        torch.where(position < carried + pre, N_FFT + position - carried,
+                                    N_FFT + N_FFT // 2 + position - carried - pre))
+        return p.clamp(max=width - 1)                   # past the buffer: never read
+
+
 # ----------------------------------------------------------------------------- resampling
 
 def kaiser_best_path() -> Path:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from . import (BANDS, float32, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
+from . import (BANDS, precision, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
                       head_macs, patch_macs, same_padding, timbral_macs_per_frame)
 
 
@@ -220,7 +220,7 @@ class MusicnnStream:
     @torch.no_grad()
     def push(self, frames: np.ndarray | Tensor) -> Tensor:
         """frames: (k, 96) new log-mel frames (k may be 0) -> (50,) taggram of the patch."""
-        with float32():
+        with precision(self.net.tf32):
             return self._push(frames)
 
     def _push(self, frames: np.ndarray | Tensor) -> Tensor:

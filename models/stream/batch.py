@@ -163,12 +163,40 @@ class StreamBatch:
                 self._flops[key] = clone.step_flops()
             return dict(self._flops[key])
         t = min(int(self.stepped[i]), self.cfg.window + 1)
-        key = (t, tuple(self.events_host()[i].tolist())) if self.continual else (t,)
+        return dict(self._count((t, *self.events_host()[i].tolist()) if self.continual else (t,)))
+
+    def steps_flops(self) -> list[dict[str, int]]:
+        """``step_flops`` of every stream of the last step, each count made once per kind of
+        step (the same dict, read-only, for the streams that stepped alike)."""
+        if self.fused:
+            return [self.step_flops(i) for i in range(len(self._last))]
+        n = self.cfg.window
+        t = np.minimum(self.stepped, n + 1)[:, None]
+        keys = np.concatenate([t, self.events_host()], axis=1) if self.continual else t     # (S, 1 or 4)
+        kinds, which = np.unique(keys, axis=0, return_inverse=True)
+        counts = [self._count(tuple(row)) for row in kinds.tolist()]
+        return [counts[j] for j in which.reshape(-1).tolist()]
+
+    def _count(self, key: tuple) -> dict[str, int]:
+        """FLOPs of a step at position min(t, n + 1) = key[0] with events key[1:] (continual)."""
         if key not in self._flops:
-            detail = (F.graph_step(self.cfg, self.mode, t, key[1]) if self.continual
+            t = key[0]
+            detail = (F.graph_step(self.cfg, self.mode, t, key[1:]) if self.continual
                       else F.recompute_step(self.cfg, min(t, self.cfg.window), self.mode))
             self._flops[key] = {k: v.total for k, v in detail.items()}
-        return dict(self._flops[key])
+        return self._flops[key]
+
+    def landmark_updates(self) -> list[bool]:
+        """``landmark_updated`` of every stream of the last step."""
+        if self.fused:
+            return [self.clones[slot].landmark_updated() for slot in self._last.tolist()]
+        if not self.continual:
+            return [False] * len(self._last)
+        return (self.events_host()[:, 1] != 0).tolist()
+
+    def windows_full(self) -> list[bool]:
+        """``window_full`` of every stream of the last step."""
+        return (self.stepped >= self.cfg.window).tolist()
 
     def landmark_updated(self, i: int) -> bool:
         if self.fused:

@@ -215,6 +215,39 @@ def test_the_log_mel_of_many_streams_on_a_torch_device_is_the_hosts(device):
     assert mismatched <= 2
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+def test_many_streams_framed_at_once_are_each_streams_own_frames_bit_for_bit(device):
+    """SlotFrames (the many-stream front end's framing, one gather for every stream) against
+    each stream's own StreamingMel: streams joining at different hops and a slot taken over,
+    hops of 4,000 samples and of odd lengths (3,999, 600, 257, 1 and 0: some complete no frame,
+    some several), all in one call; the same samples, so the same bits. A first hop too short
+    for the reflect padding is refused as StreamingMel refuses it."""
+    rng = np.random.default_rng(1)
+    framing, singles, seen = musicnn_mel.SlotFrames(5, device), {}, set()
+    for hop in range(12):
+        if hop in (0, 2, 5):
+            slot = min(set(range(5)) - set(singles))
+            framing.reset(slot)
+            singles[slot] = musicnn_mel.StreamingMel()
+        if hop == 8:                                     # slot 0 left, a new stream takes it
+            framing.reset(0)
+            singles[0] = musicnn_mel.StreamingMel()
+        slots = sorted(singles)
+        sizes = [[4000, 4000, 3999, 300, 257, 4000, 1, 0, 600][(hop + s) % 9] for s in slots]
+        sizes = [n if framing.started[s] else max(n, 257) for s, n in zip(slots, sizes)]
+        hops = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+        frames, counts = framing.frames(slots, hops)
+        want = [singles[s].frames(h) for s, h in zip(slots, hops)]
+        assert counts.tolist() == [len(w) for w in want]
+        assert frames.cpu().numpy().tobytes() == np.concatenate(want).tobytes(), hop
+        seen.update(counts.tolist())
+    assert {0, 1, 2, 15, 16} <= seen
+    framing.reset(1)
+    with pytest.raises(ValueError, match="reflect padding"):
+        framing.frames([1], [np.zeros(256, np.float32)])
+
+
 def matched_excerpts(shared_data, shared_tokens):
     out = []
     for p in sorted((shared_data / "gtzan_excerpts").glob("*.wav")):

@@ -136,19 +136,28 @@ def test_demo_signal_is_deterministic_music():
     assert len(list(DemoSource(seconds=2.0))) == 8
 
 
-def test_demo_hops_without_hi_hat_are_the_pieces_formula_without_drawing_noise():
-    """``render`` draws no noise where no hi-hat plays (half the hops); every hop, with hi-hat
-    or without, at hop starts and elsewhere, is bit for bit the piece's formula: chords and bass
-    plus the seeded off-beat noise, clipped."""
-    from audio.sources import _demo_tonal
-    src, quiet = DemoSource(seed=5), 0
-    for start in [t * HOP for t in range(16)] + [1234, 3 * HOP + 17]:
-        tonal, off_beat, decay = _demo_tonal(start, HOP)
-        noise = np.random.default_rng(5 * 1_000_003 + start).standard_normal(HOP)
-        want = np.clip(tonal + np.where(off_beat, noise * 0.05 * decay, 0.0), -1, 1).astype(np.float32)
-        assert src.render(start, HOP).tobytes() == want.tobytes(), start
-        quiet += not off_beat.any()
-    assert quiet == 8                                   # the shortcut ran for the quiet hops
+def test_demo_hops_are_the_pieces_formula_with_each_seeds_noise():
+    """Every hop, with hi-hat or without, at hop starts and elsewhere, where a seed's noise
+    wraps around the shared table too, is bit for bit the piece's formula: chords and bass plus
+    the off-beat hi-hat (0.05 x its decay times the noise table of seed 0 read from the
+    stream's own offset, seed x 104,729 + sample, cyclically), clipped; quiet hops (no hi-hat)
+    are the same for every seed."""
+    from audio.sources import NOISE_SAMPLES, NOISE_STRIDE, _demo_tonal
+    table = np.random.default_rng(0).standard_normal(NOISE_SAMPLES)
+    wrap = NOISE_SAMPLES - (5 * NOISE_STRIDE) % NOISE_SAMPLES - 100      # seed 5's noise wraps here
+    quiet = 0
+    for start in [t * HOP for t in range(16)] + [1234, 3 * HOP + 17, wrap]:
+        t = np.arange(start, start + HOP) / 16000
+        tonal = _demo_tonal(start, HOP)[0]
+        off_beat = (t % 0.5) >= 0.25
+        index = (5 * NOISE_STRIDE + start + np.arange(HOP)) % NOISE_SAMPLES
+        hat = np.where(off_beat, 0.05 * np.exp(-30 * ((t % 0.25) / 0.5)), 0.0)
+        want = np.clip(tonal + table[index] * hat, -1, 1).astype(np.float32)
+        assert DemoSource(seed=5).render(start, HOP).tobytes() == want.tobytes(), start
+        if not off_beat.any():
+            quiet += 1
+            assert DemoSource(seed=9).render(start, HOP).tobytes() == want.tobytes()
+    assert quiet == 8
 
 
 def test_missing_portaudio_is_a_typed_error_and_files_still_work(monkeypatch, tmp_path):

@@ -19,10 +19,10 @@ SIZES = {"cpu": (8, 16), "cuda": (1024, 4096)}
 
 
 def frontend_modes_bench(device: str = "cpu", sizes: tuple[int, ...] | None = None, hops: int = 25,
-                         warm: int = 10) -> list[dict]:
+                         warm: int = 10, tf32: bool = False) -> list[dict]:
     from audio.frontends import build_frontend
 
-    net = build_frontend("musicnn", device=device).net
+    net = build_frontend("musicnn", device=device, tf32=tf32).net
     rows = []
     for streams in sizes or SIZES[device]:
         rng = np.random.default_rng(0)

@@ -247,10 +247,18 @@ def streams_body(runs: dict) -> str:
         out += streams_table(r) + ["", f"Real-time capacity: **{r['capacity']} streams** ({r['device']}). "
                                    + (streams_why(r) if "frontend_flops_per_stream_hop" in r["rows"][-1] else ""), ""]
         if "tensor" in r:
+            models = "the model's step" if len(r["models"]) == 1 else f"the {len(r['models'])} models' steps"
             out += ["The hop's batched tensor work alone (the musicnn network's push of 15 or 16 log-mel "
-                    "frames per stream, the five models' steps, the probabilities copied back; no audio, "
+                    f"frames per stream, {models}, the probabilities copied back; no audio, "
                     "log-mel or records):", ""] + tensor_table(r) + [
                     "", f"Tensor work within 125 ms: **{r['tensor']['capacity']} streams** ({r['device']}).", ""]
+        if "tf32_error" in r:
+            e = r["tf32_error"]
+            out += [f"TF32 against float32 (the same {e['streams']} demo streams through both, "
+                    f"{e['steps']} model steps): taggrams differ by at most {e['taggram_max_abs']:.1e}, the "
+                    f"models' probabilities by {e['probability_max_abs']:.1e}; the top genre differs in "
+                    f"{100 * e['top_differs']:.2f} % of the steps, and {e['verdicts_changed']} of {e['verdicts']} "
+                    f"verdicts change.", ""]
         if "frontend_modes" in r:
             out += ["The musicnn network's push alone, by which temporal branches keep accumulators "
                     "(audio/musicnn/batch.py; 15 or 16 random log-mel frames per stream"
@@ -322,7 +330,8 @@ SECTIONS = [
      "step); the file's size. The shipped trained musicnn models and untrained models of the papers' size, "
      "with 1 and 2 blocks.",
      onnx_body),
-    ("Many streams in one engine", ["streams-cpu", "streams-cuda"],
+    ("Many streams in one engine", ["streams-cpu", "streams-cuda", "streams-cuda-continual_nystrom-tf32",
+                                    "streams-cuda-continual_nystrom"],
      "`bench --streams [--device cpu|cuda]`: S demo streams (seeds 0..S-1) in one engine, S = 1, 2, 4, ... "
      "until the p95 hop passes half a hop (125 ms), then S halving the gap between the last two until it is "
      "at most an eighth of the lower (each S in a fresh process), timed past every model's warm-up. A hop: every stream's "

@@ -50,6 +50,23 @@ def device_mb() -> float:
     return torch.cuda.memory_allocated() / 2 ** 20 if torch.cuda.is_available() else 0.0
 
 
+def bench_setup(device: str, models=None, tf32: bool = False):
+    """(musicnn front end, its lineup): the shipped models, or those of them named in ``models``
+    (ValueError naming the shipped ones for a name that is not)."""
+    from app.runtime.lineup import default_lineup
+    from audio.frontends import build_frontend
+
+    frontend = build_frontend("musicnn", device=device, tf32=tf32)
+    entries = default_lineup(frontend, device)
+    if models:
+        known = {e.name: e for e in entries}
+        missing = [m for m in models if m not in known]
+        if missing:
+            raise ValueError(f"no shipped model {', '.join(missing)}; shipped: {', '.join(known)}")
+        entries = [known[m] for m in models]
+    return frontend, entries
+
+
 def steady_after(entries, every_hop: bool = False) -> int:
     """Hops until every model of the lineup steps as it does from then on
     (models/stream/batch.py ``steps_to_steady``, times its spacing; ``every_hop``: each model
@@ -58,17 +75,14 @@ def steady_after(entries, every_hop: bool = False) -> int:
     return 1 + max((1 if every_hop else e.spacing) * (steps_to_steady(e.model.cfg) - 1) for e in entries)
 
 
-def streams_row(device: str, streams: int, hops: int, warm: int, threads: int) -> dict:
+def streams_row(device: str, streams: int, hops: int, warm: int, threads: int, models=None, tf32: bool = False) -> dict:
     """One row, in a fresh process (``streams_bench``): the engine's hop for ``streams`` demo
     streams, and the resident memory the engine and its streams added to the process."""
-    from app.runtime.lineup import default_lineup
     from app.runtime.streams import StreamsEngine
-    from audio.frontends import build_frontend
     from audio.sources import DemoSource
 
     torch.set_num_threads(threads)
-    frontend = build_frontend("musicnn", device=device)
-    entries = default_lineup(frontend, device)
+    frontend, entries = bench_setup(device, models, tf32)
     release_free_heap()
     base = rss_mb()
     engine = StreamsEngine(frontend, entries, capacity=streams)
@@ -96,15 +110,16 @@ def streams_row(device: str, streams: int, hops: int, warm: int, threads: int) -
     return row
 
 
-def next_streams(rows: list[dict], max_streams: int, resolution: int = 8) -> int | None:
-    """The next stream count to time, or None when the capacity is known: S doubles from 1 until a
+def next_streams(rows: list[dict], max_streams: int, resolution: int = 8, start: int = 1) -> int | None:
+    """The next stream count to time, or None when the capacity is known: S doubles from
+    ``start`` until a
     row's p95 passes 125 ms (or S would pass ``max_streams``); then the gap between the largest S
     within 125 ms and the smallest beyond is halved until it is at most 1/``resolution`` of the
     former (at least 1 stream)."""
     ok = [r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS]
     over = [r["streams"] for r in rows if r["hop_ms_p95"] > REAL_TIME_MS]
     if not over:
-        after = 2 * max(ok, default=0) or 1
+        after = 2 * max(ok, default=0) or start
         return after if after <= max_streams else None
     hi = min(over)
     lo = max((s for s in ok if s < hi), default=0)
@@ -122,49 +137,45 @@ def per_stream_mb(rows: list[dict]) -> float:
     return statistics.median(slopes) if slopes else float("nan")
 
 
-def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
+def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16,
+                  models=None, tf32: bool = False, start: int = 1) -> dict:
     """Rows in the order ``next_streams`` asks for them, each in a fresh process (spawned; one at a
     time), so that one row's memory, heap and warm caches are not the next one's."""
     import multiprocessing
 
-    from app.runtime.lineup import default_lineup
-    from audio.frontends import build_frontend
-
-    frontend = build_frontend("musicnn", device=device)
-    warm = steady_after(default_lineup(frontend, device)) if warm is None else warm
+    frontend, entries = bench_setup(device, models, tf32)
+    warm = steady_after(entries) if warm is None else warm
     rows = []
     with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
-        while (streams := next_streams(rows, max_streams)) is not None:
-            rows.append(pool.apply(streams_row, (device, streams, hops, warm, torch.get_num_threads())))
+        while (streams := next_streams(rows, max_streams, start=start)) is not None:
+            rows.append(pool.apply(streams_row, (device, streams, hops, warm, torch.get_num_threads(), models, tf32)))
     rows.sort(key=lambda r: r["streams"])
     ok = [r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS]
     return {"device": device, "threads": torch.get_num_threads(), "frontend": frontend.description,
-            "models": [e.name for e in default_lineup(frontend, device)], "rows": rows,
+            "models": [e.name for e in entries], "tf32": frontend.net.tf32, "rows": rows,
             "peak_gflops": device_peak(device), "mb_per_stream": per_stream_mb(rows),
             "mb_per_stream_from": "held after the free heap is given back, the median slope between every two "
                                   "rows from half the largest count up",
             "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm, "fresh_processes": True}
 
 
-def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, max_streams: int = 1 << 16) -> dict:
+def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, max_streams: int = 1 << 16,
+                 models=None, tf32: bool = False, start: int = 1) -> dict:
     """The hop's batched tensor work alone for S = 1, 2, 4, ... streams until its p95 passes 125 ms
     (or the device's memory runs out): the musicnn network's push of 15 or 16 random log-mel
     frames per stream, each shipped model's step on the taggrams, the probabilities copied back."""
     import numpy as np
 
-    from app.runtime.lineup import default_lineup
     from app.runtime.memory import many_streams_heap
-    from audio.frontends import build_frontend
     from audio.musicnn.batch import MusicnnBatch
     from models.stream.batch import StreamBatch
 
     many_streams_heap()                               # as StreamsEngine.warm() sets it
 
-    frontend = build_frontend("musicnn", device=device)
-    entries = default_lineup(frontend, device)
+    frontend, entries = bench_setup(device, models, tf32)
     warm = steady_after(entries, every_hop=True) if warm is None else warm
     rng = np.random.default_rng(0)
-    rows, streams = [], 1
+    rows, streams = [], start
     while streams <= max_streams:
         release_free_heap()
         base = device_mb() if device == "cuda" else rss_mb()
@@ -207,18 +218,80 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, m
     return {"rows": rows, "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm}
 
 
-def step_bench(device: str = "cpu", steps: int = 200) -> list[dict]:
+def streams_key(device: str, models=None, tf32: bool = False) -> str:
+    """The stored run's name: streams-DEVICE[-MODEL...][-tf32]."""
+    return "-".join(["streams", device, *(m.replace("/", "-") for m in models or ()), *(["tf32"] if tf32 else [])])
+
+
+def tf32_error(models=None, sources=None, streams: int = 64, seconds: float = 30.0) -> dict:
+    """TF32 against float32 on CUDA, the same streams through both (``sources(i)``: the i-th
+    stream's source, made afresh for each; default the demo signal, seed i): the largest
+    taggram difference (both networks' pushes of the streams' log-mel frames), and, from two
+    engines with the lineup, the largest probability difference, the share of steps whose top
+    genre differs, and the streams whose verdict (the genre most often on top) differs."""
+    import numpy as np
+
+    from app.runtime.streams import StreamsEngine
+    from app.runtime.verdict import Tally
+    from audio.musicnn.batch import MusicnnBatch
+    from audio.musicnn.mel import StreamingMel, log_mel_of_frames
+    from audio.sources import DemoSource
+
+    def demo(i):
+        source = DemoSource(seed=i, seconds=seconds)
+        source.name = f"demo:{i}"
+        return source
+
+    sources = sources or demo
+    runs, taggrams = {}, {}
+    for tf32 in (False, True):
+        frontend, entries = bench_setup("cuda", models, tf32)
+        net, mels = MusicnnBatch(frontend.net, streams), [StreamingMel() for _ in range(streams)]
+        hops = [iter(sources(i)) for i in range(streams)]
+        out = []
+        for s in range(streams):
+            net.reset(s)
+        while True:
+            step = [next(h, None) for h in hops]
+            if any(x is None for x in step):
+                break
+            out.append(net.push(list(range(streams)), [log_mel_of_frames(m.frames(x)) for m, x in zip(mels, step)]).cpu())
+        taggrams[tf32] = torch.stack(out)                                       # (hops, S, 50)
+        engine = StreamsEngine(frontend, entries, capacity=streams)
+        runs[tf32] = list(engine.run(sources(i) for i in range(streams)))
+    by_stream = {tf32: {} for tf32 in runs}
+    worst, differ, steps = 0.0, 0, 0
+    assert [(r.source, r.step) for r in runs[False]] == [(r.source, r.step) for r in runs[True]]
+    for a, b in zip(runs[False], runs[True]):
+        by_stream[False].setdefault(a.source, []).append(a)
+        by_stream[True].setdefault(b.source, []).append(b)
+        for name, m in a.models.items():
+            worst = max(worst, float(np.abs(np.subtract(m.probabilities, b.models[name].probabilities)).max()))
+            differ += m.top[0] != b.models[name].top[0]
+            steps += 1
+    changed = 0
+    for src in by_stream[False]:
+        a = {v.name: v.genre for v in Tally.of(by_stream[False][src]).verdicts()}
+        b = {v.name: v.genre for v in Tally.of(by_stream[True][src]).verdicts()}
+        changed += sum(a[k] != b.get(k) for k in a)
+    row = {"streams": streams, "taggram_max_abs": float((taggrams[True] - taggrams[False]).abs().max()),
+           "probability_max_abs": worst, "top_differs": differ / max(steps, 1), "steps": steps,
+           "verdicts_changed": changed, "verdicts": len(by_stream[False]) * len(runs[False][0].models)}
+    print(f"  TF32 against float32, {streams} streams: taggrams differ by at most {row['taggram_max_abs']:.2e}, "
+          f"probabilities by {row['probability_max_abs']:.2e}; the top genre differs in {row['top_differs']:.2%} "
+          f"of {steps} model steps; {changed} of {row['verdicts']} verdicts change", flush=True)
+    return row
+
+
+def step_bench(device: str = "cpu", steps: int = 200, models=None) -> list[dict]:
     """One stream's model step per shipped model past warm-up, median microseconds: on the CPU
     the model's own step (fused where it has one); on CUDA a one-stream StreamBatch (the step of
     `classify FILE FILE --cuda` and `serve --device cuda`) without ("eager") and with its CUDA
     graph. The window and single-file `classify --cuda` step the model itself."""
-    from app.runtime.lineup import default_lineup
-    from audio.frontends import build_frontend
     from models.stream.batch import StreamBatch
 
-    frontend = build_frontend("musicnn", device=device)
     out = []
-    for e in default_lineup(frontend, device):
+    for e in bench_setup(device, models)[1]:
         x = torch.rand(1, e.model.cfg.in_dim, device=device)
         row = {"model": e.name}
         paths = {"graph": True, "eager": False} if device == "cuda" else {"step": None}
