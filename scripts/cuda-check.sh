@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with a CUDA GPU and torch: the CUDA tests (they skip elsewhere), then the CUDA
-# benchmark (`bench --streams --device cuda --page`: docs/benchmarks/streams-cuda.json and the page).
+# benchmarks (`bench --streams --device cuda ... --page`: docs/benchmarks/streams-cuda*.json and the
+# page): musicnn in TF32 with the continual Nystrom model (the fast path; about 5 minutes on an
+# H100), then in float32 with the five shipped models.
 # A bare GPU image without librosa, soundfile or soxr takes their wheels from .whl/ (git-ignored),
 # fetched beforehand on a machine with PyPI, for that machine's Python (here 3.12):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -15,5 +17,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device here')"
 python3 -m pytest -q -p no:cacheprovider -k cuda \
-    tests/models/test_stream_batch.py tests/audio/test_musicnn_batch.py tests/app/test_streams.py
-python3 main.py bench --streams --device cuda --page
+    tests/models/test_stream_batch.py tests/audio/test_musicnn_batch.py tests/app/test_streams.py \
+    tests/audio/test_audio_musicnn.py
+python3 main.py bench --streams --device cuda --models continual_nystrom --tf32 --streams-from 256 --page
+python3 main.py bench --streams --device cuda --streams-from 64 --page

@@ -15,6 +15,8 @@ def add_arguments(p) -> None:
     p.add_argument("--token-file", metavar="FILE", help="clients must send 'Authorization: Bearer' + the token in FILE")
     p.add_argument("--max-streams", type=POSITIVE, default=32, help="clients at once (one stream each)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the front end and models run")
+    p.add_argument("--tf32", action="store_true",
+                   help="with --device cuda: musicnn's network in TF32 with cuDNN, the fast path (its error: docs/front-ends.md)")
     add_frontend_arguments(p)
     p.add_argument("--variant", nargs="+", choices=VARIANTS,
                    help="add untrained models of these variants (default: none when trained models exist, else all)")
@@ -33,7 +35,8 @@ def add_arguments(p) -> None:
 def hub_spec(args):
     from app.runtime.frontend_args import FrontEndSpec, frontend_name, random_seed
     from app.serve.spec import HubSpec
-    fe = FrontEndSpec(frontend_name(args), args.vggish_weights, random_seed(args), True, args.device)
+    fe = FrontEndSpec(frontend_name(args), args.vggish_weights, random_seed(args), True, args.device,
+                      tf32=args.tf32)
     shape = {"layers": args.layers, "window": args.window, "landmarks": args.landmarks, "seed": args.seed}
     return HubSpec(fe, args.max_streams, tuple(args.checkpoint),
                    tuple(args.variant) if args.variant else None, shape)
@@ -42,6 +45,8 @@ def hub_spec(args):
 @command("serve", "classify live audio from WebSocket clients (protocol v1, docs/serve.md)", add_arguments)
 def run(args) -> int:
     from app.serve.server import ServeError, check_exposure, read_token
+    if args.tf32 and args.device != "cuda":
+        raise SystemExit("serve: --tf32 is for --device cuda (the CPU has no TF32)")
     if args.onnx:
         raise SystemExit("serve: --onnx is refused: an exported step holds one stream's state; "
                          "serve batches torch models (--checkpoint)")

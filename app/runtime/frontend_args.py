@@ -44,13 +44,13 @@ def frontend_name(args) -> str:
 
 
 def frontend_or_random(name: str, *, device="cpu", vggish_weights=None, random_vggish=None,
-                       continual: bool = True, on_missing=None, allow_download: bool = True):
+                       continual: bool = True, on_missing=None, allow_download: bool = True, tf32: bool = False):
     """``build_frontend``; if VGGish weights are missing and ``on_missing`` is given, it hears
     the VGGishWeightsError and a RANDOM VGGish (seed ``random_vggish`` or 0) is used instead."""
     try:
         return build_frontend(name, device=device, vggish_weights=vggish_weights,
                               random_vggish=random_vggish, continual=continual,
-                              allow_download=allow_download)
+                              allow_download=allow_download, tf32=tf32)
     except VGGishWeightsError as e:
         if on_missing is None:
             raise
@@ -66,7 +66,8 @@ def frontend_from_args(args, device="cpu"):
     return frontend_or_random(frontend_name(args), device=device, vggish_weights=args.vggish_weights,
                               random_vggish=random_seed(args),
                               continual=not getattr(args, "recompute_frontend", False),
-                              on_missing=say if getattr(args, "fallback_random_vggish", False) else None)
+                              on_missing=say if getattr(args, "fallback_random_vggish", False) else None,
+                              tf32=getattr(args, "tf32", False))
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,10 @@ class FrontEndSpec:
     continual: bool = True
     device: str = "cpu"
     allow_download: bool = False
+    tf32: bool = False                # musicnn on CUDA in TF32 (audio/musicnn: ``precision``)
 
     def build(self, on_missing=None):
         """The front end (``on_missing``: see frontend_or_random)."""
         return frontend_or_random(self.name, device=self.device, vggish_weights=self.vggish_weights,
                                   random_vggish=self.random_vggish, continual=self.continual,
-                                  on_missing=on_missing, allow_download=self.allow_download)
+                                  on_missing=on_missing, allow_download=self.allow_download, tf32=self.tf32)

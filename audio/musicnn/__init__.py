@@ -72,21 +72,47 @@ class BatchNorm(nn.Module):
 
 @contextmanager
 def precision(tf32: bool = False):
-    """The network's arithmetic on CUDA. Default float32 as on the CPU: cuDNN's TF32 off (torch
-    allows it by default; the taggrams' error model is float32's) and cuBLAS's too (its matrix
-    products, the timbral rows and the temporal taps, are most of the FLOPs). ``tf32``: both
-    on, the products on the tensor cores with 10-bit mantissas (`--tf32`; its error against
-    float32: docs/front-ends.md). Each new shape's convolution algorithm is chosen by timing
-    them once (cuDNN's heuristic picked an FFT convolution 30x slower for the mid-end at 1,024
-    streams on an H100). No effect on the CPU."""
-    matmul = torch.backends.cuda.matmul
-    before = matmul.allow_tf32
-    matmul.allow_tf32 = bool(tf32)
+    """The network's arithmetic on CUDA. Default float32, within the error model of float32 dot
+    products as on the CPU: TF32 off (torch allows it in cuDNN by default) and cuDNN off. cuDNN
+    picks each convolution's algorithm by timing, and the fastest (transform-based, for the
+    mid-end) rounded the taggrams 2.5x past that model on an H100 (2.2e-4 against a bound of
+    8.6e-5, tests/audio/test_musicnn_batch.py; within it with cuDNN off), and a stream's values
+    then depended on the batch it ran in. Without cuDNN, ``conv1d`` (the mid-end) is one batched
+    matrix product per tap; other convolutions are ATen's own (one product per batch row; the
+    temporal branches' only without accumulators: from 4,096 streams, and `--recompute-frontend`).
+    ``tf32``: the fast path, `--tf32`: cuDNN on, its algorithms chosen by timing, and the
+    matrix products and convolutions on the tensor cores with 10-bit mantissas (its error
+    against float32: docs/front-ends.md). No effect on the CPU."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    knobs = (matmul, cudnn, cudnn.conv, cudnn.rnn)
+    saved = [k.fp32_precision for k in knobs], cudnn.enabled, cudnn.benchmark
+    for k in knobs:
+        k.fp32_precision = "tf32" if tf32 else "ieee"
+    cudnn.enabled, cudnn.benchmark = bool(tf32), True
     try:
-        with torch.backends.cudnn.flags(enabled=True, benchmark=True, allow_tf32=bool(tf32)):
-            yield
+        yield
     finally:
-        matmul.allow_tf32 = before
+        for k, v in zip(knobs, saved[0]):
+            k.fp32_precision = v
+        cudnn.enabled, cudnn.benchmark = saved[1:]
+
+
+def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, padding: int = 0, *,
+           by_products: bool | None = None) -> Tensor:
+    """F.conv1d of x (B, C, T) by weight (O, C, k); ``by_products`` (default: on CUDA with cuDNN
+    off, ``precision``) as k matrix products (O, C) x (B, C, T') summed, one batched product per
+    tap, whatever B: float32 dot products of length C k, in another order."""
+    if by_products is None:
+        by_products = x.is_cuda and not torch.backends.cudnn.enabled
+    if not by_products:
+        return F.conv1d(x, weight, bias, padding=padding)
+    k = weight.shape[-1]
+    x = F.pad(x, (padding, padding)) if padding else x
+    T = x.shape[-1] - k + 1
+    out = torch.matmul(weight[:, :, 0], x[..., :T])                     # (B, O, T)
+    for j in range(1, k):
+        out += torch.matmul(weight[:, :, j], x[..., j:j + T])
+    return out if bias is None else out + bias[:, None]
 
 
 def same_padding(k: int) -> tuple[int, int]:
@@ -164,7 +190,7 @@ class Musicnn(nn.Module):
         itself: 10-15 % less time for the mid-end than padded copies of a transposed view (1, 8
         and 16 patches, 2 threads, a one-off A/B taking turns in one process, 2026-11-26; the same
         floats)."""
-        return F.conv1d(x, self.mid[i].weight, self.mid[i].bias, padding=3)
+        return conv1d(x, self.mid[i].weight, self.mid[i].bias, padding=3)
 
     def head_after_conv(self, x: Tensor, z: Tensor) -> Tensor:
         """(B, 561, T) front-end features and the first mid-end convolution's output on them

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import (BANDS, precision, MID_CH, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
+from . import (BANDS, conv1d, precision, MID_CH, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
                       head_macs, same_padding, timbral_macs_per_frame)
 from .stream import MusicnnStream, timbral_features, toeplitz_taps
 
@@ -233,7 +233,7 @@ class MusicnnBatch:
     def _mid_rows(self, timbral: Tensor) -> Tensor:
         """(G, L, 408) timbral rows -> (G, L - 6, 64): the first mid-end convolution's timbral
         part (no bias) of the rows whose 7-row window they fill."""
-        return torch.nn.functional.conv1d(timbral.transpose(1, 2).contiguous(), self.mid_timbral).transpose(1, 2)
+        return conv1d(timbral.transpose(1, 2).contiguous(), self.mid_timbral).transpose(1, 2)
 
     def _taps_for(self, j: int, key, rows: range, frames: range, skip_below: int | None = None) -> Tensor:
         if (j, key) not in self._taps:
@@ -382,11 +382,11 @@ class MusicnnBatch:
         computed for the 6 + 6 rows at the patch's ends."""
         M = len(idx)
         x = self._front(idx).transpose(1, 2).contiguous()                              # (M, 561, P)
-        z = torch.nn.functional.conv1d(x[:, TIMBRAL_FEATS:], self.mid_temporal, self.net.mid[0].bias, padding=3)
+        z = conv1d(x[:, TIMBRAL_FEATS:], self.mid_temporal, self.net.mid[0].bias, padding=3)
         ends = x.new_zeros(2 * M, TIMBRAL_FEATS, 4 * EDGE)                             # 9 rows and the padding
         ends[:M, :, EDGE:] = x[:, :TIMBRAL_FEATS, :3 * EDGE]
         ends[M:, :, :3 * EDGE] = x[:, :TIMBRAL_FEATS, P - 3 * EDGE:]
-        ends = torch.nn.functional.conv1d(ends, self.mid_timbral)                      # (2M, 64, 6)
+        ends = conv1d(ends, self.mid_timbral)                                        # (2M, 64, 6)
         z[:, :, :2 * EDGE] += ends[:M]
         z[:, :, P - 2 * EDGE:] += ends[M:]
         z[:, :, 2 * EDGE:P - 2 * EDGE] += self._rows("mid", idx, 2 * EDGE, P - 4 * EDGE).transpose(1, 2)

@@ -95,15 +95,16 @@ def test_paired_medians_time_each_function_in_alternating_blocks():
     assert b >= 2000 > 20 * a          # microseconds: the sleep is in b's median, not in a's
 
 
+@pytest.mark.parametrize("start", [1, 256])
 @pytest.mark.parametrize("capacity", [0, 1, 7, 8, 11, 12, 15, 100, 1000, 4095])
-def test_streams_search_doubles_then_halves_to_the_capacity(capacity):
-    """`bench --streams` times S = 1, 2, 4, ... until a p95 passes 125 ms, then halves the gap:
-    against a host whose p95 passes 125 ms beyond ``capacity`` streams, the search's capacity is
-    within 1/8 below the true one (exact below 16 streams), timing no S twice, and it stops at
-    ``max_streams``."""
+def test_streams_search_doubles_then_halves_to_the_capacity(capacity, start):
+    """`bench --streams` times S = 1, 2, 4, ... (or from ``start``, halving down while that is
+    over) until a p95 passes 125 ms, then halves the gap: against a host whose p95 passes 125 ms
+    beyond ``capacity`` streams, the search's capacity is within 1/8 below the true one (exact
+    below 16 streams), timing no S twice, and it stops at ``max_streams``."""
     from app.offline.bench.streams import REAL_TIME_MS, next_streams
     rows = []
-    while (s := next_streams(rows, max_streams=1 << 16)) is not None:
+    while (s := next_streams(rows, max_streams=1 << 16, start=start)) is not None:
         assert s not in [r["streams"] for r in rows]
         rows.append({"streams": s, "hop_ms_p95": REAL_TIME_MS * (1 if s <= capacity else 1.01)})
         assert len(rows) <= 40

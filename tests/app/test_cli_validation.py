@@ -44,6 +44,19 @@ def test_bad_arguments_are_usage_errors_at_parse_time(argv, words, capsys):
     assert words in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv,words", [
+    (["classify", "--demo", "2", "--tf32"], "classify: --tf32 is for --cuda (the CPU has no TF32)"),
+    (["serve", "--tf32"], "serve: --tf32 is for --device cuda (the CPU has no TF32)"),
+    (["bench", "--streams", "--tf32"], "error: --tf32 is for --device cuda (the CPU has no TF32)"),
+    (["bench", "--streams", "--models", "continual,bogus"],
+     "error: --models: no shipped model bogus; shipped: regular, continual, nystrom, continual_nystrom"),
+])
+def test_tf32_without_cuda_and_unknown_models_are_one_line_errors_before_any_work(argv, words):
+    r = subprocess.run([sys.executable, "main.py", *argv], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith(words), r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_good_arguments_parse_to_checked_values(tmp_path):
     args = build_parser().parse_args(["classify", "--demo", "--seconds", "2.5", "--window", "29",
                                       "--csv", str(tmp_path / "x.csv")])

@@ -99,6 +99,28 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
            f"vs the float64 network", worst, tol)
 
 
+@pytest.mark.parametrize("conv, padding", [(0, 3), (1, 3), (2, 0)])
+def test_a_convolution_as_one_product_per_tap_is_a_float32_convolution(nets, conv, padding):
+    """musicnn.conv1d by products (CUDA's mid-end with cuDNN off: one batched product per tap)
+    against the float64 convolution, on the CPU: each output is a float32 dot product of
+    C x 7 terms summed in another order, so its error is at most (C x 7 + 1) float32 units
+    of the sum of the terms' magnitudes (plus the bias's rounding), the classic bound; and
+    the convolution itself, by the same bound."""
+    net = nets[0]
+    w, b = net.mid[conv].weight, net.mid[conv].bias
+    g = torch.Generator().manual_seed(conv)
+    x = torch.randn(5, w.shape[1], 40, generator=g) * 3                       # (B, C, T)
+    want = torch.nn.functional.conv1d(x.double(), w.double(), b.double(), padding=padding)
+    scale = torch.nn.functional.conv1d(x.double().abs(), w.double().abs(), b.double().abs(), padding=padding)
+    bound = (w.shape[1] * w.shape[2] + 2) * EPS32 / 2 * scale
+    for by_products in (True, False):
+        got = musicnn.conv1d(x, w, b, padding=padding, by_products=by_products)
+        assert got.shape == want.shape
+        assert ((got.double() - want).abs() <= bound).all(), by_products
+    assert not torch.equal(musicnn.conv1d(x, w, b, padding=padding, by_products=True),
+                           musicnn.conv1d(x, w, b, padding=padding, by_products=False))   # another order
+
+
 def recomputing_costs(k: int, accumulate: tuple) -> int:
     """What a hop of k frames costs beyond MusicnnStream's (every branch by accumulators of
     every row): per branch with accumulators of its edge rows only, the min(k, b) rows that

@@ -332,15 +332,16 @@ SECTIONS = [
      onnx_body),
     ("Many streams in one engine", ["streams-cpu", "streams-cuda", "streams-cuda-continual_nystrom-tf32",
                                     "streams-cuda-continual_nystrom"],
-     "`bench --streams [--device cpu|cuda]`: S demo streams (seeds 0..S-1) in one engine, S = 1, 2, 4, ... "
+     "`bench --streams [--device cpu|cuda [--tf32]] [--models NAME,...] [--streams-from S]`: S demo streams "
+     "(seeds 0..S-1) in one engine, S = 1, 2, 4, ... (or from S, halving while that is over) "
      "until the p95 hop passes half a hop (125 ms), then S halving the gap between the last two until it is "
      "at most an eighth of the lower (each S in a fresh process), timed past every model's warm-up. A hop: every stream's "
      "audio and sample frames, their log-mels in one call on the network's device (audio/musicnn/mel.py), the "
      "musicnn network once for all streams (audio/musicnn/batch.py, each stream's continual caches in a slot), "
-     "then each of the five shipped models stepped once for all streams (models/stream/batch.py; on the CPU the "
+     "then each of the five shipped models (or those named) stepped once for all streams (models/stream/batch.py; on the CPU the "
      "continual ones step each stream by their compiled step, on a per-slot clone). FLOPs per stream-hop: the front end's and the five models' "
      "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
-     "the CPU, 2 x 8192^3 on CUDA). A row's resident memory is what the engine and its streams added to the "
+     "the CPU, 2 x 8192^3 on CUDA, TF32 off also for a `--tf32` run). A row's resident memory is what the engine and its streams added to the "
      "process; a run that says *held* reads it after the heap's free memory is given back to the system "
      "(glibc malloc_trim), with the memory before beside it (up to 64 MB of free heap are kept for the next "
      "hop's temporaries). Memory per added stream: the median of the slopes between every two rows from half "

@@ -1,6 +1,7 @@
 """`bench --streams [--device cpu|cuda]`: S concurrent streams of the demo signal (seeds 0..S-1)
-in one engine (app/runtime/streams.py) with the musicnn front end and the five shipped models,
-for S = 1, 2, 4, ... until the hop's p95 passes half a hop (125 ms): the hop's time (every
+in one engine (app/runtime/streams.py) with the musicnn front end and the five shipped models (or
+those named: ``bench_setup``), for S = 1, 2, 4, ... (or from ``start``) until the hop's p95
+passes half a hop (125 ms): the hop's time (every
 stream's audio, front end and every model's batched step), FLOPs per stream-hop, GFLOP/s against
 the machine's matmul peak, resident memory per added stream (``per_stream_mb``), and the
 real-time capacity: the largest S whose p95 hop is at most 125 ms, found to within 1/8 by halving
@@ -30,7 +31,7 @@ REAL_TIME_MS = 1e3 * HOP_SECONDS / 2          # p95 hop at most half a hop: 125 
 
 def device_peak(device: str) -> float:
     """GFLOP/s of one float32 matrix product: 512^3 on the CPU (attention.matmul_peak),
-    8192^3 on CUDA (TF32 off, as the front end runs)."""
+    8192^3 on CUDA (TF32 off, as the float32 front end runs; a `--tf32` run is set against it too)."""
     from .attention import matmul_peak
     if device != "cuda":
         return matmul_peak(2 * 512 ** 3)
@@ -112,7 +113,7 @@ def streams_row(device: str, streams: int, hops: int, warm: int, threads: int, m
 
 def next_streams(rows: list[dict], max_streams: int, resolution: int = 8, start: int = 1) -> int | None:
     """The next stream count to time, or None when the capacity is known: S doubles from
-    ``start`` until a
+    ``start`` (halves, while even that is over) until a
     row's p95 passes 125 ms (or S would pass ``max_streams``); then the gap between the largest S
     within 125 ms and the smallest beyond is halved until it is at most 1/``resolution`` of the
     former (at least 1 stream)."""
@@ -123,7 +124,9 @@ def next_streams(rows: list[dict], max_streams: int, resolution: int = 8, start:
         return after if after <= max_streams else None
     hi = min(over)
     lo = max((s for s in ok if s < hi), default=0)
-    return None if lo == 0 or hi - lo <= max(1, lo // resolution) else (lo + hi) // 2
+    if lo == 0:                                  # nothing within yet: halve down (from a large ``start``)
+        return hi // 2 if hi > 1 else None
+    return None if hi - lo <= max(1, lo // resolution) else (lo + hi) // 2
 
 
 def per_stream_mb(rows: list[dict]) -> float:
