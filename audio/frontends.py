@@ -47,12 +47,6 @@ class HopTokens:
     network_ms: list[float]   # each stream's share of the network's time
     flops: list[int]          # each stream's network FLOPs
 
-    def __len__(self) -> int:
-        return len(self.flops)
-
-    def __getitem__(self, i: int) -> HopToken:
-        return HopToken(self.tokens[i:i + 1], self.mels[i], self.mel_ms[i], self.network_ms[i], self.flops[i])
-
 
 class FrontEnd(Protocol):
     """What every front end offers (VGGishFrontEnd, MusicnnFrontEnd)."""

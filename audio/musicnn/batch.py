@@ -48,7 +48,6 @@ from .stream import MusicnnStream, timbral_features, toeplitz_taps
 P, EDGE = PATCH_FRAMES, 3
 CPU_CHUNK = 8                                          # streams computed together on the CPU
 CPU_ACCUMULATE = (True, False, False)                  # temporal branches (K = 128, 64, 32) with accumulators on the CPU
-CUDA_LEAN_FROM = 4096                                  # CUDA: no accumulators from this capacity on
 TEMPORAL_CONV_CH = 56                                  # a recomputing branch's convolution: 51 filters, 5 of zeros
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 MID_TIMBRAL_MACS = 7 * TIMBRAL_FEATS * MID_CH          # the first mid-end convolution's timbral part, per row
@@ -61,9 +60,12 @@ def per_branch(accumulate: bool | tuple | list) -> tuple[bool, ...]:
     return (bool(accumulate),) * len(TEMPORAL)
 
 
-def default_accumulate(device_type: str, capacity: int) -> tuple[bool, ...]:
-    """Which temporal branches keep accumulators by default (``MusicnnBatch``)."""
-    return per_branch(capacity < CUDA_LEAN_FROM if device_type == "cuda" else CPU_ACCUMULATE)
+def default_accumulate(device_type: str, tf32: bool = False) -> tuple[bool, ...]:
+    """Which temporal branches keep accumulators by default (``MusicnnBatch``): the K = 128 one
+    only on the CPU and on CUDA in TF32 (with cuDNN); every branch on CUDA in float32 (cuDNN
+    off, ``precision``: a branch without them would convolve by ATen's own kernel, one product
+    per stream). The same for every number of streams measured (see ``MusicnnBatch``)."""
+    return per_branch(True if device_type == "cuda" and not tf32 else CPU_ACCUMULATE)
 
 
 def on_device(a: np.ndarray, device: torch.device) -> Tensor:
@@ -84,9 +86,10 @@ class MusicnnBatch:
     K = 128, 2.2x for 64, 1.4x for 32, at 16 frames, the convolution's padding included). The
     default on the CPU accumulates the K = 128 branch only: as fast as accumulating all three
     at 8 and 16 streams, where recomputing all three took 14-15 % longer (`bench --streams`, its
-    front-end table); 3.0 MB of state per slot instead of 4.9. On CUDA all three below a capacity of 4,096 streams, none
-    from there (set on an H200 when every branch kept all 187 rows: 46.5 against 48.0 ms a push
-    at 1,024 streams, 198.3 against 160.7 ms at 4,096, a probe before that table existed).
+    front-end table); 3.0 MB of state per slot instead of 4.9. On CUDA in TF32 the same: on an
+    H100 the K = 128 branch alone took 38.9 and 145.9 ms a push of 1,024 and 4,096 streams,
+    every branch 42.9 and 163.8, none 40.9 and 155.0 (`bench --streams --device cuda --tf32`, its
+    front-end table, the ways one after another). On CUDA in float32 every branch.
     A recomputing branch's convolution has TEMPORAL_CONV_CH = 56 output channels, its 51
     filters and 5 of zeros: on the CPU, oneDNN's convolution took a third of the time for K = 64
     and 0.7-0.8 of it for K = 32 (4 streams' rows of a hop, one process taking turns, 2 threads,
@@ -103,7 +106,7 @@ class MusicnnBatch:
         self.net, self.capacity = net, capacity
         self.device = next(net.buffers()).device
         cuda = self.device.type == "cuda"
-        self.accumulate = per_branch(default_accumulate(self.device.type, capacity) if accumulate is None
+        self.accumulate = per_branch(default_accumulate(self.device.type, net.tf32) if accumulate is None
                                      else accumulate)                                  # per temporal branch
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
         self.slotwise_max = not cuda                   # _features: per slot in place, or one gather

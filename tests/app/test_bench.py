@@ -168,4 +168,7 @@ def test_frontend_modes_table_compares_the_three_ways_on_the_same_pushes():
     row = 51 * 96 * 4 / 1e6
     assert state[0] - state[1] == pytest.approx((63 + 31) * row) and state[1] - state[2] == pytest.approx(127 * row)
     assert [r["default"] for r in rows] == [False, True, False]
-    assert len(modes_table(rows)) == 2 + len(rows)
+    table = modes_table(rows, "cpu")
+    assert len(table) == 2 + len(rows) and [("(default)" in line) for line in table[2:]] == [False, True, False]
+    on_cuda = [("(default)" in line) for line in modes_table(rows, "cuda", tf32=False)[2:]]
+    assert on_cuda == [True, False, False]                  # CUDA in float32: every branch's accumulators

@@ -264,7 +264,7 @@ def streams_body(runs: dict) -> str:
                     "(audio/musicnn/batch.py; 15 or 16 random log-mel frames per stream"
                     + (", the three ways taking turns hop by hop in one process" if r["device"] == "cpu" else
                        ", one way after another") + "):", ""] \
-                + modes_table(r["frontend_modes"]) + [""]
+                + modes_table(r["frontend_modes"], r["device"], r.get("tf32", False)) + [""]
         if "steps" in r:
             out += ["One stream's model step past warm-up (median):", ""] + step_table(r) + [""]
     return "\n".join(out) + "\n"
