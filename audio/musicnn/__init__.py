@@ -71,7 +71,7 @@ class BatchNorm(nn.Module):
 
 
 @contextmanager
-def precision(tf32: bool = False):
+def precision(tf32: bool, device: torch.device | str):
     """The network's arithmetic on CUDA. Default float32, within the error model of float32 dot
     products as on the CPU: TF32 off (torch allows it in cuDNN by default) and cuDNN off. cuDNN
     picks each convolution's algorithm by timing, and the fastest (transform-based, for the
@@ -82,7 +82,13 @@ def precision(tf32: bool = False):
     temporal branches' only without accumulators: from 4,096 streams, and `--recompute-frontend`).
     ``tf32``: the fast path, `--tf32`: cuDNN on, its algorithms chosen by timing, and the
     matrix products and convolutions on the tensor cores with 10-bit mantissas (its error
-    against float32: docs/front-ends.md). No effect on the CPU."""
+    against float32: docs/front-ends.md). The switches are the process's: on CUDA one network
+    computes at a time (one engine, one lane); on the CPU (``device``), where they do nothing,
+    they are left alone, so that a server's lanes, each pushing in a thread of its own, never
+    interleave their settings."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     knobs = (matmul, cudnn, cudnn.conv, cudnn.rnn)
     saved = [k.fp32_precision for k in knobs], cudnn.enabled, cudnn.benchmark
@@ -206,7 +212,7 @@ class Musicnn(nn.Module):
 
     def forward(self, mel: Tensor) -> Tensor:
         """(B, T, 96) log-mel patch (T = 187 for the trained models) -> (B, 50) taggram."""
-        with precision(self.tf32):
+        with precision(self.tf32, mel.device):
             x = self.normalize(mel)
             timbral = self.timbral_valid(F.pad(x, (0, 0, 3, 3)))
             front = torch.cat([timbral, self.temporal_same(x)], dim=2)

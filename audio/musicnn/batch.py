@@ -167,7 +167,7 @@ class MusicnnBatch:
     def push_rows(self, slots: list[int], rows: Tensor, counts: list[int]) -> Tensor:
         """The same with every stream's frames in one tensor on the network's device: rows
         (sum counts, 96), stream i's the counts[i] after the streams' before it."""
-        with precision(self.net.tf32):
+        with precision(self.net.tf32, self.device):
             return self._push(np.asarray(slots, np.int64), rows, np.asarray(counts, np.int64))
 
     def _push(self, slots: np.ndarray, new: Tensor, counts: np.ndarray) -> Tensor:

@@ -220,7 +220,7 @@ class MusicnnStream:
     @torch.no_grad()
     def push(self, frames: np.ndarray | Tensor) -> Tensor:
         """frames: (k, 96) new log-mel frames (k may be 0) -> (50,) taggram of the patch."""
-        with precision(self.net.tf32):
+        with precision(self.net.tf32, self.device):
             return self._push(frames)
 
     def _push(self, frames: np.ndarray | Tensor) -> Tensor:

@@ -121,6 +121,24 @@ def test_a_convolution_as_one_product_per_tap_is_a_float32_convolution(nets, con
                            musicnn.conv1d(x, w, b, padding=padding, by_products=False))   # another order
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_the_precision_switches_are_set_only_on_cuda_and_given_back(device):
+    """musicnn.precision: on the CPU it touches none of torch's process-wide switches (a
+    server's lanes push in threads of their own: interleaved settings and restores once left
+    cuDNN's conv and RNN flags apart, which torch.export then refused); on CUDA it sets them
+    for the network (float32: TF32 and cuDNN off; TF32: both on) and gives them back."""
+    b = torch.backends
+    state = lambda: (b.cuda.matmul.fp32_precision, b.cudnn.fp32_precision, b.cudnn.conv.fp32_precision,  # noqa: E731
+                     b.cudnn.rnn.fp32_precision, b.cudnn.enabled, b.cudnn.benchmark)
+    before = state()
+    for tf32 in (False, True):
+        with musicnn.precision(tf32, device):
+            inside = state()
+            assert inside == before if device == "cpu" else inside == (("tf32" if tf32 else "ieee"),) * 4 + (tf32, True)
+        assert state() == before
+    assert isinstance(b.cudnn.allow_tf32, bool)          # the legacy reading still answers
+
+
 def recomputing_costs(k: int, accumulate: tuple) -> int:
     """What a hop of k frames costs beyond MusicnnStream's (every branch by accumulators of
     every row): per branch with accumulators of its edge rows only, the min(k, b) rows that
