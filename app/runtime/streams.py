@@ -6,8 +6,9 @@ A stream joins at any hop and leaves when its source ends or fails, or when a mo
 non-finite values: the others go on, and no stream's values depend on which others share the
 batch. Each stream's records equal what ``Engine`` gives it alone, within float32 rounding
 (tests/app/test_streams.py). The front end is batched too: musicnn takes every stream's new
-samples in one copy, their frames (one gather) and log-mels (one call) on the network's device
-(the host's values bit for bit, audio/musicnn/mel.py), then the network once for every stream of
+samples (on CUDA in one copy, framed in one gather there; on the CPU framed stream by stream),
+their log-mels in one call on the network's device (the host's values bit for bit,
+audio/musicnn/mel.py), then the network once for every stream of
 the hop (its continual caches in per-stream slots, audio/musicnn/batch.py); VGGish takes each
 stream's log-mel on the host. A hop's per-stream work on the host is its source's next hop and
 its record; the records are built from per-model arrays (the batch's FLOPs, landmark events and
