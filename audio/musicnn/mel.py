@@ -230,12 +230,12 @@ class SlotFrames:
         keep = length - counts * FRAME_HOP                              # (S,) carried to the next hop
         dev = self.device
         x = on_device(x, dev)                                           # (S, n)
-        rows = torch.from_numpy(slots).to(dev, non_blocking=True)
+        at = lambda a: on_device(np.ascontiguousarray(a), dev)                # noqa: E731 (pinned, no wait)
+        rows = at(slots)
         prefix = x[:, 1:N_FFT // 2 + 1].flip(1) if x.shape[1] > N_FFT // 2 else x.new_zeros(len(hops), N_FFT // 2)
         source = torch.cat([self.tail.index_select(0, rows), prefix, x], dim=1)      # (S, 768 + n)
         stream = np.repeat(np.arange(len(hops)), counts)                            # (F,) each frame's stream
         starts = (np.arange(len(stream)) - np.repeat(np.cumsum(counts) - counts, counts)) * FRAME_HOP
-        at = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(dev, non_blocking=True)  # noqa: E731
         lanes = torch.arange(N_FFT, device=dev)
         frames = source[at(stream)[:, None], self._column(at(starts)[:, None] + lanes, at(c[stream])[:, None],
                                                           at(pre[stream])[:, None], source.shape[1])]
