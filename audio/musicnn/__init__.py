@@ -78,8 +78,9 @@ def precision(tf32: bool, device: torch.device | str):
     mid-end) rounded the taggrams 2.5x past that model on an H100 (2.2e-4 against a bound of
     8.6e-5, tests/audio/test_musicnn_batch.py; within it with cuDNN off), and a stream's values
     then depended on the batch it ran in. Without cuDNN, ``conv1d`` (the mid-end) is one batched
-    matrix product per tap; other convolutions are ATen's own (one product per batch row; the
-    temporal branches' only without accumulators: from 4,096 streams, and `--recompute-frontend`).
+    matrix product per tap; other convolutions are ATen's own, one product per batch row (so the
+    batched front end keeps every temporal branch's accumulators in float32; `--recompute-frontend`
+    convolves its temporal branches).
     ``tf32``: the fast path, `--tf32`: cuDNN on, its algorithms chosen by timing, and the
     matrix products and convolutions on the tensor cores with 10-bit mantissas (its error
     against float32: docs/front-ends.md). The switches are the process's: on CUDA one network
