@@ -47,7 +47,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
     p.add_argument("--cuda", action="store_true", help="run the front end and models on CUDA if available")
     p.add_argument("--tf32", action="store_true",
-                   help="with --cuda: musicnn's network in TF32 with cuDNN, the fast path (its error: docs/front-ends.md)")
+                   help="with --cuda: musicnn's network in TF32 with cuDNN (its error: docs/front-ends.md)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
     out.add_argument("--csv", metavar="FILE", type=writable_file, help="write records to a CSV file")

@@ -16,7 +16,7 @@ def add_arguments(p) -> None:
     p.add_argument("--max-streams", type=POSITIVE, default=32, help="clients at once (one stream each)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the front end and models run")
     p.add_argument("--tf32", action="store_true",
-                   help="with --device cuda: musicnn's network in TF32 with cuDNN, the fast path (its error: docs/front-ends.md)")
+                   help="with --device cuda: musicnn's network in TF32 with cuDNN (its error: docs/front-ends.md)")
     add_frontend_arguments(p)
     p.add_argument("--variant", nargs="+", choices=VARIANTS,
                    help="add untrained models of these variants (default: none when trained models exist, else all)")

@@ -81,7 +81,7 @@ def precision(tf32: bool, device: torch.device | str):
     matrix product per tap; other convolutions are ATen's own, one product per batch row (so the
     batched front end keeps every temporal branch's accumulators in float32; `--recompute-frontend`
     convolves its temporal branches).
-    ``tf32``: the fast path, `--tf32`: cuDNN on, its algorithms chosen by timing, and the
+    ``tf32`` (`--tf32`): cuDNN on, its algorithms chosen by timing, and the
     matrix products and convolutions on the tensor cores with 10-bit mantissas (its error
     against float32: docs/front-ends.md). The switches are the process's: on CUDA one network
     computes at a time (one engine, one lane); on the CPU (``device``), where they do nothing,
