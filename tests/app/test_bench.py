@@ -60,6 +60,28 @@ def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
     assert "| 500 | 20 | 3 | 6 |" in page.read_text() and page.read_text().count("## Live control") == 1
 
 
+def test_every_stored_streams_run_reaches_the_page_cpu_first(tmp_path):
+    """Runs of `bench --streams` are stored by device, models and precision
+    (streams-DEVICE[-MODEL...][-tf32]); the page shows every one of them, the CPU's first, and
+    a TF32 run its error against float32 and the front end's default way as the code has it."""
+    from app.offline.bench import page as bench_page
+    from app.offline.bench.streams import streams_key
+    stored = bench_page.ROOT / "docs" / "benchmarks"
+    store = tmp_path / "runs"
+    store.mkdir()
+    keys = ["streams-cpu", streams_key("cuda", ["continual_nystrom"], True), streams_key("cuda", None, True)]
+    assert keys[1:] == ["streams-cuda-continual_nystrom-tf32", "streams-cuda-tf32"]
+    for key, name in zip(keys, ["streams-cpu", keys[1], keys[1]]):
+        entry = json.loads((stored / f"{name}.json").read_text())
+        entry["kind"] = key
+        (store / f"{key}.json").write_text(json.dumps(entry))
+    text = bench_page.render(store)
+    at = [text.index(f"*`{json.loads((store / f'{k}.json').read_text())['command']}`") for k in keys]
+    assert at[0] < min(at[1:]) and text.count("## Many streams in one engine") == 1
+    assert text.count("TF32 against float32 (the same 64 demo streams") == 2
+    assert "| 4096 | K = 128 only (default) |" in text and "| 8 | K = 128 only (default) |" in text
+
+
 def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_path):
     from app.offline.bench import page as bench_page
     from app.offline.bench.onnx import onnx_bench

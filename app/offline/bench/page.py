@@ -100,6 +100,8 @@ def render(store: Path = STORE) -> str:
     runs = stored(store)
     parts = [HEADER]
     for title, kinds, intro, body in SECTIONS:
+        if isinstance(kinds, str):                     # a prefix: every stored run whose name has it
+            kinds = sorted((k for k in runs if k.startswith(kinds)), key=lambda k: (k.count("-"), k))
         present = [k for k in kinds if k in runs]
         if not present:
             continue
@@ -330,8 +332,7 @@ SECTIONS = [
      "step); the file's size. The shipped trained musicnn models and untrained models of the papers' size, "
      "with 1 and 2 blocks.",
      onnx_body),
-    ("Many streams in one engine", ["streams-cpu", "streams-cuda", "streams-cuda-continual_nystrom-tf32",
-                                    "streams-cuda-continual_nystrom"],
+    ("Many streams in one engine", "streams-",
      "`bench --streams [--device cpu|cuda [--tf32]] [--models NAME,...] [--streams-from S]`: S demo streams "
      "(seeds 0..S-1) in one engine, S = 1, 2, 4, ... (or from S, halving while that is over) "
      "until the p95 hop passes half a hop (125 ms), then S halving the gap between the last two until it is "
