@@ -202,9 +202,9 @@ def _noise_table() -> np.ndarray:
 
 def _noise(seed: int, start: int, count: int) -> np.ndarray:
     """The hi-hat noise of stream ``seed`` over samples [start, start + count): the shared
-    table read from the seed's own offset, cyclically (a view where it does not wrap). Drawing
-    4,000 normals from a generator seeded afresh each hop cost more than the rest of a demo
-    hop; a view costs nothing."""
+    table read from the seed's own offset, cyclically (a view where it does not wrap): no
+    generator seeded and no 4,000 normals drawn per stream per hop, so that many demo streams
+    (`bench --streams`) cost the host little."""
     i = (seed * NOISE_STRIDE + start) % NOISE_SAMPLES
     table = _noise_table()
     if i + count <= NOISE_SAMPLES:

@@ -145,8 +145,8 @@ def run(args) -> int:
         import torch
 
         from app.offline.bench.frontend_modes import frontend_modes_bench
-        from app.offline.bench.streams import (bench_setup, print_streams, step_bench, streams_bench, streams_key,
-                                               tensor_bench, tf32_error)
+        from app.offline.bench.streams import (UnknownModelError, print_streams, step_bench, streams_bench,
+                                               streams_key, tensor_bench, tf32_error)
         if args.device == "cuda" and not torch.cuda.is_available():
             print("error: --device cuda: no CUDA device here", file=sys.stderr)
             return 1
@@ -155,12 +155,11 @@ def run(args) -> int:
             return 1
         if args.threads:
             torch.set_num_threads(args.threads)
-        try:
-            bench_setup(args.device, args.models)          # a model that is not shipped: said before any row
-        except ValueError as e:
+        try:                                               # a model that is not shipped: said before any row
+            r = streams_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from)
+        except UnknownModelError as e:
             print(f"error: --models: {e}", file=sys.stderr)
             return 1
-        r = streams_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from)
         r["tensor"] = tensor_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from)
         if args.tf32:
             r["tf32_error"] = tf32_error(models=args.models)

@@ -27,7 +27,7 @@ tensor by zeros at position 0, so a slot left by another stream needs no clearin
 
 No step waits for the device: the slots' positions are mirrored on the host (a step adds one),
 so the recomputing variants group their streams by window length without asking the device,
-and a step's events stay on the device until ``step_flops`` or ``landmark_updated`` first reads
+and a step's events stay on the device until ``steps_flops`` or ``landmark_updates`` first reads
 them (one copy for the whole step). On CUDA, a step whose streams are past warm-up (every step of
 a continual variant) is a CUDA graph replayed from one captured per bucket of batch sizes
 (1, 2, 4, ... up to the capacity): the step's slots and tokens are copied into the graph's
@@ -152,30 +152,27 @@ class StreamBatch:
             self._events_host = self.events.cpu().numpy()
         return self._events_host
 
-    def step_flops(self, i: int) -> dict[str, int]:
-        """FLOPs of the last step of the i-th stream stepped (models/flops.py: the formulas of the
-        single-stream step for its position and events; the masked branches not taken are not
-        counted). They depend on the position only up to n + 1, so each count is made once."""
-        if self.fused:
-            clone = self.clones[self._last[i]]
-            key = clone.step_flops_key()
-            if key not in self._flops:
-                self._flops[key] = clone.step_flops()
-            return dict(self._flops[key])
-        t = min(int(self.stepped[i]), self.cfg.window + 1)
-        return dict(self._count((t, *self.events_host()[i].tolist()) if self.continual else (t,)))
-
     def steps_flops(self) -> list[dict[str, int]]:
-        """``step_flops`` of every stream of the last step, each count made once per kind of
-        step (the same dict, read-only, for the streams that stepped alike)."""
+        """FLOPs of the last step of every stream stepped (models/flops.py: the formulas of the
+        single-stream step for its position and events; the masked branches not taken are not
+        counted). They depend on the position only up to n + 1, so each count is made once per
+        kind of step (the same dict, read-only, for the streams that stepped alike)."""
         if self.fused:
-            return [self.step_flops(i) for i in range(len(self._last))]
+            keys = [(self.clones[slot], self.clones[slot].step_flops_key()) for slot in self._last.tolist()]
+            for clone, key in keys:
+                if key not in self._flops:
+                    self._flops[key] = clone.step_flops()
+            return [self._flops[key] for _, key in keys]
         n = self.cfg.window
         t = np.minimum(self.stepped, n + 1)[:, None]
         keys = np.concatenate([t, self.events_host()], axis=1) if self.continual else t     # (S, 1 or 4)
         kinds, which = np.unique(keys, axis=0, return_inverse=True)
         counts = [self._count(tuple(row)) for row in kinds.tolist()]
         return [counts[j] for j in which.reshape(-1).tolist()]
+
+    def step_flops(self, i: int) -> dict[str, int]:
+        """``steps_flops`` of the i-th stream stepped, a copy."""
+        return dict(self.steps_flops()[i])
 
     def _count(self, key: tuple) -> dict[str, int]:
         """FLOPs of a step at position min(t, n + 1) = key[0] with events key[1:] (continual)."""
@@ -187,7 +184,7 @@ class StreamBatch:
         return self._flops[key]
 
     def landmark_updates(self) -> list[bool]:
-        """``landmark_updated`` of every stream of the last step."""
+        """Whether each stream of the last step installed new landmarks."""
         if self.fused:
             return [self.clones[slot].landmark_updated() for slot in self._last.tolist()]
         if not self.continual:
@@ -195,16 +192,8 @@ class StreamBatch:
         return (self.events_host()[:, 1] != 0).tolist()
 
     def windows_full(self) -> list[bool]:
-        """``window_full`` of every stream of the last step."""
+        """Whether each stream of the last step had n tokens in its window (warm-up over)."""
         return (self.stepped >= self.cfg.window).tolist()
-
-    def landmark_updated(self, i: int) -> bool:
-        if self.fused:
-            return self.clones[self._last[i]].landmark_updated()
-        return self.continual and bool(self.events_host()[i, 1])
-
-    def window_full(self, i: int) -> bool:
-        return int(self.stepped[i]) >= self.cfg.window
 
     # ------------------------------------------------------------------ step
     @torch.no_grad()

@@ -162,7 +162,7 @@ def test_flops_follow_the_single_stream_formulas():
             got, want = batch.step_flops(0), single.step_flops()
             assert got["sda"] >= want["sda"] and got["model"] - want["model"] == got["sda"] - want["sda"]
             assert (got == want) or variant != "regular"
-            assert batch.window_full(0) == single.window_full()
+            assert batch.windows_full()[0] == single.window_full()
 
 
 @CUDA

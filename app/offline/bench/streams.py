@@ -51,9 +51,13 @@ def device_mb() -> float:
     return torch.cuda.memory_allocated() / 2 ** 20 if torch.cuda.is_available() else 0.0
 
 
+class UnknownModelError(ValueError):
+    """A model named to the bench that is not shipped."""
+
+
 def bench_setup(device: str, models=None, tf32: bool = False):
     """(musicnn front end, its lineup): the shipped models, or those of them named in ``models``
-    (ValueError naming the shipped ones for a name that is not)."""
+    (UnknownModelError naming the shipped ones for a name that is not)."""
     from app.runtime.lineup import default_lineup
     from audio.frontends import build_frontend
 
@@ -63,9 +67,17 @@ def bench_setup(device: str, models=None, tf32: bool = False):
         known = {e.name: e for e in entries}
         missing = [m for m in models if m not in known]
         if missing:
-            raise ValueError(f"no shipped model {', '.join(missing)}; shipped: {', '.join(known)}")
+            raise UnknownModelError(f"no shipped model {', '.join(missing)}; shipped: {', '.join(known)}")
         entries = [known[m] for m in models]
     return frontend, entries
+
+
+def demo_stream(i: int, seconds: float | None = None):
+    """The i-th demo stream: the demo signal with seed i, named demo:i."""
+    from audio.sources import DemoSource
+    source = DemoSource(seed=i, seconds=seconds)
+    source.name = f"demo:{i}"
+    return source
 
 
 def steady_after(entries, every_hop: bool = False) -> int:
@@ -80,8 +92,6 @@ def streams_row(device: str, streams: int, hops: int, warm: int, threads: int, m
     """One row, in a fresh process (``streams_bench``): the engine's hop for ``streams`` demo
     streams, and the resident memory the engine and its streams added to the process."""
     from app.runtime.streams import StreamsEngine
-    from audio.sources import DemoSource
-
     torch.set_num_threads(threads)
     frontend, entries = bench_setup(device, models, tf32)
     release_free_heap()
@@ -89,7 +99,7 @@ def streams_row(device: str, streams: int, hops: int, warm: int, threads: int, m
     engine = StreamsEngine(frontend, entries, capacity=streams)
     engine.warm()                                     # as serve readies its engine
     for i in range(streams):
-        engine.join(DemoSource(seed=i)).source.name = f"demo:{i}"
+        engine.join(demo_stream(i))
     times, flops, front = [], [], []
     for k in range(warm + hops):
         t0 = time.perf_counter()
@@ -238,14 +248,8 @@ def tf32_error(models=None, sources=None, streams: int = 64, seconds: float = 30
     from app.runtime.verdict import Tally
     from audio.musicnn.batch import MusicnnBatch
     from audio.musicnn.mel import StreamingMel, log_mel_of_frames
-    from audio.sources import DemoSource
 
-    def demo(i):
-        source = DemoSource(seed=i, seconds=seconds)
-        source.name = f"demo:{i}"
-        return source
-
-    sources = sources or demo
+    sources = sources or (lambda i: demo_stream(i, seconds))
     runs, taggrams = {}, {}
     for tf32 in (False, True):
         frontend, entries = bench_setup("cuda", models, tf32)
