@@ -135,6 +135,7 @@ class Hub:
         self.draining, self.joined = False, 0
         self.wakes: list[asyncio.Event] = []
         self.load = [0] * self.lanes                     # streams placed in each lane, joining ones included
+        self.engine_hops = self.stream_hops = 0          # lane hops that stepped a stream; records made
 
     # ------------------------------------------------------------------ connections
     async def open(self, hello: Hello) -> Connection:
@@ -240,6 +241,8 @@ class Hub:
                 for conn in mine:
                     conn.fail(SERVER_ERROR, f"server error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
                 records = []
+            if records:
+                self.engine_hops, self.stream_hops = self.engine_hops + 1, self.stream_hops + len(records)
             for r in records:
                 conn = self.connections.get(r.source)
                 if conn is None:
@@ -268,7 +271,8 @@ class Hub:
 
     def health(self) -> dict:
         return {"active_streams": len(self.connections), "capacity": self.capacity, "models": self.models,
-                "frontend": self.frontend, "device": self.device, "draining": self.draining}
+                "frontend": self.frontend, "device": self.device, "draining": self.draining,
+                "engine_hops": self.engine_hops, "stream_hops": self.stream_hops}
 
 
 def hello_reply(hub: Hub) -> str:

@@ -39,6 +39,7 @@ EXCLUDES = [".git", ".venv", "tests", "docs", "scripts", "bench_results", "*.egg
 STALE_S = 3.0
 PROXY_WAIT_S = 300.0          # serve.start's wait for Ray Serve's HTTP proxy (Ray's own: 60 s)
 _registry = None
+SUMMED = ("active_streams", "capacity", "engine_hops", "stream_hops")     # /v1/health's sums over the replicas
 
 
 @ray.remote(num_cpus=0)
@@ -54,8 +55,7 @@ class Registry:
     def total(self) -> dict:
         now = time.monotonic()
         alive = [h for t, h in self.seen.values() if now - t <= STALE_S]
-        return {"replicas": len(alive), "active_streams": sum(h["active_streams"] for h in alive),
-                "capacity": sum(h["capacity"] for h in alive)}
+        return {"replicas": len(alive), **{k: sum(h[k] for h in alive) for k in SUMMED}}
 
 
 class RayPeers:

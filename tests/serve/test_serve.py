@@ -124,7 +124,10 @@ def test_two_clients_joining_at_different_times_each_get_what_classify_gives(fil
             assert code == 1000 and verdict["hops"] == len(want[k])
             same(errors, records, want[k])
             assert {n: v["steps"] for n, v in verdict["verdict"].items()} == {n: len(want[k]) for n in want[k][0]["models"]}
-        assert app.state.hub.health()["active_streams"] == 0
+        health = app.state.hub.health()
+        assert health["active_streams"] == 0
+        assert health["stream_hops"] == sum(len(want[k]) for k in songs)             # a record a stream-hop
+        assert sum(len(want[k]) for k in songs) / 2 <= health["engine_hops"] <= health["stream_hops"]
 
 
 def test_a_lane_held_up_delays_only_its_own_streams(files, capsys, errors, monkeypatch):

@@ -118,3 +118,8 @@ def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys,
     assert cut[0]["verdict"] is None and len(cut[0]["records"]) < len(want)
     same(errors, whole[0]["records"], want)
     assert whole[0]["verdict"]["hops"] == len(want)
+    # health sums the live replicas' counts: once the killed one is stale, the survivor's records
+    deadline = time.monotonic() + 15
+    while health(port)["stream_hops"] != len(want) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert health(port)["stream_hops"] == len(want)

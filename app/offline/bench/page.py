@@ -280,7 +280,7 @@ def ray_line(x: dict, goal: float) -> str:
 
 
 def serve_body(runs: dict) -> str:
-    from .serve import GOAL_P95_MS, serve_table
+    from .serve import GOAL_P95_MS, roles_line, serve_table
     out = []
     for kind, e in sorted(runs.items(), key=lambda kv: kv[1]["data"]["clients"]):
         r = e["data"]
@@ -290,6 +290,10 @@ def serve_body(runs: dict) -> str:
         out += serve_table(r) + ["", f"Real time (p95 at most {GOAL_P95_MS:g} ms, nothing dropped): "
                                      f"**{'yes' if ok else 'no'}**."
                                  + (ray_line(r["ray"], GOAL_P95_MS) if "ray" in r else ""), ""]
+        for label, x in [("one process", r)] + ([(f"Ray Serve, {r['ray']['replicas']} replicas", r["ray"])]
+                                                 if "ray" in r else []):
+            if roles_line(x):
+                out += [f"{label}: {roles_line(x)}.", ""]
     return "\n".join(out) + "\n"
 
 
@@ -357,8 +361,9 @@ SECTIONS = [
      "engine in lanes, one per core: docs/serve.md) in its own "
      "process, and N WebSocket clients on loopback in the bench's process, each streaming real audio "
      "(the shared GTZAN excerpts) in real time, one 0.25 s hop per message. Latency: from a hop's last "
-     "sample sent to its record received. Server CPU (cores, /proc) and resident memory per stream. "
-     "The clients run on the same cores as the server. With `--ray K`, the same clients and audio "
+     "sample sent to its record received. Server CPU (cores, /proc) and resident memory per stream; the "
+     "server's cores by process (its Ray Serve replicas, proxy, controller and Ray's own servers) and the "
+     "clients' (the bench's process), where a run has them. The clients run on the same cores as the server. With `--ray K`, the same clients and audio "
      "then against `serve --ray local --replicas K`, a fresh local Ray with the streams spread over K "
      "replicas by Ray Serve's router (each may take every client); CPU and memory are summed over the server's process tree.",
      serve_body),

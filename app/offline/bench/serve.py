@@ -9,7 +9,9 @@ server's.
 Reported: latency from a hop's last sample sent to its record received (median, p95), hops sent
 without a record (dropped), whether every client got its verdict and a close 1000, and the
 server's CPU (cores, from /proc, summed over its process tree: with Ray, the replicas and Ray's
-own servers) and resident memory per stream. Real time: p95 at most 150 ms
+own servers; and by process: ``role_of``) and resident memory per stream, the clients' CPU
+(this process), and the streams an engine hop took on average (the server's ``/v1/health``
+counts: its lanes', or its replicas' summed). Real time: p95 at most 150 ms
 and nothing dropped. The clients share the machine with the server (their decoding and sockets
 count against it).
 """
@@ -80,6 +82,23 @@ def tree_usage(pid: int) -> dict[int, tuple[float, float]]:
     return {p: (proc_cpu_seconds(p), rss_mb(p)) for p in process_tree(pid)}
 
 
+ROLES = (("ServeReplica", "replicas"), ("ProxyActor", "Ray Serve's proxy"),
+         ("ServeController", "Ray Serve's controller"), ("raylet", "raylet"), ("gcs_server", "Ray's GCS"))
+
+
+def role_of(pid: int, server: int) -> str:
+    """What a process of the server's tree is, from its command line (Ray names its workers by
+    the actor they hold): the `serve` process itself, a Ray Serve replica, its proxy, ... or
+    another of Ray's processes (idle workers, agents, log monitor)."""
+    if pid == server:
+        return "the serve process"
+    try:
+        line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "other Ray processes"
+    return next((role for key, role in ROLES if key in line), "other Ray processes")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,9 +121,14 @@ def run_server(audio, clients: int, ray: int | None) -> tuple[list[dict], dict]:
         if not line:
             raise RuntimeError("the server did not start")
         url = re.search(r"(ws://\S+/v1/stream)", line).group(1)
-        before, wall0 = tree_usage(server.pid), time.monotonic()
+        before, wall0, mine0 = tree_usage(server.pid), time.monotonic(), proc_cpu_seconds(os.getpid())
         results = asyncio.run(timed_clients(url, audio))
         wall, after = time.monotonic() - wall0, tree_usage(server.pid)
+        mine = proc_cpu_seconds(os.getpid()) - mine0
+        roles = {p: role_of(p, server.pid) for p in after}
+        if ray:
+            time.sleep(1.5)                              # each replica's last second reported to /v1/health
+        hops = health(url)
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -112,9 +136,22 @@ def run_server(audio, clients: int, ray: int | None) -> tuple[list[dict], dict]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
-    cpu = sum(c for c, _ in after.values()) - sum(before[p][0] for p in after if p in before)
+    by_role: dict[str, float] = {}
+    for p, (c, _) in after.items():
+        by_role[roles[p]] = by_role.get(roles[p], 0.0) + (c - before.get(p, (0.0, 0.0))[0]) / wall
     rss0, rss = sum(m for _, m in before.values()), sum(m for _, m in after.values())
-    return results, {"cores": cpu / wall, "rss_mb": rss, "rss0_mb": rss0, "processes": len(after)}
+    return results, {"cores": sum(by_role.values()), "rss_mb": rss, "rss0_mb": rss0, "processes": len(after),
+                     "cores_by_role": by_role, "client_cores": mine / wall,
+                     "engine_hops": hops.get("engine_hops", 0), "stream_hops": hops.get("stream_hops", 0)}
+
+
+def health(url: str) -> dict:
+    """The server's ``/v1/health`` (``url``: its ws://HOST:PORT/v1/stream)."""
+    import json
+    import urllib.request
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))        # loopback: no proxy
+    with direct.open(url.replace("ws://", "http://").replace("/v1/stream", "/v1/health"), timeout=30) as r:
+        return json.loads(r.read())
 
 
 def serve_bench(clients: int, seconds: float = 20.0, ray: int | None = None) -> dict:
@@ -146,7 +183,9 @@ def summary(results: list[dict], usage: dict, clients: int, seconds: float, what
             "verdicts": sum(r["verdict"] and r["close"] == 1000 for r in results),
             "server_cores": usage["cores"], "server_cores_per_stream": usage["cores"] / clients,
             "server_mb_per_stream": (usage["rss_mb"] - usage["rss0_mb"]) / clients, "server_rss_mb": usage["rss_mb"],
-            "server_processes": usage["processes"], "threads": os.cpu_count()}
+            "server_processes": usage["processes"], "threads": os.cpu_count(),
+            "server_cores_by_role": usage["cores_by_role"], "client_cores": usage["client_cores"],
+            "streams_per_engine_hop": usage["stream_hops"] / max(1, usage["engine_hops"])}
 
 
 def print_serve(r: dict) -> None:
@@ -156,11 +195,20 @@ def print_serve(r: dict) -> None:
               f"{x['dropped']} of {x['hops_sent']} hops dropped; {x['verdicts']} verdicts with close 1000; "
               f"server {x['server_cores']:.2f} cores ({x['server_cores_per_stream']:.3f} per stream), "
               f"+{x['server_mb_per_stream']:.1f} MB per stream")
+        print(f"  {roles_line(x)}")
     if "ray" in r:
         print(f"Ray Serve vs one server: {r['ray']['compared_records']} records compared, largest probability "
               f"difference {r['ray']['max_probability_difference']:.1e}")
     print(f"real time (p95 <= {GOAL_P95_MS:g} ms, nothing dropped): {'yes' if real_time(r) else 'no'}"
           + (f"; with Ray Serve: {'yes' if real_time(r['ray']) else 'no'}" if "ray" in r else ""))
+
+
+def roles_line(x: dict) -> str:
+    """Where the server's cores went, by process, and the clients' own (this process)."""
+    roles = sorted(x.get("server_cores_by_role", {}).items(), key=lambda kv: -kv[1])
+    return ("server cores by process: " + ", ".join(f"{role} {cores:.2f}" for role, cores in roles)
+            + f"; the clients (the bench's process) {x['client_cores']:.2f}; streams per engine hop (a "
+              f"lane's or a replica's) {x['streams_per_engine_hop']:.1f}") if roles else ""
 
 
 def real_time(x: dict) -> bool:
