@@ -5,7 +5,7 @@ from __future__ import annotations
 from models.sda import VARIANTS
 
 from . import command
-from .argtypes import POSITIVE, WINDOW
+from .argtypes import POSITIVE, WINDOW, number
 
 
 def add_arguments(p) -> None:
@@ -14,6 +14,9 @@ def add_arguments(p) -> None:
     p.add_argument("--port", type=int, default=8765, help="TCP port (0: any free one, printed)")
     p.add_argument("--token-file", metavar="FILE", help="clients must send 'Authorization: Bearer' + the token in FILE")
     p.add_argument("--max-streams", type=POSITIVE, default=32, help="clients at once (one stream each)")
+    p.add_argument("--batch-delay-ms", type=number(0, 1000), default=None, metavar="MS",
+                   help="a ready hop waits at most this for the other streams of its lane, to step them "
+                        "together (default 40; 0: at once)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the front end and models run")
     p.add_argument("--tf32", action="store_true",
                    help="with --device cuda: musicnn's network in TF32 with cuDNN (its error: docs/front-ends.md)")
@@ -38,8 +41,9 @@ def hub_spec(args):
     fe = FrontEndSpec(frontend_name(args), args.vggish_weights, random_seed(args), True, args.device,
                       tf32=args.tf32)
     shape = {"layers": args.layers, "window": args.window, "landmarks": args.landmarks, "seed": args.seed}
+    delay = {} if args.batch_delay_ms is None else {"batch_delay_ms": args.batch_delay_ms}
     return HubSpec(fe, args.max_streams, tuple(args.checkpoint),
-                   tuple(args.variant) if args.variant else None, shape)
+                   tuple(args.variant) if args.variant else None, shape, **delay)
 
 
 @command("serve", "classify live audio from WebSocket clients (protocol v1, docs/serve.md)", add_arguments)

@@ -3,8 +3,9 @@ connections. On the CPU its shards (one per core) are lanes: each lane is steppe
 its own, in a loop of its own, whenever one of its streams has a whole hop, and waits for no
 other lane (a lane that the event loop's thread holds up delays only its own streams). On CUDA
 there is one lane. sherpa-onnx's server loop, per lane: a hop waits for the lane's other streams'
-hops at most BATCH_DELAY_S after the oldest waiting one arrived, and not at all once every stream
-of the lane has one (as Triton's dynamic batcher's queue delay). The event loop feeds each
+hops at most ``batch_delay`` after the oldest waiting one arrived (BATCH_DELAY_MS unless `serve
+--batch-delay-ms` says), and not at all once every stream of the lane has one (as Triton's
+dynamic batcher's queue delay). The event loop feeds each
 connection's audio in and takes its records out; a shard is touched by its lane's thread only.
 
 A connection (``Connection``) owns its audio source (``NetworkSource``), its outbox of records
@@ -28,8 +29,8 @@ from app.runtime.verdict import Tally
 from audio.melspec import HOP, HOP_SECONDS
 
 from .protocol import GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, TRY_LATER, Hello, Limits, PcmDecoder, ProtocolError
+from .spec import BATCH_DELAY_MS
 
-BATCH_DELAY_S = 0.01        # a ready hop waits at most this for other streams' hops (dynamic batching)
 
 
 class NetworkSource:
@@ -119,13 +120,15 @@ class Hub:
     """The engine and its connections. ``open(hello)`` joins a stream (ProtocolError 1013 when
     full, 1001 while draining); ``run()`` is the loop; ``drain()`` ends every stream."""
 
-    def __init__(self, frontend, entries, capacity: int, limits: Limits, *, device: str = "cpu"):
+    def __init__(self, frontend, entries, capacity: int, limits: Limits, *, device: str = "cpu",
+                 batch_delay: float = BATCH_DELAY_MS / 1e3):
         shards = default_shards(torch.device(device), capacity)
         if shards > 1:                                   # each lane's thread gets an even share of torch's (process-wide)
             torch.set_num_threads(max(1, torch.get_num_threads() // shards))
         self.engine = StreamsEngine(frontend, entries, capacity, shards=shards)
         self.engine.warm()                               # compiled before the first client, not in its hops
         self.capacity, self.limits, self.device = capacity, limits, device
+        self.batch_delay = batch_delay                   # seconds a ready hop may wait for its lane's others
         self.models = [e.name for e in entries]
         self.classes = list(entries[0].classes) if entries else []
         self.frontend = frontend.description
@@ -196,7 +199,7 @@ class Hub:
     def batch_wait(self, lane: int | None = None) -> float | None:
         """Seconds the lane's next hop waits for more of its streams' hops (dynamic batching, as
         Triton's dynamic batcher's queue delay): 0 when every stream of the lane has a hop or has
-        ended, else until the oldest waiting hop has waited BATCH_DELAY_S; None when no stream of
+        ended, else until the oldest waiting hop has waited ``batch_delay``; None when no stream of
         the lane has a hop. ``lane`` None: every connection."""
         oldest, everyone = None, True
         for conn in self.connections.values():
@@ -212,7 +215,7 @@ class Hub:
                 everyone = False
         if oldest is None:
             return None
-        return 0.0 if everyone else max(0.0, oldest + BATCH_DELAY_S - time.monotonic())
+        return 0.0 if everyone else max(0.0, oldest + self.batch_delay - time.monotonic())
 
     async def run(self) -> None:
         """Every lane's loop, until cancelled."""

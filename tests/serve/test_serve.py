@@ -30,8 +30,8 @@ PROB_TOL = 6e-6
 
 
 @contextmanager
-def server(checkpoints, *, capacity=3, limits=Limits(outbox_seconds=1.0, burst_seconds=2.0)):
-    spec = HubSpec(FrontEndSpec("musicnn"), capacity, tuple(checkpoints), None, {}, limits)
+def server(checkpoints, *, capacity=3, limits=Limits(outbox_seconds=1.0, burst_seconds=2.0), **spec_options):
+    spec = HubSpec(FrontEndSpec("musicnn"), capacity, tuple(checkpoints), None, {}, limits, **spec_options)
     app = build_app(spec.build, token=TOKEN, limits=limits)
     sock = bind("127.0.0.1", 0)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)   # accepted sockets inherit it
@@ -388,24 +388,23 @@ def test_a_host_beyond_loopback_needs_a_token(monkeypatch):
         main(["serve", "--host", "192.0.2.1"])
 
 
-def test_a_hop_waits_for_the_other_streams_at_most_the_batch_delay(monkeypatch):
+def test_a_hop_waits_for_the_other_streams_at_most_the_batch_delay():
     """Hub.batch_wait on real sources: none with a hop -> no hop; every stream with one (or one
-    ended) -> at once; else the oldest waiting hop's remaining BATCH_DELAY_S (set to 100 s here,
-    so that no pause of the host can use it up between two looks)."""
+    ended) -> at once; else the oldest waiting hop's remaining batch delay (100 s here, so that no
+    pause of the host can use it up between two looks)."""
     from types import SimpleNamespace
 
-    from app.serve import hub as hub_module
     from app.serve.hub import Hub, NetworkSource
     from app.serve.protocol import Hello, PcmDecoder
     from audio.melspec import HOP
 
     BATCH_DELAY_S = 100.0
-    monkeypatch.setattr(hub_module, "BATCH_DELAY_S", BATCH_DELAY_S)
 
     def source(name):
         return NetworkSource(name, PcmDecoder(Hello(16000, 1, "f32le")))
     a, b = source("a"), source("b")
-    hub = SimpleNamespace(connections={"a": SimpleNamespace(source=a), "b": SimpleNamespace(source=b)})
+    hub = SimpleNamespace(connections={"a": SimpleNamespace(source=a), "b": SimpleNamespace(source=b)},
+                          batch_delay=BATCH_DELAY_S)
     assert Hub.batch_wait(hub) is None
     hop = np.zeros(HOP, np.float32).tobytes()
     before = time.monotonic()
@@ -422,3 +421,39 @@ def test_a_hop_waits_for_the_other_streams_at_most_the_batch_delay(monkeypatch):
     assert Hub.batch_wait(hub) == 0.0                             # its stream leaves at the next hop
     with pytest.raises(StopIteration):
         next(b)
+
+
+def test_the_batch_delay_steps_clients_with_different_phases_together(files, monkeypatch):
+    """One lane, two clients streaming in real time, the second's hops 125 ms after the first's:
+    with `--batch-delay-ms 200` a lane's hop waits for the other client's hop and takes both (about
+    half as many engine hops as records); at 0 each hop is stepped when it is whole (more engine
+    hops). Every hop gets its record either way."""
+    from app.serve import hub as hub_module
+    monkeypatch.setattr(hub_module, "default_shards", lambda device, capacity: 1)
+    checkpoints, _ = files
+    hops = 8
+
+    def paced(url, start, got):
+        with client(url) as ws:
+            ws.send(json.dumps(HELLO))
+            ws.recv(timeout=20)
+            for i in range(hops):                    # on an absolute schedule: no drift between clients
+                time.sleep(max(0.0, start + 0.25 * i - time.monotonic()))
+                ws.send(np.full(4000, 0.05 * (i + 1), "<f4").tobytes())
+            ws.send(json.dumps({"end": True}))
+            got.append(sum("step" in json.loads(text) for text in ws))
+
+    counts = {}
+    for delay in (200.0, 0.0):
+        with server(checkpoints, batch_delay_ms=delay) as (url, app):
+            got, start = [], time.monotonic() + 1.0
+            clients = [threading.Thread(target=paced, args=(url, start + offset, got)) for offset in (0.0, 0.125)]
+            for t in clients:
+                t.start()
+            for t in clients:
+                t.join(timeout=60)
+            assert got == [hops, hops]
+            health = app.state.hub.health()
+            assert health["stream_hops"] == 2 * hops
+            counts[delay] = health["engine_hops"]
+    assert counts[200.0] <= 0.6 * 2 * hops < counts[0.0], counts

@@ -105,7 +105,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_server(audio, clients: int, ray: int | None) -> tuple[list[dict], dict]:
+def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | None = None) -> tuple[list[dict], dict]:
     """The real `serve` (``ray``: `serve --ray local --replicas K`, the streams spread over them) in its
     own process and the clients here; their results and the server tree's CPU and memory."""
     from app.serve.client import timed_clients         # (websockets: not needed to render the page)
@@ -113,6 +113,7 @@ def run_server(audio, clients: int, ray: int | None) -> tuple[list[dict], dict]:
     # the replicas' ongoing requests, which is not always even (4 clients: 3 and 1, seen)
     command = [sys.executable, str(ROOT / "main.py"), "serve", "--max-streams", str(clients)]
     command += ["--ray", "local", "--replicas", str(ray), "--port", str(free_port())] if ray else ["--port", "0"]
+    command += ["--batch-delay-ms", f"{batch_delay_ms:g}"] if batch_delay_ms is not None else []
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()
@@ -154,14 +155,17 @@ def health(url: str) -> dict:
         return json.loads(r.read())
 
 
-def serve_bench(clients: int, seconds: float = 20.0, ray: int | None = None) -> dict:
+def serve_bench(clients: int, seconds: float = 20.0, ray: int | None = None,
+                batch_delay_ms: float | None = None) -> dict:
     """One server; with ``ray`` = K also K Ray Serve replicas, each client's probabilities
-    compared with the one server's."""
+    compared with the one server's. ``batch_delay_ms``: the server's (default: its own)."""
+    from app.serve.spec import BATCH_DELAY_MS
     audio, what = audio_for(clients, seconds)
-    results, usage = run_server(audio, clients, None)
+    results, usage = run_server(audio, clients, None, batch_delay_ms)
     out = summary(results, usage, clients, seconds, what, len(audio[0]))
+    out["batch_delay_ms"] = BATCH_DELAY_MS if batch_delay_ms is None else batch_delay_ms
     if ray:
-        ray_results, ray_usage = run_server(audio, clients, ray)
+        ray_results, ray_usage = run_server(audio, clients, ray, batch_delay_ms)
         diffs = [abs(a - b) for one, other in zip(results, ray_results)
                  for step in set(one["probabilities"]) & set(other["probabilities"])
                  for pa, pb in zip(one["probabilities"][step], other["probabilities"][step])
