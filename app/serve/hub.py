@@ -275,7 +275,7 @@ class Hub:
     def health(self) -> dict:
         return {"active_streams": len(self.connections), "capacity": self.capacity, "models": self.models,
                 "frontend": self.frontend, "device": self.device, "draining": self.draining,
-                "engine_hops": self.engine_hops, "stream_hops": self.stream_hops}
+                "engine_hops": self.engine_hops, "stream_hops": self.stream_hops, "streams_by_lane": list(self.load)}
 
 
 def hello_reply(hub: Hub) -> str:

@@ -55,7 +55,8 @@ class Registry:
     def total(self) -> dict:
         now = time.monotonic()
         alive = [h for t, h in self.seen.values() if now - t <= STALE_S]
-        return {"replicas": len(alive), **{k: sum(h[k] for h in alive) for k in SUMMED}}
+        return {"replicas": len(alive), **{k: sum(h[k] for h in alive) for k in SUMMED},
+                "streams_by_replica": sorted((h["active_streams"] for h in alive), reverse=True)}
 
 
 class RayPeers:

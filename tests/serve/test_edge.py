@@ -105,3 +105,34 @@ def test_an_edge_stopped_without_a_drain_closes_its_clients_1001_at_once(files, 
                 while True:
                     ws.recv(timeout=20)
             assert (ws.close_code, ws.close_reason) == (1001, "the server is shutting down")
+
+
+def test_the_edge_opens_one_connection_to_the_proxy_at_a_time(monkeypatch):
+    """``routed``: connections opened at once are opened one after another, each until it is
+    open, or until ROUTE_SECONDS have passed for one that takes longer (the next then starts
+    while it still opens); what an opening raises reaches its own caller."""
+    import asyncio
+    import time
+
+    from app.serve import edge
+    monkeypatch.setattr(edge, "ROUTE_SECONDS", 0.2)
+    spans = []
+
+    async def opening(i, seconds, fail=False):
+        start = time.monotonic()
+        await asyncio.sleep(seconds)
+        spans.append((i, start, time.monotonic()))
+        if fail:
+            raise OSError("refused")
+        return i
+
+    async def main():
+        lock = asyncio.Lock()
+        return await asyncio.gather(edge.routed(lock, opening(0, 0.05)), edge.routed(lock, opening(1, 0.05)),
+                                    edge.routed(lock, opening(2, 1.0)), edge.routed(lock, opening(3, 0.05, fail=True)),
+                                    return_exceptions=True)
+    results = asyncio.run(main())
+    assert results[:3] == [0, 1, 2] and isinstance(results[3], OSError)
+    by = {i: (start, end) for i, start, end in spans}
+    assert by[1][0] >= by[0][1] and by[2][0] >= by[1][1]          # one after another
+    assert by[2][0] + 0.15 <= by[3][0] < by[2][1]                  # a slow one holds the next up 0.2 s only

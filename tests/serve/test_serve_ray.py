@@ -88,6 +88,37 @@ def stream(ws, hops, got: dict, pace: float) -> None:
     got.update(records=records, verdict=verdict, close=ws.close_code, reason=ws.close_reason)
 
 
+def test_clients_joining_at_once_are_spread_over_the_replicas(deployed):
+    """Two clients at the same moment, a stream per replica: each is taken at once (no 1013),
+    and health says one on each replica."""
+    url, port = deployed
+    answers, held = [], threading.Barrier(3)
+
+    def join():
+        with connect(url, proxy=None, open_timeout=30) as ws:
+            ws.send(json.dumps(HELLO))
+            try:
+                answers.append(sorted(json.loads(ws.recv(timeout=30))))
+            except ConnectionClosed:
+                answers.append(ws.close_code)
+            held.wait(timeout=60)                          # both open until the split is read
+    threads = [threading.Thread(target=join) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while len(answers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)                                        # each replica's next health report
+    split = health(port)["streams_by_replica"]
+    held.wait(timeout=60)
+    for t in threads:
+        t.join(timeout=60)
+    assert answers == [["classes", "models"]] * 2 and split == [1, 1], (answers, split)
+    deadline = time.monotonic() + 15
+    while health(port)["active_streams"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys, errors):
     url, port = deployed
     checkpoints, songs = files

@@ -364,8 +364,9 @@ SECTIONS = [
      "process, and N WebSocket clients on loopback in the bench's process, each streaming real audio "
      "(the shared GTZAN excerpts) in real time, one 0.25 s hop per message. Latency: from a hop's last "
      "sample sent to its record received. Server CPU (cores, /proc) and resident memory per stream; the "
-     "server's cores by process (its Ray Serve replicas, proxy, controller and Ray's own servers) and the "
-     "clients' (the bench's process), where a run has them. The clients run on the same cores as the server. With `--ray K`, the same clients and audio "
+     "server's cores by process (its Ray Serve replicas, proxy, controller and Ray's own servers), the "
+     "clients' (the bench's process), the streams an engine hop took, and how the streams were split over "
+     "the lanes or replicas at the busiest moment (the server's health), where a run has them. The clients run on the same cores as the server. With `--ray K`, the same clients and audio "
      "then against `serve --ray local --replicas K`, a fresh local Ray with the streams spread over K "
      "replicas by Ray Serve's router (each may take every client); CPU and memory are summed over the server's process tree.",
      serve_body),

@@ -25,6 +25,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -123,7 +124,12 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
             raise RuntimeError("the server did not start")
         url = re.search(r"(ws://\S+/v1/stream)", line).group(1)
         before, wall0, mine0 = tree_usage(server.pid), time.monotonic(), proc_cpu_seconds(os.getpid())
+        busiest, done = {}, threading.Event()
+        watch = threading.Thread(target=watch_health, args=(url, busiest, done), daemon=True)
+        watch.start()
         results = asyncio.run(timed_clients(url, audio))
+        done.set()
+        watch.join(timeout=35)
         wall, after = time.monotonic() - wall0, tree_usage(server.pid)
         mine = proc_cpu_seconds(os.getpid()) - mine0
         roles = {p: role_of(p, server.pid) for p in after}
@@ -143,7 +149,21 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
     rss0, rss = sum(m for _, m in before.values()), sum(m for _, m in after.values())
     return results, {"cores": sum(by_role.values()), "rss_mb": rss, "rss0_mb": rss0, "processes": len(after),
                      "cores_by_role": by_role, "client_cores": mine / wall,
-                     "engine_hops": hops.get("engine_hops", 0), "stream_hops": hops.get("stream_hops", 0)}
+                     "engine_hops": hops.get("engine_hops", 0), "stream_hops": hops.get("stream_hops", 0),
+                     "streams_split": busiest.get("streams_by_replica", busiest.get("streams_by_lane", []))}
+
+
+def watch_health(url: str, busiest: dict, done: threading.Event) -> None:
+    """Read the server's health every second until ``done``; ``busiest`` keeps the answer with the
+    most active streams (how they were split over the lanes, or the replicas)."""
+    while not done.wait(1.0):
+        try:
+            h = health(url)
+        except (OSError, ValueError):
+            continue
+        if h.get("active_streams", 0) > busiest.get("active_streams", -1):
+            busiest.clear()
+            busiest.update(h)
 
 
 def health(url: str) -> dict:
@@ -189,7 +209,8 @@ def summary(results: list[dict], usage: dict, clients: int, seconds: float, what
             "server_mb_per_stream": (usage["rss_mb"] - usage["rss0_mb"]) / clients, "server_rss_mb": usage["rss_mb"],
             "server_processes": usage["processes"], "threads": os.cpu_count(),
             "server_cores_by_role": usage["cores_by_role"], "client_cores": usage["client_cores"],
-            "streams_per_engine_hop": usage["stream_hops"] / max(1, usage["engine_hops"])}
+            "streams_per_engine_hop": usage["stream_hops"] / max(1, usage["engine_hops"]),
+            "streams_split": usage["streams_split"]}
 
 
 def print_serve(r: dict) -> None:
@@ -212,7 +233,9 @@ def roles_line(x: dict) -> str:
     roles = sorted(x.get("server_cores_by_role", {}).items(), key=lambda kv: -kv[1])
     return ("server cores by process: " + ", ".join(f"{role} {cores:.2f}" for role, cores in roles)
             + f"; the clients (the bench's process) {x['client_cores']:.2f}; streams per engine hop (a "
-              f"lane's or a replica's) {x['streams_per_engine_hop']:.1f}") if roles else ""
+              f"lane's or a replica's) {x['streams_per_engine_hop']:.1f}"
+            + (f"; streams in each {'replica' if 'replicas' in x else 'lane'} at the most "
+               f"{'+'.join(map(str, x['streams_split']))}" if x.get("streams_split") else "")) if roles else ""
 
 
 def real_time(x: dict) -> bool:
