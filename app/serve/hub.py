@@ -5,8 +5,8 @@ other lane (a lane that the event loop's thread holds up delays only its own str
 there is one lane. sherpa-onnx's server loop, per lane: a hop waits for the lane's other streams'
 hops at most ``batch_delay`` after the oldest waiting one arrived (BATCH_DELAY_MS unless `serve
 --batch-delay-ms` says), and not at all once every stream of the lane has one (as Triton's
-dynamic batcher's queue delay). The event loop feeds each
-connection's audio in and takes its records out; a shard is touched by its lane's thread only.
+dynamic batcher's queue delay). The event loop feeds each connection's audio in and takes its
+records out; a shard is touched by its lane's thread only.
 
 A connection (``Connection``) owns its audio source (``NetworkSource``), its outbox of records
 and its tally. A client that leaves, fails or stops reading closes only its own connection: its
@@ -30,7 +30,6 @@ from audio.melspec import HOP, HOP_SECONDS
 
 from .protocol import GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, TRY_LATER, Hello, Limits, PcmDecoder, ProtocolError
 from .spec import BATCH_DELAY_MS
-
 
 
 class NetworkSource:

@@ -366,7 +366,8 @@ SECTIONS = [
      "sample sent to its record received. Server CPU (cores, /proc) and resident memory per stream; the "
      "server's cores by process (its Ray Serve replicas, proxy, controller and Ray's own servers), the "
      "clients' (the bench's process), the streams an engine hop took, and how the streams were split over "
-     "the lanes or replicas at the busiest moment (the server's health), where a run has them. The clients run on the same cores as the server. With `--ray K`, the same clients and audio "
+     "the lanes or replicas at the busiest moment (the server's health), where a run has them. The clients "
+     "run on the same cores as the server. With `--ray K`, the same clients and audio "
      "then against `serve --ray local --replicas K`, a fresh local Ray with the streams spread over K "
      "replicas by Ray Serve's router (each may take every client); CPU and memory are summed over the server's process tree.",
      serve_body),
