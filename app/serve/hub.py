@@ -28,8 +28,8 @@ from app.runtime.streams import StreamsEngine, default_shards
 from app.runtime.verdict import Tally
 from audio.melspec import HOP, HOP_SECONDS
 
-from .protocol import GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, TRY_LATER, Hello, Limits, PcmDecoder, ProtocolError
-from .spec import BATCH_DELAY_MS
+from .protocol import (BATCH_DELAY_MS, GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, TRY_LATER, Hello, Limits, PcmDecoder,
+                       ProtocolError)
 
 
 class NetworkSource:

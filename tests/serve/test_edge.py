@@ -110,7 +110,8 @@ def test_an_edge_stopped_without_a_drain_closes_its_clients_1001_at_once(files, 
 def test_the_edge_opens_one_connection_to_the_proxy_at_a_time(monkeypatch):
     """``routed``: connections opened at once are opened one after another, each until it is
     open, or until ROUTE_SECONDS have passed for one that takes longer (the next then starts
-    while it still opens); what an opening raises reaches its own caller."""
+    while it still opens); what an opening raises reaches its own caller; a caller that is
+    cancelled while its connection opens cancels the opening."""
     import asyncio
     import time
 
@@ -136,3 +137,20 @@ def test_the_edge_opens_one_connection_to_the_proxy_at_a_time(monkeypatch):
     by = {i: (start, end) for i, start, end in spans}
     assert by[1][0] >= by[0][1] and by[2][0] >= by[1][1]          # one after another
     assert by[2][0] + 0.15 <= by[3][0] < by[2][1]                  # a slow one holds the next up 0.2 s only
+
+    async def left():                       # the client leaves while its connection opens
+        cancelled = []
+
+        async def slow():
+            try:
+                await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+        task = asyncio.ensure_future(edge.routed(asyncio.Lock(), slow()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0)
+        return list(cancelled)              # now: asyncio.run cancels what is left only after
+    assert asyncio.run(left()) == [True]                          # its opening is cancelled with it

@@ -182,7 +182,7 @@ def serve_bench(clients: int, seconds: float = 20.0, ray: int | None = None,
                 batch_delay_ms: float | None = None) -> dict:
     """One server; with ``ray`` = K also K Ray Serve replicas, each client's probabilities
     compared with the one server's. ``batch_delay_ms``: the server's (default: its own)."""
-    from app.serve.spec import BATCH_DELAY_MS
+    from app.serve.protocol import BATCH_DELAY_MS
     audio, what = audio_for(clients, seconds)
     results, usage = run_server(audio, clients, None, batch_delay_ms)
     out = summary(results, usage, clients, seconds, what, len(audio[0]))
