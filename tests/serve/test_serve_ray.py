@@ -1,7 +1,8 @@
 """`serve --ray`: the same app as a Ray Serve deployment of 2 replicas (the code shipped in the
 job's working_dir), on a real local Ray instance and on a two-node ray.cluster_utils.Cluster, on a
-Serve that already ran with HTTP options of its own. Health sums the replicas; each client's records equal `classify FILE --jsonl`; a killed
-replica cuts only its own client's stream."""
+Serve that already ran with HTTP options of its own. Health sums the replicas and says their
+split; each client's records equal `classify FILE --jsonl`; a killed replica cuts only its own
+client's stream."""
 import json
 import socket
 import threading
