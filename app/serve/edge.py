@@ -14,7 +14,8 @@ The edge opens its connections to the proxy one at a time (each until its upgrad
 most ROUTE_SECONDS): Ray Serve's router picks a connection's replica by the replicas' ongoing
 requests, and connections routed at the same moment see the same counts. 32 clients joining within
 a hop were split 24 + 8 over 2 replicas (the busier one then fell seconds behind while the other
-idled) and 16 + 16 one at a time (`bench --serve 32 --ray 2`, its health's split, 2026-11-27).
+idled) and 16 + 16 one at a time (`bench --serve 32 --ray 2`, its health's split, one run
+each, 2026-11-27; the first not stored).
 """
 from __future__ import annotations
 
