@@ -1,21 +1,22 @@
 """`serve --ray`'s front door: the public socket, in the driver's process, relaying each client's
-WebSocket to Ray Serve's proxy (loopback, a port of its own) message by message, and answering
-``/v1/health`` from it.
+WebSocket message by message to a replica (its own port, under Ray Serve's direct ingress) or to
+Ray Serve's proxy (a loopback port of its own), and answering ``/v1/health`` from them.
 
-Why a relay: when a replica dies, Ray Serve's proxy drops its clients' connections without a
-close frame (1006, no reason). The edge sees that and closes the client's connection itself with
-1012 and a reason (its stream is gone; connect again for a fresh one). Every other close, its
-code and reason, passes through unchanged, as do the messages both ways; a refused upgrade (a
-missing or wrong token) is refused here the same way. Backpressure passes through too: the edge
-reads a client only as fast as the replica takes its messages, and a replica only as fast as the
-client takes its records.
+Why a relay: when a replica dies, its connections drop without a close frame (1006, no reason).
+The edge sees that and closes the client's connection itself with 1012 and a reason (its stream
+is gone; connect again for a fresh one). Every other close, its code and reason, passes through
+unchanged, as do the messages both ways; a refused upgrade (a missing or wrong token) is refused
+here the same way. Backpressure passes through too: the edge reads a client only as fast as the
+replica takes its messages, and a replica only as fast as the client takes its records.
 
-The edge opens its connections to the proxy one at a time (each until its upgrade is answered, at
-most ROUTE_SECONDS): Ray Serve's router picks a connection's replica by the replicas' ongoing
-requests, and connections routed at the same moment see the same counts. 32 clients joining within
-a hop were split 24 + 8 over 2 replicas (the busier one then fell seconds behind while the other
-idled) and 16 + 16 one at a time (`bench --serve 32 --ray 2`, its health's split, one run
-each, 2026-11-27; the first not stored).
+Given the replicas' own addresses, the edge picks a new stream's replica itself: the one holding
+the fewest of its streams, passing over one that refuses the connection (gone, not yet
+replaced). Given a proxy, it opens its connections one at a time (each until its upgrade is
+answered, at most ROUTE_SECONDS): Ray Serve's router picks a connection's replica by the
+replicas' ongoing requests, and connections routed at the same moment see the same counts. 32
+clients joining within a hop were split 24 + 8 over 2 replicas (the busier one then fell
+seconds behind while the other idled) and 16 + 16 one at a time (`bench --serve 32 --ray 2`, its
+health's split, one run each, 2026-11-27; neither stored).
 """
 from __future__ import annotations
 
@@ -43,15 +44,21 @@ OPEN_SECONDS = 30.0
 ROUTE_SECONDS = 2.0                 # the longest one connection's routing holds up the next one's
 
 
-def build_edge(inner: str) -> FastAPI:
-    """The relay app in front of Ray Serve's proxy at ``inner`` ("127.0.0.1:PORT")."""
+def build_edge(upstreams) -> FastAPI:
+    """The relay app in front of Ray Serve (``upstreams``: see ``as_upstreams``)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.upstreams = as_upstreams(upstreams)
     app.state.relays, app.state.closing = {}, False          # (client, replica) -> the client-to-replica task
+    app.state.load = {}                                      # a replica's address -> the streams relayed to it
     app.state.routing = asyncio.Lock()                       # one connection to the proxy opening at a time
 
     @app.get("/v1/health")
     async def health():
-        status, body = await http_get(inner, "/v1/health")
+        status, body = 503, b""
+        for address in app.state.upstreams()[0]:             # the first that answers: each sums them all
+            status, body = await http_get(address, "/v1/health")
+            if status < 500:
+                break
         return Response(body, status_code=status, media_type="application/json")
 
     @app.websocket("/v1/stream")
@@ -61,25 +68,56 @@ def build_edge(inner: str) -> FastAPI:
             await close(ws, GOING_AWAY, SHUTTING_DOWN)
             return
         headers = {"Authorization": ws.headers["authorization"]} if "authorization" in ws.headers else {}
-        try:
-            upstream = await routed(app.state.routing, connect(
-                f"ws://{inner}/v1/stream", additional_headers=headers, max_size=None, open_timeout=OPEN_SECONDS,
-                ping_interval=None, proxy=None, compression=None))     # loopback: no deflate of every hop
-        except InvalidStatus as e:
-            if e.response.status_code in (401, 403):     # the replica refused the token: so does the edge
-                await ws.close(code=1008)
-                return
-            await ws.accept()
-            await close(ws, TRY_LATER, f"no replica took the stream (HTTP {e.response.status_code}); try again")
-            return
-        except (OSError, asyncio.TimeoutError) as e:
-            await ws.accept()
-            await close(ws, TRY_LATER, f"no replica took the stream ({type(e).__name__}); try again")
+        addresses, direct = app.state.upstreams()
+        if direct:                                       # the replica with the fewest of this edge's streams first
+            addresses = sorted(addresses, key=lambda a: app.state.load.get(a, 0))
+        failure = "no replica is running"
+        for address in addresses:
+            app.state.load[address] = app.state.load.get(address, 0) + 1
+            try:
+                opening = connect(f"ws://{address}/v1/stream", additional_headers=headers, max_size=None,
+                                  open_timeout=OPEN_SECONDS, ping_interval=None, proxy=None,
+                                  compression=None)      # loopback: no deflate of every hop
+                upstream = await (opening if direct else routed(app.state.routing, opening))
+            except InvalidStatus as e:
+                unload(app, address)
+                if e.response.status_code in (401, 403):  # the replica refused the token: so does the edge
+                    await ws.close(code=1008)
+                    return
+                failure = f"HTTP {e.response.status_code}"
+                continue                                 # (a replica stopping): the next one
+            except (OSError, asyncio.TimeoutError) as e:
+                unload(app, address)
+                failure = type(e).__name__
+                continue                                 # (a replica gone, not yet replaced): the next one
+            except BaseException:
+                unload(app, address)
+                raise
+            try:
+                await ws.accept()
+                await relay(ws, upstream)
+            finally:
+                unload(app, address)
             return
         await ws.accept()
-        await relay(ws, upstream)
+        await close(ws, TRY_LATER, f"no replica took the stream ({failure}); try again")
 
     return app
+
+
+def as_upstreams(upstreams):
+    """Where new streams go: a callable giving (addresses "HOST:PORT", direct), read at each new
+    stream; direct: each address is a replica's own (the edge spreads the streams over them),
+    else Ray Serve's proxies (its router picks the replica). A plain "HOST:PORT" is one proxy."""
+    if isinstance(upstreams, str):
+        return lambda: ([upstreams], False)
+    return upstreams
+
+
+def unload(app: FastAPI, address: str) -> None:
+    app.state.load[address] -= 1
+    if not app.state.load[address]:
+        del app.state.load[address]
 
 
 async def routed(routing: asyncio.Lock, opening):
@@ -185,12 +223,12 @@ async def close(ws: WebSocket, code: int, reason: str) -> None:
         await asyncio.wait_for(ws.close(code=code, reason=reason), CLOSE_SECONDS)
 
 
-async def http_get(inner: str, path: str) -> tuple[int, bytes]:
-    """(status, body) of GET ``path`` at ``inner``; 503 with a JSON error when it cannot be read."""
+async def http_get(address: str, path: str) -> tuple[int, bytes]:
+    """(status, body) of GET ``path`` at ``address``; 503 with a JSON error when it cannot be read."""
     def get():
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))     # loopback: no proxy
         try:
-            with direct.open(f"http://{inner}{path}", timeout=OPEN_SECONDS) as r:
+            with direct.open(f"http://{address}{path}", timeout=OPEN_SECONDS) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -204,8 +242,8 @@ class Edge:
     """The edge's uvicorn server on a thread of this process (one per process)."""
     running: "Edge | None" = None
 
-    def __init__(self, inner: str, sock, message_bytes: int):
-        self.app = build_edge(inner)
+    def __init__(self, upstreams, sock, message_bytes: int):
+        self.app, self.upstreams = build_edge(upstreams), upstreams
         config = uvicorn.Config(self.app, ws_max_size=message_bytes, ws_ping_interval=20.0, ws_ping_timeout=20.0,
                                 ws_per_message_deflate=False, log_level="warning", lifespan="off",
                                 timeout_graceful_shutdown=2)
@@ -214,9 +252,10 @@ class Edge:
                                        name="nystream-edge")
 
     @classmethod
-    def start(cls, inner: str, sock, message_bytes: int) -> None:
+    def start(cls, upstreams, sock, message_bytes: int) -> None:
+        """The edge on ``sock``, relaying to ``upstreams`` (``as_upstreams``)."""
         cls.stop()
-        edge = cls.running = cls(inner, sock, message_bytes)
+        edge = cls.running = cls(upstreams, sock, message_bytes)
         edge.thread.start()
         deadline = time.monotonic() + 10
         while not edge.server.started and edge.thread.is_alive() and time.monotonic() < deadline:
@@ -246,3 +285,5 @@ class Edge:
                     asyncio.run_coroutine_threadsafe(close_all(edge.app), loop).result(timeout=10)
         edge.server.should_exit = True
         edge.thread.join(timeout=10)
+        if hasattr(edge.upstreams, "close"):             # its refreshing thread
+            edge.upstreams.close()

@@ -1,24 +1,32 @@
 """`serve --ray [ADDRESS] --replicas K`: the same ASGI app (app/serve/service.py) as a Ray Serve
 ingress deployment of K replicas, each building its own hub (one batched engine) where it runs.
 
-- A WebSocket connection goes through Ray Serve's proxy to one replica for its whole life. The
-  router picks by its view of the replicas' ongoing requests, not always evenly: a full replica
-  answers 1013 while another may have room, and `listen` asks again.
+- The public socket is the edge's (app/serve/edge.py), in this process. A WebSocket connection
+  stays on one replica for its whole life.
+- On a local instance (`--ray local`) Ray Serve runs direct ingress: each replica serves HTTP on a
+  loopback port of its own, and the edge relays each new stream to the replica holding the fewest
+  of its streams. The ports are read from Ray Serve's controller every REFRESH_S (``Upstreams``).
+  No proxy is in the data path: at 32 clients on 2 cores Ray Serve's proxy took about a quarter
+  of a core (docs/serve.md).
+- On a cluster (ADDRESS), as the cluster runs Serve: with direct ingress and the replicas on this
+  node, as above; else through Ray Serve's proxy on a loopback port, whose router picks the
+  replica by its view of the replicas' ongoing requests. That is not always even, so a full
+  replica answers 1013 while another may have room, and `listen` asks again.
 - The code and the shipped assets reach every node through the job's runtime environment
   (``working_dir``: this project's files, minus what .gitignore and EXCLUDES leave out), not
   through a shared checkout path.
 - ``/v1/health`` sums the replicas: each reports its hub's health to a named actor every second;
   a replica silent for 3 s is not counted.
-- The public socket is the edge's (app/serve/edge.py), in this process: it relays each client
-  to Ray Serve's proxy on a loopback port, so that a replica that dies gives its clients a close
-  with a reason (1012; the proxy itself drops them without one) and `listen` reconnects with a
-  fresh stream. The other replicas' clients are not touched.
+- A replica that dies drops its connections without a close frame; the edge closes each of its
+  clients with 1012 and a reason, and `listen` reconnects with a fresh stream. The other
+  replicas' clients are not touched.
 - SIGTERM or SIGINT drains at the edge, as a plain server drains: no new streams, each stream's
   replica told it has ended, its client given the records of the audio the edge had passed on,
   its verdict and a close 1001 (at most DRAIN_SECONDS; a second signal stops at once).
 """
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -38,6 +46,13 @@ NAMESPACE = "nystream"
 EXCLUDES = [".git", ".venv", "tests", "docs", "scripts", "bench_results", "*.egg-info", "__pycache__"]
 STALE_S = 3.0
 PROXY_WAIT_S = 300.0          # serve.start's wait for Ray Serve's HTTP proxy (Ray's own: 60 s)
+REFRESH_S = 1.0               # how often the edge asks Ray Serve's controller where the replicas listen
+# Ray Serve's settings on a local instance. Direct ingress: each replica of the app serves HTTP on
+# a port of its own, no proxy in the data path; a replica being removed drains at once (the edge
+# drains its clients itself). The app's code on the replica's own event loop, not a second one's
+# (Ray Serve's throughput setting; the engine's hops run on threads of their own either way)
+DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
+                  "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 _registry = None
 SUMMED = ("active_streams", "capacity", "engine_hops", "stream_hops")     # /v1/health's sums over the replicas
 
@@ -73,6 +88,48 @@ class RayPeers:
         return await self.registry.total.remote()
 
 
+class Upstreams:
+    """Where the edge sends a new stream (app/serve/edge.py ``as_upstreams``): the replicas' own
+    ports where Ray Serve runs direct ingress and they are on this node, else the proxy at
+    ``proxy``. Asked of Ray Serve's controller every REFRESH_S, on a thread, so that a replaced
+    replica's new port is used and a dead one's dropped; until the first answer, the proxy."""
+
+    def __init__(self, proxy: str):
+        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+        self.proxy, self.current = proxy, ([proxy], False)
+        self.controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        self.here = {ray.util.get_node_ip_address(), "127.0.0.1", "localhost"}
+        self.stopped = threading.Event()
+        self.refresh()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="nystream-upstreams")
+        self.thread.start()
+
+    def __call__(self) -> tuple[list[str], bool]:
+        return self.current
+
+    def refresh(self) -> None:
+        from ray.serve._private.common import RequestProtocol
+        if not ray.is_initialized():
+            return
+        try:
+            groups = ray.get(self.controller.get_target_groups.remote(APP), timeout=10)
+        except Exception:  # noqa: BLE001 - the controller busy or restarting: what was known stays
+            return
+        replicas = [t for g in groups if g.app_name == APP and g.protocol == RequestProtocol.HTTP for t in g.targets]
+        if replicas and all(t.ip in self.here for t in replicas):      # they listen on loopback (``start``)
+            self.current = (sorted(f"127.0.0.1:{t.port}" for t in replicas), True)
+        else:
+            self.current = ([self.proxy], False)
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(REFRESH_S):
+            self.refresh()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=15)
+
+
 def ingress(spec, token: str | None, version: str):
     """The deployment class: its replicas build the app (and so their hub) when they start."""
     def build():
@@ -82,9 +139,10 @@ def ingress(spec, token: str | None, version: str):
 
 
 def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_per_replica: float = 1.0) -> str:
-    """Deploy on the connected Ray (``ray.init`` done by the caller), Ray Serve's proxy on a
-    loopback port of its own (or where it already listens: ``proxy_address``), and the edge
-    (app/serve/edge.py) on ``host:port``; the stream's URL."""
+    """Deploy on the connected Ray (``ray.init`` done by the caller), Ray Serve's HTTP on
+    loopback (its proxy on a port of its own, or where it already listens: ``proxy_address``;
+    under direct ingress each replica on its own), and the edge (app/serve/edge.py) on
+    ``host:port``, relaying to ``Upstreams``; the stream's URL."""
     from importlib.metadata import PackageNotFoundError, version
 
     from .edge import Edge
@@ -102,7 +160,7 @@ def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_
                                   max_ongoing_requests=spec.capacity + 8,
                                   ray_actor_options={"num_cpus": cpus_per_replica})
     serve.run(deployment.bind(), name=APP, route_prefix="/")
-    Edge.start(inner, public, spec.limits.message_bytes)   # the one of this process
+    Edge.start(Upstreams(inner), public, spec.limits.message_bytes)   # the one of this process
     return f"ws://{host if ':' not in host else '[' + host + ']'}:{public.getsockname()[1]}/v1/stream"
 
 
@@ -154,6 +212,9 @@ def runtime_env() -> dict:
 
 def deploy(spec, token: str | None, host: str, port: int, replicas: int, address: str) -> int:
     """`serve --ray`: start (a local Ray, or join ADDRESS), deploy, serve until SIGTERM / SIGINT."""
+    if address == "local":              # its processes inherit this environment (a set value stays)
+        for key, value in DIRECT_INGRESS.items():
+            os.environ.setdefault(key, value)
     try:
         ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env(),   # "local": a new instance
                  include_dashboard=False, log_to_driver=False, configure_logging=False)

@@ -154,3 +154,64 @@ def test_the_edge_opens_one_connection_to_the_proxy_at_a_time(monkeypatch):
         await asyncio.sleep(0)
         return list(cancelled)              # now: asyncio.run cancels what is left only after
     assert asyncio.run(left()) == [True]                          # its opening is cancelled with it
+
+
+def test_with_direct_replicas_the_edge_spreads_streams_evenly_and_skips_a_dead_one():
+    """Direct ingress (``upstreams`` giving the replicas' own addresses): each new stream goes to
+    the replica holding the fewest of the edge's streams, an address that refuses connections (a
+    replica gone, not yet replaced) is passed over, a stream that ends frees its place, and health
+    is read from the first replica that answers. The replicas here are two small WebSocket apps
+    that say which one they are."""
+    import socket
+    import time
+
+    import uvicorn
+    from fastapi import FastAPI, Response, WebSocket
+    from websockets.sync.client import connect
+
+    def replica(name):
+        app = FastAPI()
+
+        @app.websocket("/v1/stream")
+        async def stream(ws: WebSocket):
+            await ws.accept()
+            await ws.send_text(name)
+            while (await ws.receive())["type"] != "websocket.disconnect":
+                pass
+
+        @app.get("/v1/health")
+        async def health():
+            return Response(json.dumps({"replica": name}), media_type="application/json")
+        sock = bind("127.0.0.1", 0)
+        srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True).start()
+        return srv, f"127.0.0.1:{sock.getsockname()[1]}"
+
+    dead = socket.socket()                   # a port nobody listens on
+    dead.bind(("127.0.0.1", 0))
+    gone = f"127.0.0.1:{dead.getsockname()[1]}"
+    dead.close()
+    (a, at), (b, bt) = replica("a"), replica("b")
+    deadline = time.monotonic() + 30
+    while not (a.started and b.started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sock = bind("127.0.0.1", 0)
+    Edge.start(lambda: ([gone, at, bt], True), sock, Limits().message_bytes)
+    front = f"127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        assert json.loads(urllib.request.urlopen(f"http://{front}/v1/health", timeout=20).read()) == {"replica": "a"}
+        clients = [connect(f"ws://{front}/v1/stream", proxy=None, open_timeout=20).__enter__() for _ in range(4)]
+        names = [ws.recv(timeout=20) for ws in clients]
+        assert sorted(names) == ["a", "a", "b", "b"], names
+        assert Edge.running.app.state.load == {at: 2, bt: 2}
+        clients[names.index("b")].close()
+        deadline = time.monotonic() + 10
+        while Edge.running.app.state.load.get(bt) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with connect(f"ws://{front}/v1/stream", proxy=None, open_timeout=20) as ws:
+            assert ws.recv(timeout=20) == "b"                     # the replica with room
+        for ws in clients:
+            ws.close()
+    finally:
+        Edge.stop()
+        a.should_exit = b.should_exit = True

@@ -1,5 +1,6 @@
 """`serve --ray`: the same app as a Ray Serve deployment of 2 replicas (the code shipped in the
-job's working_dir), on a real local Ray instance and on a two-node ray.cluster_utils.Cluster, on a
+job's working_dir), on a real local Ray instance with direct ingress (the edge relays to each
+replica's own port) and on a two-node ray.cluster_utils.Cluster through Ray Serve's proxy, on a
 Serve that already ran with HTTP options of its own. Health sums the replicas and says their
 split; each client's records equal `classify FILE --jsonl`; a killed replica cuts only its own
 client's stream."""
@@ -35,8 +36,10 @@ def deployed(files, request):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    cluster = None
-    if request.param == "local":
+    cluster, env = None, pytest.MonkeyPatch()
+    if request.param == "local":                 # as `serve --ray local` starts it: direct ingress
+        for key, value in ray_serve.DIRECT_INGRESS.items():
+            env.setenv(key, value)
         ray.init(address="local", num_cpus=2, namespace=ray_serve.NAMESPACE, runtime_env=ray_serve.runtime_env(),
                  include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
     else:
@@ -67,6 +70,7 @@ def deployed(files, request):
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
+        env.undo()
 
 
 def health(port) -> dict:
@@ -109,10 +113,15 @@ def stream(ws, hops, got: dict, pace: float) -> None:
     got.update(records=records, verdict=verdict, close=ws.close_code, reason=ws.close_reason)
 
 
-def test_health_says_how_the_streams_are_split_over_the_replicas(deployed):
+def test_health_says_how_the_streams_are_split_over_the_replicas(deployed, request):
     """Two clients at the same moment, a stream per replica (a full one refuses 1013 and the
-    client asks again): health's split is one on each replica, busiest first."""
+    client asks again): health's split is one on each replica, busiest first. Locally the edge
+    relays to the replicas' own ports (Ray Serve's direct ingress, as `serve --ray local` starts
+    it); on the two-node cluster, started without it, to Ray Serve's proxy."""
     url, port = deployed
+    addresses, direct = Edge.running.upstreams()
+    local = request.node.callspec.params["deployed"] == "local"
+    assert (direct, len(addresses)) == ((True, 2) if local else (False, 1)), addresses
     joined, held = [], threading.Barrier(3)
 
     def join():
@@ -162,7 +171,7 @@ def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys,
     cut = [g for g in got if g["close"] != 1000]
     whole = [g for g in got if g["close"] == 1000]
     assert len(cut) == 1 and len(whole) == 1, [g["close"] for g in got]
-    assert cut[0]["close"] == 1012, cut[0]["close"]     # the edge says so (the proxy drops it without a close frame)
+    assert cut[0]["close"] == 1012, cut[0]["close"]     # the edge says so (the replica's socket, or the proxy, drops it without a close frame)
     assert "replica serving this stream stopped" in cut[0]["reason"]
     assert cut[0]["verdict"] is None and len(cut[0]["records"]) < len(want)
     same(errors, whole[0]["records"], want)
