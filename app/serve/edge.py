@@ -54,11 +54,16 @@ def build_edge(upstreams) -> FastAPI:
 
     @app.get("/v1/health")
     async def health():
-        status, body = 503, b""
-        for address in app.state.upstreams()[0]:             # the first that answers: each sums them all
+        """The replicas' sum (any of them answers it), and how the edge reaches them: ``ingress``
+        "direct" (each replica's own port) or "proxy" (Ray Serve's)."""
+        addresses, direct = app.state.upstreams()
+        status, body = 503, json.dumps({"error": "no replica is running"}).encode()
+        for address in addresses:                            # the first that answers
             status, body = await http_get(address, "/v1/health")
             if status < 500:
                 break
+        with contextlib.suppress(ValueError, TypeError):
+            body = json.dumps({**json.loads(body), "ingress": "direct" if direct else "proxy"}).encode()
         return Response(body, status_code=status, media_type="application/json")
 
     @app.websocket("/v1/stream")

@@ -36,6 +36,7 @@ def test_through_the_edge_a_client_gets_what_the_server_gives(files, capsys, err
         health = json.loads(urllib.request.urlopen(front.replace("ws://", "http://").replace("/v1/stream", "/v1/health"),
                                                    timeout=20).read())
         assert health["capacity"] == 1 and health["models"] == app.state.hub.health()["models"]
+        assert health["ingress"] == "proxy"                         # a plain address: a proxy, as far as the edge knows
 
         def refusals():
             for token in (None, "x" * 32):
@@ -199,7 +200,7 @@ def test_with_direct_replicas_the_edge_spreads_streams_evenly_and_skips_a_dead_o
     Edge.start(lambda: ([gone, at, bt], True), sock, Limits().message_bytes)
     front = f"127.0.0.1:{sock.getsockname()[1]}"
     try:
-        assert json.loads(urllib.request.urlopen(f"http://{front}/v1/health", timeout=20).read()) == {"replica": "a"}
+        assert json.loads(urllib.request.urlopen(f"http://{front}/v1/health", timeout=20).read()) == {"replica": "a", "ingress": "direct"}
         clients = [connect(f"ws://{front}/v1/stream", proxy=None, open_timeout=20).__enter__() for _ in range(4)]
         names = [ws.recv(timeout=20) for ws in clients]
         assert sorted(names) == ["a", "a", "b", "b"], names

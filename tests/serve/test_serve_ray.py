@@ -122,6 +122,7 @@ def test_health_says_how_the_streams_are_split_over_the_replicas(deployed, reque
     addresses, direct = Edge.running.upstreams()
     local = request.node.callspec.params["deployed"] == "local"
     assert (direct, len(addresses)) == ((True, 2) if local else (False, 1)), addresses
+    assert health(port)["ingress"] == ("direct" if local else "proxy")
     joined, held = [], threading.Barrier(3)
 
     def join():

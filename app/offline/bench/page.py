@@ -274,13 +274,14 @@ def streams_body(runs: dict) -> str:
 
 def ray_line(x: dict, goal: float) -> str:
     ok = x["latency_ms_p95"] <= goal and x["dropped"] == 0
-    return (f" On Ray Serve with {x['replicas']} replicas: **{'yes' if ok else 'no'}**; its "
+    from .serve import ray_label
+    return (f" On {ray_label(x)}: **{'yes' if ok else 'no'}**; its "
             f"{x['compared_records']} records' probabilities differ from the one server's by at most "
             f"{x['max_probability_difference']:.1e} ({x['server_processes']} processes in the server's tree).")
 
 
 def serve_body(runs: dict) -> str:
-    from .serve import GOAL_P95_MS, roles_line, serve_table
+    from .serve import GOAL_P95_MS, ray_label, roles_line, serve_table
     out = []
     for kind, e in sorted(runs.items(), key=lambda kv: kv[1]["data"]["clients"]):
         r = e["data"]
@@ -291,8 +292,7 @@ def serve_body(runs: dict) -> str:
         out += serve_table(r) + ["", f"Real time (p95 at most {GOAL_P95_MS:g} ms, nothing dropped): "
                                      f"**{'yes' if ok else 'no'}**."
                                  + (ray_line(r["ray"], GOAL_P95_MS) if "ray" in r else ""), ""]
-        for label, x in [("one process", r)] + ([(f"Ray Serve, {r['ray']['replicas']} replicas", r["ray"])]
-                                                 if "ray" in r else []):
+        for label, x in [("one process", r)] + ([(ray_label(r["ray"]), r["ray"])] if "ray" in r else []):
             if roles_line(x):
                 out += [f"{label}: {roles_line(x)}.", ""]
     return "\n".join(out) + "\n"
@@ -368,8 +368,10 @@ SECTIONS = [
      "clients' (the bench's process), the streams an engine hop took, and how the streams were split over "
      "the lanes or replicas at the busiest moment (the server's health), where a run has them. The clients "
      "run on the same cores as the server. With `--ray K`, the same clients and audio "
-     "then against `serve --ray local --replicas K`, a fresh local Ray with the streams spread over K "
-     "replicas by Ray Serve's router (each may take every client); CPU and memory are summed over the server's process tree.",
+     "then against `serve --ray local --replicas K`, a fresh local Ray; each run says how its edge reached "
+     "the replicas: direct ingress (the edge spreads the streams over the K replicas' own ports, no proxy "
+     "in the data path) or through Ray Serve's proxy (its router spreads them); each replica may take "
+     "every client. CPU and memory are summed over the server's process tree.",
      serve_body),
     ("Evaluation speed", ["evaluate"],
      "`bench --evaluate`: `evaluate` on 300 synthetic sequences x 120 steps x 6 checkpoints.",

@@ -2,9 +2,9 @@
 shipped models), and N WebSocket clients on loopback in this process, each streaming real audio
 (the shared GTZAN excerpts, else the demo signal with its own seed) in real time, one 0.25 s hop
 per message, for ``seconds`` of audio. With ``--ray K`` the same clients and audio then run
-against `serve --ray local --replicas K` (a fresh local Ray, the streams spread over K
-replicas by Ray Serve's router), and each record's probabilities are compared with the one
-server's.
+against `serve --ray local --replicas K` (a fresh local Ray under direct ingress, the edge
+spreading the streams over the K replicas), and each record's probabilities are compared with the
+one server's.
 
 Reported: latency from a hop's last sample sent to its record received (median, p95), hops sent
 without a record (dropped), whether every client got its verdict and a close 1000, and the
@@ -110,8 +110,7 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
     """The real `serve` (``ray``: `serve --ray local --replicas K`, the streams spread over them) in its
     own process and the clients here; their results and the server tree's CPU and memory."""
     from app.serve.client import timed_clients         # (websockets: not needed to render the page)
-    # each replica may take every client: Ray Serve's router spreads connections by its view of
-    # the replicas' ongoing requests, which is not always even (4 clients: 3 and 1, seen)
+    # each replica may take every client, as through a proxy, whose router is not always even
     command = [sys.executable, str(ROOT / "main.py"), "serve", "--max-streams", str(clients)]
     command += ["--ray", "local", "--replicas", str(ray), "--port", str(free_port())] if ray else ["--port", "0"]
     command += ["--batch-delay-ms", f"{batch_delay_ms:g}"] if batch_delay_ms is not None else []
@@ -153,7 +152,8 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
     return results, {"cores": sum(by_role.values()), "rss_mb": rss, "rss0_mb": rss0, "processes": len(after),
                      "cores_by_role": by_role, "client_cores": mine / wall,
                      "engine_hops": hops.get("engine_hops", 0), "stream_hops": hops.get("stream_hops", 0),
-                     "streams_split": busiest.get("streams_by_replica", busiest.get("streams_by_lane", []))}
+                     "streams_split": busiest.get("streams_by_replica", busiest.get("streams_by_lane", [])),
+                     "ingress": hops.get("ingress")}
 
 
 def watch_health(url: str, busiest: dict, done: threading.Event) -> None:
@@ -213,11 +213,11 @@ def summary(results: list[dict], usage: dict, clients: int, seconds: float, what
             "server_processes": usage["processes"], "threads": os.cpu_count(),
             "server_cores_by_role": usage["cores_by_role"], "client_cores": usage["client_cores"],
             "streams_per_engine_hop": usage["stream_hops"] / max(1, usage["engine_hops"]),
-            "streams_split": usage["streams_split"]}
+            "streams_split": usage["streams_split"], **({"ingress": usage["ingress"]} if usage.get("ingress") else {})}
 
 
 def print_serve(r: dict) -> None:
-    for label, x in [("serve", r)] + ([(f"serve --ray ({r['ray']['replicas']} replicas)", r["ray"])] if "ray" in r else []):
+    for label, x in [("serve", r)] + ([(f"serve --ray ({ray_label(r['ray'])})", r["ray"])] if "ray" in r else []):
         print(f"{label}: {x['clients']} clients streaming {x['audio']} in real time for {x['seconds']:g} s; "
               f"latency median {x['latency_ms_median']:.1f} ms, p95 {x['latency_ms_p95']:.1f} ms; "
               f"{x['dropped']} of {x['hops_sent']} hops dropped; {x['verdicts']} verdicts with close 1000; "
@@ -245,10 +245,17 @@ def real_time(x: dict) -> bool:
     return x["latency_ms_p95"] <= GOAL_P95_MS and x["dropped"] == 0
 
 
+def ray_label(x: dict) -> str:
+    """"Ray Serve, K replicas" and how the edge reached them (a run without ``ingress`` predates
+    direct ingress: it went through Ray Serve's proxy)."""
+    return (f"Ray Serve, {x['replicas']} replicas, "
+            + ("direct ingress" if x.get("ingress") == "direct" else "through its proxy"))
+
+
 def serve_table(r: dict) -> list[str]:
     lines = ["| server | clients | latency median (ms) | latency p95 (ms) | dropped hops | verdicts | server cores | "
              "cores per stream | MB per stream |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for label, x in [("one process", r)] + ([(f"Ray Serve, {r['ray']['replicas']} replicas", r["ray"])] if "ray" in r else []):
+    for label, x in [("one process", r)] + ([(ray_label(r["ray"]), r["ray"])] if "ray" in r else []):
         lines.append(f"| {label} | {x['clients']} | {x['latency_ms_median']:.1f} | {x['latency_ms_p95']:.1f} | "
                      f"{x['dropped']} of {x['hops_sent']} | {x['verdicts']} | {x['server_cores']:.2f} | "
                      f"{x['server_cores_per_stream']:.3f} | {x['server_mb_per_stream']:.1f} |")
