@@ -182,3 +182,8 @@ def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys,
     while health(port)["stream_hops"] != len(want) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert health(port)["stream_hops"] == len(want)
+    # and a new client gets a stream (the survivor's, or the replacement's once it runs)
+    fresh = {}
+    stream(accepted(url), hops[:4], fresh, 0.0)
+    assert fresh["close"] == 1000 and fresh["verdict"]["hops"] == 4, fresh["close"]
+    same(errors, fresh["records"], want[:4])
