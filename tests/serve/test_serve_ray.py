@@ -119,8 +119,11 @@ def test_health_says_how_the_streams_are_split_over_the_replicas(deployed, reque
     relays to the replicas' own ports (Ray Serve's direct ingress, as `serve --ray local` starts
     it); on the two-node cluster, started without it, to Ray Serve's proxy."""
     url, port = deployed
-    addresses, direct = Edge.running.upstreams()
     local = request.node.callspec.params["deployed"] == "local"
+    deadline = time.monotonic() + 20                       # (read from the controller every second)
+    while Edge.running.upstreams()[1] != local and time.monotonic() < deadline:
+        time.sleep(0.2)
+    addresses, direct = Edge.running.upstreams()
     assert (direct, len(addresses)) == ((True, 2) if local else (False, 1)), addresses
     assert health(port)["ingress"] == ("direct" if local else "proxy")
     joined, held = [], threading.Barrier(3)
