@@ -231,7 +231,9 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
             url = start(spec, token, host, port, replicas)
         except ServeError as e:
             raise SystemExit(f"serve: {e}") from None
-        print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each"
+        from .edge import Edge
+        way = "direct ingress" if Edge.running.upstreams()[1] else "through Ray Serve's proxy"
+        print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each, {way}"
               f"{', token required' if token else ''}", file=sys.stderr, flush=True)
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
