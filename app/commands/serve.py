@@ -30,6 +30,9 @@ def add_arguments(p) -> None:
     p.add_argument("--window", type=WINDOW, default=None, help="window n of untrained models in tokens")
     p.add_argument("--landmarks", type=POSITIVE, default=4, help="Nyström landmarks m of untrained models")
     p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
+    p.add_argument("--workers", type=POSITIVE, default=1,
+                   help="CPU: K engine processes of one lane each behind one socket, the streams spread over "
+                        "them (default: 1, one process with a lane per core)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="deploy on Ray Serve: a local Ray instance, or join the cluster at ADDRESS (auto, HOST:PORT)")
     p.add_argument("--replicas", type=POSITIVE, default=1, help="with --ray: replicas, each one batched engine")
@@ -59,6 +62,12 @@ def run(args) -> int:
         check_exposure(args.host, token)
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
+    if args.workers > 1 and (args.ray or args.device != "cpu"):
+        raise SystemExit("serve: --workers is for the plain server on the CPU "
+                         "(with --ray: --replicas; on CUDA one process holds the device)")
+    if args.workers > 1:
+        from app.serve.workers import serve_workers
+        return serve_workers(hub_spec(args), token, args.host, args.port, args.workers)
     if args.ray:
         from app.serve.ray_serve import deploy
         return deploy(hub_spec(args), token, args.host, args.port, args.replicas, args.ray)

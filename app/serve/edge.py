@@ -33,7 +33,7 @@ from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .protocol import GOING_AWAY, SERVER_ERROR, TRY_LATER
+from .protocol import GOING_AWAY, SERVER_ERROR, SUMMED, TRY_LATER
 from .server import LoopServer
 
 REPLICA_GONE = 1012                 # RFC 6455 "service restart": the client may connect again
@@ -58,7 +58,13 @@ def build_edge(upstreams) -> FastAPI:
         "direct" (each replica's own port) or "proxy" (Ray Serve's)."""
         addresses, direct = app.state.upstreams()
         status, body = 503, json.dumps({"error": "no replica is running"}).encode()
-        for address in addresses:                            # the first that answers
+        if getattr(app.state.upstreams, "sums", False):     # workers: each answers its own
+            answers = await asyncio.gather(*(http_get(a, "/v1/health") for a in addresses))
+            healths = [json.loads(b) for st, b in answers if st == 200]
+            if healths:
+                return Response(json.dumps(summed(healths)).encode(), media_type="application/json")
+            return Response(body, status_code=status, media_type="application/json")
+        for address in addresses:                            # the first that answers: replicas answer the sum
             status, body = await http_get(address, "/v1/health")
             if status < 500:
                 break
@@ -117,6 +123,16 @@ def as_upstreams(upstreams):
     if isinstance(upstreams, str):
         return lambda: ([upstreams], False)
     return upstreams
+
+
+def summed(healths: list[dict]) -> dict:
+    """The workers' health as one server's: counts summed, ``workers`` and ``streams_by_worker``
+    (busiest first) in place of the lanes."""
+    total = {k: v for k, v in healths[0].items() if k != "streams_by_lane"}
+    total.update({k: sum(h[k] for h in healths) for k in SUMMED}, draining=any(h["draining"] for h in healths),
+                 workers=len(healths),
+                 streams_by_worker=sorted((h["active_streams"] for h in healths), reverse=True))
+    return total
 
 
 def unload(app: FastAPI, address: str) -> None:

@@ -39,6 +39,8 @@ from pathlib import Path
 import ray
 from ray import serve
 
+from .protocol import SUMMED
+
 ROOT = Path(__file__).resolve().parents[2]
 APP = "nystream"
 REGISTRY = "nystream-serve-registry"
@@ -54,7 +56,6 @@ REFRESH_S = 1.0               # how often the edge asks Ray Serve's controller w
 DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
                   "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 _registry = None
-SUMMED = ("active_streams", "capacity", "engine_hops", "stream_hops")     # /v1/health's sums over the replicas
 
 
 @ray.remote(num_cpus=0)
@@ -143,14 +144,9 @@ def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_
     loopback (its proxy on a port of its own, or where it already listens: ``proxy_address``;
     under direct ingress each replica on its own), and the edge (app/serve/edge.py) on
     ``host:port``, relaying to ``Upstreams``; the stream's URL."""
-    from importlib.metadata import PackageNotFoundError, version
-
     from .edge import Edge
-    from .server import bind
-    try:
-        ours = version("nystream")
-    except PackageNotFoundError:
-        ours = ""
+    from .server import bind, package_version
+    ours = package_version()
     public = bind(host, port)                        # ServeError (one line) when it cannot be had
     global _registry                 # held here: an actor without a handle is gone
     _registry = Registry.options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True).remote()

@@ -63,16 +63,17 @@ class DrainingServer(LoopServer):
     audio, send its verdict and close 1001, then stop (at most DRAIN_SECONDS). A second signal
     stops at once."""
 
-    def __init__(self, config, app):
+    def __init__(self, config, app, quiet: bool = False):
         super().__init__(config)
-        self.app, self.draining = app, False
+        self.app, self.draining, self.quiet = app, False, quiet     # quiet: a worker (its edge says it)
 
     def handle_exit(self, sig, frame):
         if self.draining or sig not in (signal.SIGTERM, signal.SIGINT) or not hasattr(self.app.state, "hub"):
             return super().handle_exit(sig, frame)
         self.draining = True
-        print(f"# {signal.Signals(sig).name}: draining {len(self.app.state.hub.connections)} streams",
-              file=sys.stderr, flush=True)
+        if not self.quiet:
+            print(f"# {signal.Signals(sig).name}: draining {len(self.app.state.hub.connections)} streams",
+                  file=sys.stderr, flush=True)
         self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
 
     async def _drain(self) -> None:
@@ -98,16 +99,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def package_version() -> str:
+    """The installed package's version ("" when run from a checkout that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("nystream")
+    except PackageNotFoundError:
+        return ""
+
+
 def serve_forever(spec, token: str | None, host: str, port: int) -> int:
     """Serve until SIGTERM / SIGINT (then drain). The line ``# serving ws://HOST:PORT/v1/stream``
     on stderr says the models are loaded and clients may connect."""
-    from importlib.metadata import PackageNotFoundError, version
-
     from .service import build_app
-    try:
-        ours = version("nystream")
-    except PackageNotFoundError:
-        ours = ""
+    ours = package_version()
     try:
         sock = bind(host, port)
     except ServeError as e:

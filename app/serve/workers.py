@@ -1,0 +1,163 @@
+"""`serve --workers K` (CPU): K engine processes on loopback ports, each the plain server's app
+with one lane and its share of ``--max-streams``, behind the edge (app/serve/edge.py) on the
+public socket, as `serve --ray local` runs its replicas, without Ray.
+
+Why processes: a server's lanes are threads of one Python interpreter and share its lock and
+its allocator; at 32 clients on 2 cores two one-lane processes took fewer cores and answered
+sooner than one process of two lanes (docs/serve.md).
+
+- The edge sends each new stream to the worker holding the fewest of its streams, and sums the
+  workers' ``/v1/health`` (``workers``, ``streams_by_worker``).
+- A worker that dies: its clients are closed 1012 with a reason by the edge, as a dead replica's;
+  a new worker takes its place (a line on stderr), the others go on.
+- SIGTERM or SIGINT drains at the edge (each client's records, verdict and 1001), then the
+  workers stop. A worker dies with its parent (Linux: PR_SET_PDEATHSIG), and runs in a process
+  group of its own, so a terminal's Ctrl-C reaches the parent only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+
+from .server import DRAIN_SECONDS, ServeError, bind, package_version
+
+START_S = 300.0                      # the longest a worker may take to load its models
+WATCH_S = 0.5
+
+
+def worker_main(spec, token: str | None, conn, threads: int) -> None:
+    """One worker (a spawned process): the app with its hub on a free loopback port, which it
+    sends on ``conn`` once the models are loaded."""
+    os.setpgrp()
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    import torch
+    import uvicorn
+
+    from .server import DrainingServer
+    from .service import build_app
+    torch.set_num_threads(threads)
+    sock = bind("127.0.0.1", 0)
+
+    def started(hub):
+        conn.send(sock.getsockname()[1])
+        conn.close()
+    app = build_app(spec.build, token=token, limits=spec.limits, version=package_version(), on_start=started)
+    config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
+                            ws_ping_timeout=20.0, ws_per_message_deflate=False, log_level="warning", lifespan="on")
+    DrainingServer(config, app, quiet=True).run(sockets=[sock])
+
+
+class Workers:
+    """The worker processes, and where the edge finds them (``edge.as_upstreams``: each new
+    stream's choice among ``addresses``; ``sums``: the edge sums their health)."""
+    sums = True
+
+    def __init__(self, spec, token: str | None, count: int):
+        self.spec = dataclasses.replace(spec, capacity=math.ceil(spec.capacity / count))
+        self.token, self.threads = token, max(1, (os.cpu_count() or 1) // count)
+        self.context = multiprocessing.get_context("spawn")
+        self.procs: list = [None] * count
+        self.addresses: list[str | None] = [None] * count
+        self.stopping = threading.Event()
+        try:
+            for i, started in [(i, self._start(i)) for i in range(count)]:    # all load at once
+                self._wait(i, *started)
+        except BaseException:
+            self.close()
+            raise
+        self.watch = threading.Thread(target=self._watch, daemon=True, name="nystream-workers")
+        self.watch.start()
+
+    def __call__(self) -> tuple[list[str], bool]:
+        return [a for a in self.addresses if a is not None], True
+
+    def _start(self, i: int):
+        mine, theirs = self.context.Pipe(duplex=False)
+        proc = self.context.Process(target=worker_main, args=(self.spec, self.token, theirs, self.threads),
+                                    name=f"nystream-worker-{i}", daemon=True)
+        proc.start()
+        theirs.close()
+        self.procs[i] = proc
+        return proc, mine
+
+    def _wait(self, i: int, proc, conn) -> None:
+        try:
+            if not conn.poll(START_S):
+                raise ServeError(f"worker {i} did not load its models within {START_S:.0f} s")
+            port = conn.recv()
+        except EOFError:
+            proc.join(timeout=5)
+            raise ServeError(f"worker {i} stopped before serving (exit code {proc.exitcode})") from None
+        finally:
+            conn.close()
+        self.addresses[i] = f"127.0.0.1:{port}"
+
+    def _watch(self) -> None:
+        """A worker that exits while the server runs is replaced."""
+        while not self.stopping.wait(WATCH_S):
+            for i, proc in enumerate(self.procs):
+                if proc is None or proc.is_alive() or self.stopping.is_set():
+                    continue
+                self.addresses[i] = None
+                print(f"# worker {i} exited (code {proc.exitcode}); starting another", file=sys.stderr, flush=True)
+                try:
+                    self._wait(i, *self._start(i))
+                except ServeError as e:
+                    self.procs[i] = None
+                    print(f"# {e}; serving on with the others", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Stop every worker (SIGTERM: each drains what it still has, then stops)."""
+        self.stopping.set()
+        watch = getattr(self, "watch", None)
+        if watch is not None and watch is not threading.current_thread():
+            watch.join(timeout=START_S + 10)
+        live = [p for p in self.procs if p is not None and p.is_alive()]
+        for p in live:
+            p.terminate()
+        deadline = time.monotonic() + DRAIN_SECONDS + 10
+        for p in live:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def serve_workers(spec, token: str | None, host: str, port: int, count: int) -> int:
+    """`serve --workers K`: the edge on ``host:port`` in front of K workers, until SIGTERM / SIGINT."""
+    from .edge import Edge
+    try:
+        sock = bind(host, port)
+        workers = Workers(spec, token, count)
+    except ServeError as e:
+        raise SystemExit(f"serve: {e}") from None
+    stop, hurry = threading.Event(), threading.Event()
+
+    def on_signal(sig, frame):           # the first drains, a second stops at once
+        (hurry if stop.is_set() else stop).set()
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        Edge.start(workers, sock, spec.limits.message_bytes)
+        where = f"{host if ':' not in host else '[' + host + ']'}:{sock.getsockname()[1]}"
+        print(f"# serving ws://{where}/v1/stream: {count} workers of up to {workers.spec.capacity} streams each"
+              f"{', token required' if token else ''}", file=sys.stderr, flush=True)
+        while not stop.is_set():
+            time.sleep(0.2)
+    finally:
+        if stop.is_set() and Edge.running is not None:
+            print(f"# draining {len(Edge.running.app.state.relays)} streams", file=sys.stderr, flush=True)
+        Edge.stop(drain_seconds=DRAIN_SECONDS if stop.is_set() else 0.0, hurry=hurry)    # the workers too
+        workers.close()
+    print("# stopped", file=sys.stderr, flush=True)
+    return 0
