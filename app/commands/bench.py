@@ -52,6 +52,8 @@ def add_arguments(p) -> None:
                         "their results compared with the one server's")
     p.add_argument("--batch-delay-ms", type=number(0, 1000), default=None, metavar="MS",
                    help="with --serve: the server's `serve --batch-delay-ms` (default: serve's own)")
+    p.add_argument("--serve-workers", type=POSITIVE, default=1, metavar="K",
+                   help="with --serve: the server as `serve --workers K` (default: 1, one process)")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -171,9 +173,11 @@ def run(args) -> int:
         page(streams_key(args.device, args.models, args.tf32), r)
     if args.serve:
         from app.offline.bench.serve import print_serve, serve_bench
-        r = serve_bench(args.serve, args.serve_seconds, ray=args.ray, batch_delay_ms=args.batch_delay_ms)
+        r = serve_bench(args.serve, args.serve_seconds, ray=args.ray, batch_delay_ms=args.batch_delay_ms,
+                        workers=args.serve_workers)
         print_serve(r)
-        page(f"serve-{args.serve}" + (f"-ray{args.ray}" if args.ray else "")
+        page(f"serve-{args.serve}" + (f"-workers{args.serve_workers}" if args.serve_workers > 1 else "")
+             + (f"-ray{args.ray}" if args.ray else "")
              + (f"-delay{args.batch_delay_ms:g}" if args.batch_delay_ms is not None else ""), r)
     if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams or args.serve:
         return 0

@@ -281,7 +281,7 @@ def ray_line(x: dict, goal: float) -> str:
 
 
 def serve_body(runs: dict) -> str:
-    from .serve import GOAL_P95_MS, ray_label, roles_line, serve_table
+    from .serve import GOAL_P95_MS, plain_label, ray_label, roles_line, serve_table
     out = []
     for kind, e in sorted(runs.items(), key=lambda kv: kv[1]["data"]["clients"]):
         r = e["data"]
@@ -292,7 +292,7 @@ def serve_body(runs: dict) -> str:
         out += serve_table(r) + ["", f"Real time (p95 at most {GOAL_P95_MS:g} ms, nothing dropped): "
                                      f"**{'yes' if ok else 'no'}**."
                                  + (ray_line(r["ray"], GOAL_P95_MS) if "ray" in r else ""), ""]
-        for label, x in [("one process", r)] + ([(ray_label(r["ray"]), r["ray"])] if "ray" in r else []):
+        for label, x in [(plain_label(r), r)] + ([(ray_label(r["ray"]), r["ray"])] if "ray" in r else []):
             if roles_line(x):
                 out += [f"{label}: {roles_line(x)}.", ""]
     return "\n".join(out) + "\n"

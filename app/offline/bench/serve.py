@@ -106,7 +106,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | None = None) -> tuple[list[dict], dict]:
+def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | None = None,
+               workers: int = 1) -> tuple[list[dict], dict]:
     """The real `serve` (``ray``: `serve --ray local --replicas K`, the streams spread over them) in its
     own process and the clients here; their results and the server tree's CPU and memory."""
     from app.serve.client import timed_clients         # (websockets: not needed to render the page)
@@ -114,6 +115,7 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
     command = [sys.executable, str(ROOT / "main.py"), "serve", "--max-streams", str(clients)]
     command += ["--ray", "local", "--replicas", str(ray), "--port", str(free_port())] if ray else ["--port", "0"]
     command += ["--batch-delay-ms", f"{batch_delay_ms:g}"] if batch_delay_ms is not None else []
+    command += ["--workers", str(workers)] if workers > 1 and not ray else []
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()
@@ -179,14 +181,16 @@ def health(url: str) -> dict:
 
 
 def serve_bench(clients: int, seconds: float = 20.0, ray: int | None = None,
-                batch_delay_ms: float | None = None) -> dict:
-    """One server; with ``ray`` = K also K Ray Serve replicas, each client's probabilities
-    compared with the one server's. ``batch_delay_ms``: the server's (default: its own)."""
+                batch_delay_ms: float | None = None, workers: int = 1) -> dict:
+    """One server (``workers`` > 1: `serve --workers K`); with ``ray`` = K also K Ray Serve
+    replicas, each client's probabilities compared with the one server's. ``batch_delay_ms``:
+    the server's (default: its own)."""
     from app.serve.protocol import BATCH_DELAY_MS
     audio, what = audio_for(clients, seconds)
-    results, usage = run_server(audio, clients, None, batch_delay_ms)
+    results, usage = run_server(audio, clients, None, batch_delay_ms, workers)
     out = summary(results, usage, clients, seconds, what, len(audio[0]))
     out["batch_delay_ms"] = BATCH_DELAY_MS if batch_delay_ms is None else batch_delay_ms
+    out["workers"] = workers
     if ray:
         ray_results, ray_usage = run_server(audio, clients, ray, batch_delay_ms)
         diffs = [abs(a - b) for one, other in zip(results, ray_results)
@@ -217,7 +221,8 @@ def summary(results: list[dict], usage: dict, clients: int, seconds: float, what
 
 
 def print_serve(r: dict) -> None:
-    for label, x in [("serve", r)] + ([(f"serve --ray ({ray_label(r['ray'])})", r["ray"])] if "ray" in r else []):
+    for label, x in [(f"serve ({plain_label(r)})", r)] + ([(f"serve --ray ({ray_label(r['ray'])})", r["ray"])]
+                                                          if "ray" in r else []):
         print(f"{label}: {x['clients']} clients streaming {x['audio']} in real time for {x['seconds']:g} s; "
               f"latency median {x['latency_ms_median']:.1f} ms, p95 {x['latency_ms_p95']:.1f} ms; "
               f"{x['dropped']} of {x['hops_sent']} hops dropped; {x['verdicts']} verdicts with close 1000; "
@@ -245,6 +250,11 @@ def real_time(x: dict) -> bool:
     return x["latency_ms_p95"] <= GOAL_P95_MS and x["dropped"] == 0
 
 
+def plain_label(x: dict) -> str:
+    """"one process", or "K worker processes" (`serve --workers K`)."""
+    return f"{x['workers']} worker processes" if x.get("workers", 1) > 1 else "one process"
+
+
 def ray_label(x: dict) -> str:
     """"Ray Serve, K replicas" and how the edge reached them (a run without ``ingress`` predates
     direct ingress: it went through Ray Serve's proxy)."""
@@ -255,7 +265,7 @@ def ray_label(x: dict) -> str:
 def serve_table(r: dict) -> list[str]:
     lines = ["| server | clients | latency median (ms) | latency p95 (ms) | dropped hops | verdicts | server cores | "
              "cores per stream | MB per stream |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for label, x in [("one process", r)] + ([(ray_label(r["ray"]), r["ray"])] if "ray" in r else []):
+    for label, x in [(plain_label(r), r)] + ([(ray_label(r["ray"]), r["ray"])] if "ray" in r else []):
         lines.append(f"| {label} | {x['clients']} | {x['latency_ms_median']:.1f} | {x['latency_ms_p95']:.1f} | "
                      f"{x['dropped']} of {x['hops_sent']} | {x['verdicts']} | {x['server_cores']:.2f} | "
                      f"{x['server_cores_per_stream']:.3f} | {x['server_mb_per_stream']:.1f} |")
