@@ -27,7 +27,8 @@ def test_the_serve_bench_counts_every_hop_and_splits_the_cores_by_process():
 @pytest.mark.parametrize("title, role", [("ray::ServeReplica:default:Classifier", "replicas"),
                                          ("ray::ProxyActor", "Ray Serve's proxy"),
                                          ("/venv/lib/ray/core/src/ray/raylet/raylet --node_id=1", "raylet"),
-                                         ("ray::IDLE", "other Ray processes")])
+                                         ("ray::IDLE", "other Ray processes"),
+                                         ("from multiprocessing.spawn import spawn_main; spawn_main()", "workers")])
 def test_a_process_of_the_tree_is_named_by_its_command_line(title, role):
     child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)", title],
                              stdout=subprocess.PIPE)

@@ -83,14 +83,15 @@ def tree_usage(pid: int) -> dict[int, tuple[float, float]]:
     return {p: (proc_cpu_seconds(p), rss_mb(p)) for p in process_tree(pid)}
 
 
-ROLES = (("ServeReplica", "replicas"), ("ProxyActor", "Ray Serve's proxy"),
+ROLES = (("spawn_main", "workers"), ("ServeReplica", "replicas"), ("ProxyActor", "Ray Serve's proxy"),
          ("ServeController", "Ray Serve's controller"), ("raylet", "raylet"), ("gcs_server", "Ray's GCS"))
 
 
 def role_of(pid: int, server: int) -> str:
     """What a process of the server's tree is, from its command line (Ray names its workers by
-    the actor they hold): the `serve` process itself, a Ray Serve replica, its proxy, ... or
-    another of Ray's processes (idle workers, agents, log monitor)."""
+    the actor they hold): the `serve` process itself, a `serve --workers` worker (a spawned
+    process), a Ray Serve replica, its proxy, ... or another of Ray's processes (idle workers,
+    agents, log monitor)."""
     if pid == server:
         return "the serve process"
     try:
@@ -154,7 +155,8 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
     return results, {"cores": sum(by_role.values()), "rss_mb": rss, "rss0_mb": rss0, "processes": len(after),
                      "cores_by_role": by_role, "client_cores": mine / wall,
                      "engine_hops": hops.get("engine_hops", 0), "stream_hops": hops.get("stream_hops", 0),
-                     "streams_split": busiest.get("streams_by_replica", busiest.get("streams_by_lane", [])),
+                     "streams_split": next((busiest[k] for k in ("streams_by_replica", "streams_by_worker",
+                                                                  "streams_by_lane") if k in busiest), []),
                      "ingress": hops.get("ingress")}
 
 
@@ -242,7 +244,8 @@ def roles_line(x: dict) -> str:
     return ("server cores by process: " + ", ".join(f"{role} {cores:.2f}" for role, cores in roles)
             + f"; the clients (the bench's process) {x['client_cores']:.2f}; streams per engine hop (a "
               f"lane's or a replica's) {x['streams_per_engine_hop']:.1f}"
-            + (f"; streams in each {'replica' if 'replicas' in x else 'lane'} at the most "
+            + (f"; streams in each {'replica' if 'replicas' in x else 'worker' if x.get('workers', 1) > 1 else 'lane'} "
+               f"at the most "
                f"{'+'.join(map(str, x['streams_split']))}" if x.get("streams_split") else "")) if roles else ""
 
 
