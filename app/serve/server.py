@@ -99,6 +99,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def built_hub(spec):
+    """``spec.build()``, or SystemExit with its error in one line (a missing or mismatched
+    checkpoint, missing weights: what `classify` says of them)."""
+    from audio.errors import AudioError
+    from models.checkpoint import CheckpointError
+    try:
+        return spec.build()
+    except (AudioError, CheckpointError, ValueError) as e:
+        raise SystemExit(f"serve: error: {e}") from None
+
+
 def package_version() -> str:
     """The installed package's version ("" when run from a checkout that is not installed)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -124,7 +135,8 @@ def serve_forever(spec, token: str | None, host: str, port: int) -> int:
               f"models {', '.join(hub.models)}, device {hub.device}{', token required' if token else ''}",
               file=sys.stderr, flush=True)
 
-    app = build_app(spec.build, token=token, limits=spec.limits, version=ours, on_start=started)
+    hub = built_hub(spec)                           # before the server: a bad option is one line
+    app = build_app(lambda: hub, token=token, limits=spec.limits, version=ours, on_start=started)
     config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
                             ws_ping_timeout=20.0, ws_per_message_deflate=False, log_level="warning", lifespan="on")
     DrainingServer(config, app).run(sockets=[sock])

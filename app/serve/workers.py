@@ -43,15 +43,16 @@ def worker_main(spec, token: str | None, conn, threads: int) -> None:
     import torch
     import uvicorn
 
-    from .server import DrainingServer
+    from .server import DrainingServer, built_hub
     from .service import build_app
     torch.set_num_threads(threads)
     sock = bind("127.0.0.1", 0)
+    hub = built_hub(spec)                    # a bad option: one line, and the parent says this worker stopped
 
     def started(hub):
         conn.send(sock.getsockname()[1])
         conn.close()
-    app = build_app(spec.build, token=token, limits=spec.limits, version=package_version(), on_start=started)
+    app = build_app(lambda: hub, token=token, limits=spec.limits, version=package_version(), on_start=started)
     config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
                             ws_ping_timeout=20.0, ws_per_message_deflate=False, log_level="warning", lifespan="on")
     DrainingServer(config, app, quiet=True).run(sockets=[sock])
@@ -91,9 +92,13 @@ class Workers:
         return proc, mine
 
     def _wait(self, i: int, proc, conn) -> None:
+        deadline = time.monotonic() + START_S
         try:
-            if not conn.poll(START_S):
-                raise ServeError(f"worker {i} did not load its models within {START_S:.0f} s")
+            while not conn.poll(WATCH_S):        # (a worker that dies answers at once: EOFError)
+                if self.stopping.is_set():
+                    raise ServeError(f"worker {i}: the server is stopping")
+                if time.monotonic() > deadline:
+                    raise ServeError(f"worker {i} did not load its models within {START_S:.0f} s")
             port = conn.recv()
         except EOFError:
             proc.join(timeout=5)
@@ -113,6 +118,9 @@ class Workers:
                 try:
                     self._wait(i, *self._start(i))
                 except ServeError as e:
+                    if self.stopping.is_set():   # close() stops what was started
+                        return
+                    self.procs[i].terminate()
                     self.procs[i] = None
                     print(f"# {e}; serving on with the others", file=sys.stderr, flush=True)
 
@@ -121,7 +129,7 @@ class Workers:
         self.stopping.set()
         watch = getattr(self, "watch", None)
         if watch is not None and watch is not threading.current_thread():
-            watch.join(timeout=START_S + 10)
+            watch.join(timeout=10)
         live = [p for p in self.procs if p is not None and p.is_alive()]
         for p in live:
             p.terminate()

@@ -85,9 +85,14 @@ def test_two_workers_split_the_streams_a_killed_one_is_replaced_and_sigterm_drai
             server.wait()
 
 
-def test_workers_are_for_the_cpu_plain_server():
+def test_workers_are_for_the_cpu_plain_server_and_a_missing_checkpoint_is_one_line(tmp_path):
     for extra in (["--ray"], ["--device", "cuda"]):
         r = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--workers", "2", *extra],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "--workers is for the plain server on the CPU" in r.stderr, r.stderr
+    for workers in ("1", "2"):                # the hub is built before the server: no traceback
+        r = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0", "--workers", workers,
+                            "--checkpoint", str(tmp_path / "gone.pt")], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert f"serve: error: checkpoint not found: {tmp_path / 'gone.pt'}" in r.stderr.splitlines()[0], r.stderr
 
