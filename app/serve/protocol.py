@@ -34,8 +34,8 @@ class ProtocolError(Exception):
 # cores 1.35-1.57 (median 1.49) against 1.62-1.63, a lane's hop took 2.5-2.8 streams against
 # 2.0-2.4, latency p95 105-182 ms (median 126) against 121-158 (median 132). A stream costs a
 # lane's hop of 1 stream 17 ms, of 16 streams 10.5 ms (one thread, a one-off timing).
-SUMMED = ("active_streams", "capacity", "engine_hops", "stream_hops")     # /v1/health's sums over replicas or workers
 BATCH_DELAY_MS = 40.0
+SUMMED = ("active_streams", "capacity", "engine_hops", "stream_hops")     # /v1/health's sums over replicas or workers
 
 
 @dataclass(frozen=True)

@@ -358,15 +358,16 @@ SECTIONS = [
      "(on CUDA: the batch's step for one stream, without and with its CUDA graph).",
      streams_body),
     ("Serving clients over WebSocket", "serve-",
-     "`bench --serve N [--ray K] [--batch-delay-ms D]`: the real `serve` command (musicnn and the five shipped "
-     "models, the server's batch delay as each run says; on the CPU its "
-     "engine in lanes, one per core: docs/serve.md) in its own "
+     "`bench --serve N [--serve-workers K] [--ray K] [--batch-delay-ms D]`: the real `serve` command (musicnn "
+     "and the five shipped models, the server's batch delay as each run says; on the CPU its "
+     "engine in lanes, one per core, or with `--serve-workers K` as `serve --workers K`, K one-lane processes "
+     "behind one socket: docs/serve.md) in its own "
      "process, and N WebSocket clients on loopback in the bench's process, each streaming real audio "
      "(the shared GTZAN excerpts) in real time, one 0.25 s hop per message. Latency: from a hop's last "
      "sample sent to its record received. Server CPU (cores, /proc) and resident memory per stream; the "
-     "server's cores by process (its Ray Serve replicas, proxy, controller and Ray's own servers), the "
+     "server's cores by process (its workers, or its Ray Serve replicas, proxy, controller and Ray's own servers), the "
      "clients' (the bench's process), the streams an engine hop took, and how the streams were split over "
-     "the lanes or replicas at the busiest moment (the server's health), where a run has them. The clients "
+     "the lanes, workers or replicas at the busiest moment (the server's health), where a run has them. The clients "
      "run on the same cores as the server. With `--ray K`, the same clients and audio "
      "then against `serve --ray local --replicas K`, a fresh local Ray; each run says how its edge reached "
      "the replicas: direct ingress (the edge spreads the streams over the K replicas' own ports, no proxy "

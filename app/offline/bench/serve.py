@@ -83,8 +83,9 @@ def tree_usage(pid: int) -> dict[int, tuple[float, float]]:
     return {p: (proc_cpu_seconds(p), rss_mb(p)) for p in process_tree(pid)}
 
 
-ROLES = (("spawn_main", "workers"), ("resource_tracker", "workers"), ("ServeReplica", "replicas"), ("ProxyActor", "Ray Serve's proxy"),
-         ("ServeController", "Ray Serve's controller"), ("raylet", "raylet"), ("gcs_server", "Ray's GCS"))
+ROLES = (("spawn_main", "workers"), ("resource_tracker", "workers"), ("ServeReplica", "replicas"),
+         ("ProxyActor", "Ray Serve's proxy"), ("ServeController", "Ray Serve's controller"), ("raylet", "raylet"),
+         ("gcs_server", "Ray's GCS"))
 
 
 def role_of(pid: int, server: int) -> str:
