@@ -2,9 +2,10 @@
 with one lane and its share of ``--max-streams``, behind the edge (app/serve/edge.py) on the
 public socket, as `serve --ray local` runs its replicas, without Ray.
 
-Why processes: a server's lanes are threads of one Python interpreter and share its lock and
-its allocator; at 32 clients on 2 cores two one-lane processes took fewer cores and answered
-sooner than one process of two lanes (docs/serve.md).
+Why processes: a server's lanes are threads of one Python interpreter, sharing its lock and one
+allocator; at 32 clients on 2 cores two one-lane processes took no more cores and answered sooner
+than one process of two lanes (docs/serve.md; which of the shared parts costs it is not
+measured).
 
 - The edge sends each new stream to the worker holding the fewest of its streams, and sums the
   workers' ``/v1/health`` (``workers``, ``streams_by_worker``).
