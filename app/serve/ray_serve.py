@@ -208,6 +208,13 @@ def runtime_env() -> dict:
 
 def deploy(spec, token: str | None, host: str, port: int, replicas: int, address: str) -> int:
     """`serve --ray`: start (a local Ray, or join ADDRESS), deploy, serve until SIGTERM / SIGINT."""
+    from app.runtime.lineup import load_trained
+    from models.checkpoint import CheckpointError
+    for path in spec.checkpoints:       # here first: a replica's failure would be Ray's traceback
+        try:
+            load_trained(path, spec.frontend.name, "cpu")
+        except CheckpointError as e:
+            raise SystemExit(f"serve: error: {e}") from None
     if address == "local":              # its processes inherit this environment (a set value stays)
         for key, value in DIRECT_INGRESS.items():
             os.environ.setdefault(key, value)
@@ -227,6 +234,9 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
             url = start(spec, token, host, port, replicas)
         except ServeError as e:
             raise SystemExit(f"serve: {e}") from None
+        except RuntimeError as e:       # Ray Serve's "Deploying application ... failed"
+            raise SystemExit(f"serve: Ray Serve could not deploy the app ({str(e).splitlines()[0] if str(e) else ''}); "
+                             f"the replicas' errors are in Ray's logs") from None
         from .edge import Edge
         way = "direct ingress" if Edge.running.upstreams()[1] else "through Ray Serve's proxy"
         print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each, {way}"

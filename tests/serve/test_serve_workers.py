@@ -2,6 +2,7 @@
 spread one on each worker, health sums the workers, each client's records equal `classify FILE
 --jsonl`; a killed worker cuts only its own client's stream (1012 with a reason) and is replaced;
 SIGTERM drains (the client's records, its verdict, 1001) and every worker stops."""
+import importlib.util
 import json
 import re
 import signal
@@ -90,8 +91,9 @@ def test_workers_are_for_the_cpu_plain_server_and_a_missing_checkpoint_is_one_li
         r = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--workers", "2", *extra],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode != 0 and "--workers is for the plain server on the CPU" in r.stderr, r.stderr
-    for workers in ("1", "2"):                # the hub is built before the server: no traceback
-        r = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0", "--workers", workers,
+    ray = [["--ray", "local"]] if importlib.util.find_spec("ray") else []
+    for way in (["--workers", "1"], ["--workers", "2"], *ray):   # checked before serving: no traceback
+        r = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0", *way,
                             "--checkpoint", str(tmp_path / "gone.pt")], capture_output=True, text=True, timeout=300)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert f"serve: error: checkpoint not found: {tmp_path / 'gone.pt'}" in r.stderr.splitlines()[0], r.stderr
