@@ -15,15 +15,14 @@ import pytest
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-from websockets.exceptions import ConnectionClosed  # noqa: E402
-from websockets.sync.client import connect  # noqa: E402
 
 from app.runtime.frontend_args import FrontEndSpec  # noqa: E402
 from app.serve import ray_serve  # noqa: E402
 from app.serve.edge import Edge  # noqa: E402
 from app.serve.spec import HubSpec  # noqa: E402
 from audio.sources import FileSource  # noqa: E402
-from test_serve import HELLO, classify_jsonl, same  # noqa: E402
+from test_serve import classify_jsonl, same  # noqa: E402
+from ws_clients import accepted, stream  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["local", "two nodes"])
@@ -75,42 +74,6 @@ def deployed(files, request):
 
 def health(port) -> dict:
     return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=30).read())
-
-
-def accepted(url):
-    """A connection whose hello was accepted (retrying a full replica's 1013)."""
-    for _ in range(20):
-        ws = connect(url, proxy=None, open_timeout=30).__enter__()
-        ws.send(json.dumps(HELLO))
-        try:
-            json.loads(ws.recv(timeout=30))
-            return ws
-        except ConnectionClosed:
-            assert ws.close_code == 1013
-    raise AssertionError("no replica took the stream")
-
-
-def stream(ws, hops, got: dict, pace: float) -> None:
-    records, verdict = [], None
-
-    def send():
-        try:
-            for hop in hops:
-                ws.send(hop.astype("<f4").tobytes())
-                time.sleep(pace)
-            ws.send(json.dumps({"end": True}))
-        except ConnectionClosed:
-            pass
-    threading.Thread(target=send, daemon=True).start()
-    try:
-        for text in ws:
-            d = json.loads(text)
-            verdict = d if "verdict" in d else verdict
-            if "verdict" not in d:
-                records.append(d)
-    except ConnectionClosed:
-        pass
-    got.update(records=records, verdict=verdict, close=ws.close_code, reason=ws.close_reason)
 
 
 def test_health_says_how_the_streams_are_split_over_the_replicas(deployed, request):

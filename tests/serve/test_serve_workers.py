@@ -15,17 +15,28 @@ from pathlib import Path
 
 from audio.sources import FileSource
 from test_serve import classify_jsonl, same
-from test_serve_ray import accepted, stream
+from ws_clients import accepted, stream
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def workers_of(pid: int) -> list[int]:
-    """The server's worker processes (its spawned children)."""
+    """The server's worker processes (its spawned children; a thread or child that ends while
+    they are read is left out)."""
     kids = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        kids += [int(k) for k in (task / "children").read_text().split()]
-    return [k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+        try:
+            kids += [int(k) for k in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    workers = []
+    for k in kids:
+        try:
+            if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes():
+                workers.append(k)
+        except OSError:
+            pass
+    return workers
 
 
 def test_two_workers_split_the_streams_a_killed_one_is_replaced_and_sigterm_drains(files, capsys, errors, tmp_path):
@@ -78,8 +89,7 @@ def test_two_workers_split_the_streams_a_killed_one_is_replaced_and_sigterm_drai
         drained.join(timeout=30)
         assert (late["close"], late["reason"]) == (1001, "the server is shutting down")
         assert late["verdict"]["hops"] == len(late["records"]) >= 4
-        assert not [p for p in pids if Path(f"/proc/{p}").exists()
-                    and b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert not [p for p in pids if Path(f"/proc/{p}").exists()]    # (their parent reaped them)
     finally:
         if server.poll() is None:
             server.kill()
