@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
+import sys
 import threading
 import time
 import urllib.error
@@ -34,7 +36,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .protocol import GOING_AWAY, SERVER_ERROR, SUMMED, TRY_LATER
-from .server import LoopServer
+from .server import DRAIN_SECONDS, LoopServer
 
 REPLICA_GONE = 1012                 # RFC 6455 "service restart": the client may connect again
 REPLICA_GONE_REASON = "the replica serving this stream stopped; connect again for a fresh stream"
@@ -259,6 +261,18 @@ async def http_get(address: str, path: str) -> tuple[int, bytes]:
         return 503, json.dumps({"error": f"the replicas' health cannot be read: {type(e).__name__}"}).encode()
 
 
+def signalled() -> tuple[threading.Event, threading.Event]:
+    """SIGTERM / SIGINT handlers for a process whose server is the edge: the first sets ``stop``
+    (drain), a second ``hurry`` (stop at once); ``Edge.finish`` takes both."""
+    stop, hurry = threading.Event(), threading.Event()
+
+    def on_signal(sig, frame):
+        (hurry if stop.is_set() else stop).set()
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop, hurry
+
+
 class Edge:
     """The edge's uvicorn server on a thread of this process (one per process)."""
     running: "Edge | None" = None
@@ -284,6 +298,14 @@ class Edge:
         if not edge.server.started:
             cls.stop()
             raise RuntimeError("the edge's server did not start within 10 s")
+
+    @classmethod
+    def finish(cls, stop: threading.Event, hurry: threading.Event) -> None:
+        """The end of a `serve` process: its streams drained if a signal came (``signalled``;
+        at most DRAIN_SECONDS), else closed 1001 at once; then the edge stopped."""
+        if stop.is_set() and cls.running is not None:
+            print(f"# draining {len(cls.running.app.state.relays)} streams", file=sys.stderr, flush=True)
+        cls.stop(drain_seconds=DRAIN_SECONDS if stop.is_set() else 0.0, hurry=hurry)
 
     @classmethod
     def stop(cls, drain_seconds: float = 0.0, hurry: threading.Event | None = None) -> None:

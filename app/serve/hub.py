@@ -29,7 +29,7 @@ from app.runtime.verdict import Tally
 from audio.melspec import HOP, HOP_SECONDS
 
 from .protocol import (BATCH_DELAY_MS, GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, TRY_LATER, Hello, Limits, PcmDecoder,
-                       ProtocolError)
+                       ProtocolError, first_line)
 
 
 class NetworkSource:
@@ -241,7 +241,7 @@ class Hub:
                 records = await self._engine(lane, shard.hop)
             except Exception as e:  # noqa: BLE001 - a lane's fault ends its streams, not the server
                 for conn in mine:
-                    conn.fail(SERVER_ERROR, f"server error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                    conn.fail(SERVER_ERROR, f"server error: {type(e).__name__}: {first_line(e)}")
                 records = []
             if records:
                 self.engine_hops, self.stream_hops = self.engine_hops + 1, self.stream_hops + len(records)

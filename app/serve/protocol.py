@@ -132,3 +132,9 @@ class PcmDecoder:
     @property
     def seconds(self) -> float:
         return self.frames / self.hello.sample_rate
+
+
+def first_line(e: BaseException) -> str:
+    """An error's message, its first line only (a close reason or a one-line refusal)."""
+    text = str(e)
+    return text.splitlines()[0] if text else ""

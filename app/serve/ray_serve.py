@@ -27,7 +27,6 @@ ingress deployment of K replicas, each building its own hub (one batched engine)
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 import threading
@@ -39,7 +38,8 @@ from pathlib import Path
 import ray
 from ray import serve
 
-from .protocol import SUMMED
+from .protocol import SUMMED, first_line
+from .server import host_port
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "nystream"
@@ -157,7 +157,7 @@ def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_
                                   ray_actor_options={"num_cpus": cpus_per_replica})
     serve.run(deployment.bind(), name=APP, route_prefix="/")
     Edge.start(Upstreams(inner), public, spec.limits.message_bytes)   # the one of this process
-    return f"ws://{host if ':' not in host else '[' + host + ']'}:{public.getsockname()[1]}/v1/stream"
+    return f"ws://{host_port(host, public.getsockname()[1])}/v1/stream"
 
 
 def start_serve(http_options: dict) -> None:
@@ -199,7 +199,7 @@ def proxy_address() -> str:
     from ray.serve.context import _get_global_client      # the running controller's client
     http = _get_global_client().http_config
     host = "127.0.0.1" if http.host in (None, "", "0.0.0.0", "::") else http.host
-    return f"{host if ':' not in host else '[' + host + ']'}:{http.port}"
+    return host_port(host, http.port)
 
 
 def runtime_env() -> dict:
@@ -223,34 +223,26 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
     except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, ValueError, ...
         raise SystemExit(f"serve: cannot {'start Ray' if address == 'local' else f'reach the Ray cluster at {address!r}'}: "
-                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+                         f"{type(e).__name__}: {first_line(e)}") from None
+    from .edge import Edge, signalled
     from .server import ServeError
-    stop, hurry = threading.Event(), threading.Event()
-
-    def on_signal(sig, frame):           # the first drains, a second stops at once
-        (hurry if stop.is_set() else stop).set()
+    stop, hurry = threading.Event(), threading.Event()    # set by signals once the edge serves
     try:
         try:
             url = start(spec, token, host, port, replicas)
         except ServeError as e:
             raise SystemExit(f"serve: {e}") from None
         except RuntimeError as e:       # Ray Serve's "Deploying application ... failed"
-            raise SystemExit(f"serve: Ray Serve could not deploy the app ({str(e).splitlines()[0] if str(e) else ''}); "
+            raise SystemExit(f"serve: Ray Serve could not deploy the app ({first_line(e)}); "
                              f"the replicas' errors are in Ray's logs") from None
-        from .edge import Edge
         way = "direct ingress" if Edge.running.upstreams()[1] else "through Ray Serve's proxy"
         print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each, {way}"
               f"{', token required' if token else ''}", file=sys.stderr, flush=True)
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        stop, hurry = signalled()
         while not stop.is_set():
             time.sleep(0.2)
     finally:
-        from .edge import Edge
-        from .server import DRAIN_SECONDS
-        if stop.is_set() and Edge.running is not None:
-            print(f"# draining {len(Edge.running.app.state.relays)} streams", file=sys.stderr, flush=True)
-        Edge.stop(drain_seconds=DRAIN_SECONDS if stop.is_set() else 0.0, hurry=hurry)
+        Edge.finish(stop, hurry)
         if address != "local":          # a cluster that lives on: remove this app from it
             serve.delete(APP)
         ray.shutdown()                  # a local instance: everything ends with it

@@ -119,26 +119,35 @@ def package_version() -> str:
         return ""
 
 
+def host_port(host: str, port: int) -> str:
+    """"HOST:PORT" as a URL writes it (an IPv6 address in brackets)."""
+    return f"{host if ':' not in host else '[' + host + ']'}:{port}"
+
+
+def serve_app(spec, token: str | None, sock: socket.socket, on_start, quiet: bool = False) -> None:
+    """Build the hub (a bad option: one line, exit 1), then serve its app on ``sock`` until
+    SIGTERM / SIGINT has drained it; ``on_start(hub)`` once clients may connect."""
+    from .service import build_app
+    hub = built_hub(spec)
+    app = build_app(lambda: hub, token=token, limits=spec.limits, version=package_version(), on_start=on_start)
+    config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
+                            ws_ping_timeout=20.0, ws_per_message_deflate=False, log_level="warning", lifespan="on")
+    DrainingServer(config, app, quiet=quiet).run(sockets=[sock])
+
+
 def serve_forever(spec, token: str | None, host: str, port: int) -> int:
     """Serve until SIGTERM / SIGINT (then drain). The line ``# serving ws://HOST:PORT/v1/stream``
     on stderr says the models are loaded and clients may connect."""
-    from .service import build_app
-    ours = package_version()
     try:
         sock = bind(host, port)
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
-    where = f"{host if ':' not in host else '[' + host + ']'}:{sock.getsockname()[1]}"
+    where = host_port(host, sock.getsockname()[1])
 
     def started(hub):
         print(f"# serving ws://{where}/v1/stream: up to {hub.capacity} streams, front end {hub.frontend}, "
               f"models {', '.join(hub.models)}, device {hub.device}{', token required' if token else ''}",
               file=sys.stderr, flush=True)
-
-    hub = built_hub(spec)                           # before the server: a bad option is one line
-    app = build_app(lambda: hub, token=token, limits=spec.limits, version=ours, on_start=started)
-    config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
-                            ws_ping_timeout=20.0, ws_per_message_deflate=False, log_level="warning", lifespan="on")
-    DrainingServer(config, app).run(sockets=[sock])
+    serve_app(spec, token, sock, started)
     print("# stopped", file=sys.stderr, flush=True)
     return 0

@@ -12,8 +12,8 @@ measured).
 - A worker that dies: its clients are closed 1012 with a reason by the edge, as a dead replica's;
   a new worker takes its place (a line on stderr), the others go on.
 - SIGTERM or SIGINT drains at the edge (each client's records, verdict and 1001), then the
-  workers stop. A worker dies with its parent (Linux: PR_SET_PDEATHSIG), and runs in a process
-  group of its own, so a terminal's Ctrl-C reaches the parent only.
+  workers stop. A worker dies with its parent, even a SIGKILLed one (Linux: PR_SET_PDEATHSIG),
+  and runs in a process group of its own, so a terminal's Ctrl-C reaches the parent only.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from .server import DRAIN_SECONDS, ServeError, bind, package_version
+from .server import DRAIN_SECONDS, ServeError, bind, host_port
 
 START_S = 300.0                      # the longest a worker may take to load its models
 WATCH_S = 0.5
@@ -42,21 +42,15 @@ def worker_main(spec, token: str | None, conn, threads: int) -> None:
     except (OSError, AttributeError):
         pass
     import torch
-    import uvicorn
 
-    from .server import DrainingServer, built_hub
-    from .service import build_app
+    from .server import serve_app
     torch.set_num_threads(threads)
     sock = bind("127.0.0.1", 0)
-    hub = built_hub(spec)                    # a bad option: one line, and the parent says this worker stopped
 
     def started(hub):
         conn.send(sock.getsockname()[1])
         conn.close()
-    app = build_app(lambda: hub, token=token, limits=spec.limits, version=package_version(), on_start=started)
-    config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
-                            ws_ping_timeout=20.0, ws_per_message_deflate=False, log_level="warning", lifespan="on")
-    DrainingServer(config, app, quiet=True).run(sockets=[sock])
+    serve_app(spec, token, sock, started, quiet=True)   # a bad option: one line; the parent says this worker stopped
 
 
 class Workers:
@@ -144,29 +138,21 @@ class Workers:
 
 def serve_workers(spec, token: str | None, host: str, port: int, count: int) -> int:
     """`serve --workers K`: the edge on ``host:port`` in front of K workers, until SIGTERM / SIGINT."""
-    from .edge import Edge
+    from .edge import Edge, signalled
     try:
         sock = bind(host, port)
         workers = Workers(spec, token, count)
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
-    stop, hurry = threading.Event(), threading.Event()
-
-    def on_signal(sig, frame):           # the first drains, a second stops at once
-        (hurry if stop.is_set() else stop).set()
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop, hurry = signalled()
     try:
         Edge.start(workers, sock, spec.limits.message_bytes)
-        where = f"{host if ':' not in host else '[' + host + ']'}:{sock.getsockname()[1]}"
-        print(f"# serving ws://{where}/v1/stream: {count} workers of up to {workers.spec.capacity} streams each"
-              f"{', token required' if token else ''}", file=sys.stderr, flush=True)
+        print(f"# serving ws://{host_port(host, sock.getsockname()[1])}/v1/stream: {count} workers of up to "
+              f"{workers.spec.capacity} streams each{', token required' if token else ''}", file=sys.stderr, flush=True)
         while not stop.is_set():
             time.sleep(0.2)
     finally:
-        if stop.is_set() and Edge.running is not None:
-            print(f"# draining {len(Edge.running.app.state.relays)} streams", file=sys.stderr, flush=True)
-        Edge.stop(drain_seconds=DRAIN_SECONDS if stop.is_set() else 0.0, hurry=hurry)    # the workers too
+        Edge.finish(stop, hurry)                  # the workers too (the edge's upstreams)
         workers.close()
     print("# stopped", file=sys.stderr, flush=True)
     return 0

@@ -1,7 +1,8 @@
 """`serve --workers 2`: the real command, two engine processes behind its edge. The streams
 spread one on each worker, health sums the workers, each client's records equal `classify FILE
 --jsonl`; a killed worker cuts only its own client's stream (1012 with a reason) and is replaced;
-SIGTERM drains (the client's records, its verdict, 1001) and every worker stops."""
+SIGTERM drains (the client's records, its verdict, 1001) and every worker stops; a SIGKILLed
+parent's workers stop too."""
 import importlib.util
 import json
 import re
@@ -108,3 +109,25 @@ def test_workers_are_for_the_cpu_plain_server_and_a_missing_checkpoint_is_one_li
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert f"serve: error: checkpoint not found: {tmp_path / 'gone.pt'}" in r.stderr.splitlines()[0], r.stderr
 
+
+
+def test_workers_stop_when_their_parent_is_killed(files, tmp_path):
+    """SIGKILL leaves the parent no time to stop its workers: each dies with it (PR_SET_PDEATHSIG)
+    instead of serving on, orphaned, on its loopback port."""
+    checkpoints, _ = files
+    server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--workers", "2", "--max-streams", "2",
+                               "--port", "0", "--checkpoint", checkpoints[0]], stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path)
+    try:
+        line = server.stderr.readline()
+        while line and "# serving" not in line:
+            line = server.stderr.readline()
+        pids = workers_of(server.pid)
+        assert len(pids) == 2, line
+    finally:
+        server.kill()
+        server.wait()
+    deadline = time.monotonic() + 30
+    while [p for p in pids if Path(f"/proc/{p}").exists()] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()]
