@@ -23,6 +23,25 @@ def children(pid: int) -> list[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit() and (_stat(int(d)) or [None, None])[1] == str(pid)]
 
 
+def descendants(pid: int) -> list[int]:
+    """Processes below ``pid``: its children, theirs, and so on."""
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def name_of(pid: int) -> str | None:
+    """The process's name (``ps``'s COMMAND, 15 characters at most), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def gone_within(pid: int, seconds: float) -> bool:
     """Whether the process ends (or is a zombie) within ``seconds``."""
     deadline = time.monotonic() + seconds
