@@ -85,6 +85,9 @@ def print_gui(r: dict) -> None:
     print(f"  first hop drawn: {r['open_first_hop_s']:.2f} s after the window was built; after Start "
           f"with a killed engine, median {restarts['forkserver']:.2f} s forked from the fork server, "
           f"{restarts['spawn']:.2f} s spawned")
+    pss = r["pss_mb"]
+    print(f"  proportional set size at the end: window {pss['window']:.0f} MB, engine {pss['engine']:.0f} MB, "
+          f"fork server {pss['fork_server']:.0f} MB")
 
 
 def print_soak(r: dict) -> None:

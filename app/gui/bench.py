@@ -8,7 +8,8 @@ laptop whose cores are busy). `bench --soak SECONDS` is the same run, long: it s
 memory of the window's process and of the engine process every 10 s and reports it at the start,
 after 5 minutes and at the end (an hour-long run must stay flat in both). Before the measured
 run, how soon a hop is drawn: from the window's construction, and from Start after the engine
-process was SIGKILLed, the engine forked from the fork server or spawned (taking turns).
+process was SIGKILLed, the engine forked from the fork server or spawned (taking turns); at its
+end, the proportional set size of the window, the engine and the fork server.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from app.runtime.memory import rss_mb
+from app.runtime.memory import parent_pid, pss_mb, rss_mb
 from app.runtime.records import percentile
 from audio.melspec import HOP_MS
 
@@ -61,8 +62,8 @@ def first_hop_s(app, w, t0: float, timeout: float = 60.0) -> float:
 
 def engine_restarts(app, w) -> dict[str, list[float]]:
     """Start after a SIGKILLed engine -> first hop drawn, in seconds, RESTARTS times for each start
-    method, taking turns (the window's own afterwards)."""
-    out: dict[str, list[float]] = {"forkserver": [], "spawn": []}
+    method, taking turns, the window's own (the fork server) last: the measured run's engine."""
+    out: dict[str, list[float]] = {"spawn": [], "forkserver": []}
     for _ in range(RESTARTS):
         for method in out:
             w.engine_start_method = None if method == "forkserver" else method
@@ -137,9 +138,14 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
     sampler.timeout.connect(sample)
     sampler.start(int(RSS_EVERY_S * 1000))
 
+    pss: dict[str, float] = {}
+
     def finish():          # the last sample while both processes run (Qt 6's quit closes the window)
         sampler.stop()
         sample()
+        server = parent_pid(engine_pid)
+        pss.update(window=pss_mb(), engine=pss_mb(engine_pid),
+                   fork_server=pss_mb(server) if server not in (None, os.getpid()) else 0.0)
         app.quit()
     QTimer.singleShot(int(seconds * 1000), finish)
     handlers = {sig: signal.signal(sig, lambda *_: QTimer.singleShot(0, finish))   # Ctrl+C, SIGTERM:
@@ -165,7 +171,7 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
         "frontend": history[-1].frontend if history else "",
         "rss_mb": rss, "engine_rss_mb": engine_rss, "delay_ms_worst_p95": worst_p95[0],
         "rss_growth_after_5min_mb": growth_after(rss, wall),
-        "engine_rss_growth_after_5min_mb": growth_after(engine_rss, wall), **starts,
+        "engine_rss_growth_after_5min_mb": growth_after(engine_rss, wall), **starts, "pss_mb": pss,
     }
     w.close()
     w.deleteLater()

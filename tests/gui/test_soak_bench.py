@@ -29,6 +29,9 @@ def test_soak_reports_memory_drops_and_delay_and_keeps_the_history_small(qapp, m
     # engine, forked from the fork server and spawned
     assert r["open_first_hop_s"] > 0
     assert {m: len(v) for m, v in r["restart_first_hop_s"].items()} == {"forkserver": 1, "spawn": 1}
+    # proportional set sizes at the end: the engine's and the fork server's it was forked from
+    assert 100 < r["pss_mb"]["window"] < 4000 and 50 < r["pss_mb"]["engine"] < 4000
+    assert 20 < r["pss_mb"]["fork_server"] < r["pss_mb"]["engine"]
     print_soak(r)
     out = capsys.readouterr().out
     assert "first hop drawn:" in out and "forked from the fork server" in out

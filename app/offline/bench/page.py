@@ -147,6 +147,9 @@ def gui_body(runs: dict) -> str:
     row("first hop drawn after Start with a killed engine, forked / spawned, median (s)",
         lambda r: (" / ".join(f"{statistics.median(r['restart_first_hop_s'][m]):.2f}" for m in ("forkserver", "spawn"))
                    if "restart_first_hop_s" in r else "-"))
+    row("proportional set size at the end, window / engine / fork server (MB)",
+        lambda r: " / ".join(f"{r['pss_mb'][k]:.0f}" for k in ("window", "engine", "fork_server"))
+        if "pss_mb" in r else "-")
     row("frame time median / p95 (ms)", lambda r: f"{r['frame_ms_median']:.1f} / {r['frame_ms_p95']:.1f}",
         "median <= 12")
     row("window thread CPU per frame, painting included, median / p95 (ms)",
