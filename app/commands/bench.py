@@ -5,7 +5,6 @@ step against the torch and fused steps (app/offline/bench/onnx.py); `--streams` 
 engine (app/offline/bench/streams.py)."""
 from __future__ import annotations
 
-import statistics
 import sys
 
 from . import command
@@ -81,13 +80,6 @@ def print_gui(r: dict) -> None:
     print(f"  end-to-end delay, hop's last sample -> drawn: median {r['delay_ms_median']:.0f} ms, "
           f"p95 {r['delay_ms_p95']:.0f} ms (goal <= {goal} ms)")
     print(f"  real-time factor {r['rtf']:.2f} (engine process); dropped hops {r['dropped_hops']}")
-    restarts = {m: statistics.median(v) for m, v in r["restart_first_hop_s"].items()}
-    print(f"  first hop drawn: {r['open_first_hop_s']:.2f} s after the window was built; after Start "
-          f"with a killed engine, median {restarts['forkserver']:.2f} s forked from the fork server, "
-          f"{restarts['spawn']:.2f} s spawned")
-    pss = r["pss_mb"]
-    print(f"  proportional set size at the end: window {pss['window']:.0f} MB, engine {pss['engine']:.0f} MB, "
-          f"fork server {pss['fork_server']:.0f} MB")
 
 
 def print_soak(r: dict) -> None:

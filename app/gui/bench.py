@@ -6,10 +6,7 @@ window's frame time (each panel's too), the end-to-end delay from a hop's last s
 result, the real-time factor and drops; ``--hogs N`` runs N busy-looping processes beside it (a
 laptop whose cores are busy). `bench --soak SECONDS` is the same run, long: it samples the resident
 memory of the window's process and of the engine process every 10 s and reports it at the start,
-after 5 minutes and at the end (an hour-long run must stay flat in both). Before the measured
-run, how soon a hop is drawn: from the window's construction, and from Start after the engine
-process was SIGKILLed, the engine forked from the fork server or spawned (taking turns); at its
-end, the proportional set size of the window, the engine and the fork server.
+after 5 minutes and at the end (an hour-long run must stay flat in both).
 """
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from app.runtime.memory import parent_pid, pss_mb, rss_mb
+from app.runtime.memory import rss_mb
 from app.runtime.records import percentile
 from audio.melspec import HOP_MS
 
@@ -45,37 +42,6 @@ def quantiles(xs) -> dict:
     xs = list(xs)
     return {"median": statistics.median(xs) if xs else float("nan"), "p95": percentile(xs, 0.95),
             "max": max(xs, default=float("nan")), "frames": len(xs)}
-
-
-RESTARTS = 3               # engine restarts timed per start method
-
-
-def first_hop_s(app, w, t0: float, timeout: float = 60.0) -> float:
-    """Seconds from ``t0`` (perf_counter) until the window holds a hop."""
-    while not len(w.history):
-        if time.perf_counter() - t0 > timeout:
-            raise RuntimeError(f"no hop within {timeout:.0f} s: {w.header.banner.text()}")
-        app.processEvents()
-        time.sleep(0.005)
-    return time.perf_counter() - t0
-
-
-def engine_restarts(app, w) -> dict[str, list[float]]:
-    """Start after a SIGKILLed engine -> first hop drawn, in seconds, RESTARTS times for each start
-    method, taking turns, the window's own (the fork server) last: the measured run's engine."""
-    out: dict[str, list[float]] = {"spawn": [], "forkserver": []}
-    for _ in range(RESTARTS):
-        for method in out:
-            w.engine_start_method = None if method == "forkserver" else method
-            os.kill(w.engine.process.pid, signal.SIGKILL)
-            while w.running:
-                app.processEvents()
-                time.sleep(0.005)
-            t0 = time.perf_counter()
-            w.start()
-            out[method].append(first_hop_s(app, w, t0))
-    w.engine_start_method = None
-    return out
 
 
 def gui(seconds: float, vggish_weights: str | None = None, frontend: str = "musicnn",
@@ -105,14 +71,12 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
     app = QApplication.instance() or QApplication([])
     settings = IniSettings(os.path.join(tempfile.mkdtemp(), "bench.ini"))
     vggish = frontend == "vggish"
-    opened = time.perf_counter()
     w = MainWindow(Options(source="demo", variants=["regular", "continual", "nystrom", "continual_nystrom"],
                            frontend=frontend, vggish_weights=vggish_weights,
                            random_vggish=0 if vggish and not vggish_weights else None,
                            autostart=False), settings)
     w.show()
     w.start()
-    starts = {"open_first_hop_s": first_hop_s(app, w, opened), "restart_first_hop_s": engine_restarts(app, w)}
     engine_pid = w.engine.process.pid
     if vggish:
         w.engine.add_model("continual_nystrom 2-block",
@@ -138,14 +102,9 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
     sampler.timeout.connect(sample)
     sampler.start(int(RSS_EVERY_S * 1000))
 
-    pss: dict[str, float] = {}
-
     def finish():          # the last sample while both processes run (Qt 6's quit closes the window)
         sampler.stop()
         sample()
-        server = parent_pid(engine_pid)
-        pss.update(window=pss_mb(), engine=pss_mb(engine_pid),
-                   fork_server=pss_mb(server) if server not in (None, os.getpid()) else 0.0)
         app.quit()
     QTimer.singleShot(int(seconds * 1000), finish)
     handlers = {sig: signal.signal(sig, lambda *_: QTimer.singleShot(0, finish))   # Ctrl+C, SIGTERM:
@@ -171,7 +130,7 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
         "frontend": history[-1].frontend if history else "",
         "rss_mb": rss, "engine_rss_mb": engine_rss, "delay_ms_worst_p95": worst_p95[0],
         "rss_growth_after_5min_mb": growth_after(rss, wall),
-        "engine_rss_growth_after_5min_mb": growth_after(engine_rss, wall), **starts, "pss_mb": pss,
+        "engine_rss_growth_after_5min_mb": growth_after(engine_rss, wall),
     }
     w.close()
     w.deleteLater()

@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QVBoxLayout, QWidget
 
-from app.runtime.engine_process import EngineProcess, FrontEndFacts, prepare
+from app.runtime.engine_process import EngineProcess, FrontEndFacts
 from app.runtime.frontend_args import FrontEndSpec
 from app.runtime.lineup import Entry, ModelSpec, ShippedLineup, load_onnx, load_trained
 from app.runtime.onnx_step import OnnxModelError
@@ -62,8 +62,6 @@ class MainWindow(QMainWindow):
         self._slow_at = 0.0                           # when they were last drawn
         self.delay_ms: deque = deque(maxlen=2000)     # hop's last sample -> result drawn
         self.engine: EngineProcess | None = None      # kept between runs; a new one if it died
-        self.engine_start_method: str | None = None   # None: forked from the fork server (engine_process.context)
-        prepare()                                     # the fork server imports while the window builds
         self.running = False                          # a run is in progress (or starting)
         self.stopped = False                          # the user ended the run in progress
         self.failed = False                           # an error ended the run in progress
@@ -286,7 +284,7 @@ class MainWindow(QMainWindow):
         there is none or the last one died)."""
         self.stop()
         if self.engine is None or not self.engine.alive():
-            self.engine = EngineProcess(torch_threads=ENGINE_THREADS, start_method=self.engine_start_method)
+            self.engine = EngineProcess(torch_threads=ENGINE_THREADS)
         self.genre.reset()
         self.history.clear()
         self.recent.clear()

@@ -1,19 +1,15 @@
 """The engine in its own process, for the live window.
 
 The window process only draws; source capture (the microphone is opened here), the front end and
-every model's step run in a process of their own, so no paint ever holds up a hop and the two never
-share a heap or a GIL. Engine processes are forked from a server that imported torch, the engine
-and the front ends once (multiprocessing's forkserver, started by ``prepare`` when the window
-opens): a fresh engine answers its first hop in about 0.4 s instead of 2 s. Each takes the
-window's environment as it is when the engine starts, as a spawned process would. ``EngineProcess`` is driven like an ``Engine``: the same control methods
+every model's step run in a spawned process, so no paint ever holds up a hop and the two never
+share a heap or a GIL. ``EngineProcess`` is driven like an ``Engine``: the same control methods
 (models are given as ``ModelSpec``s and built in the engine process), sent in call order over one
 pipe and applied there under the same control budget. Results come back as packed step records
 (app/runtime/steplog.py StepCodec, ~0.1 KB per model) with the hop's log-mel frames.
 
 Either side survives the other's end: the window sees the engine process die (``poll`` says so,
-with the signal or exit code), and the engine process exits when the window is gone (its pipe
-reads end of file, and a watchdog checks twice a second that the process it was started from,
-the window or its fork server, which ends with the window, is still its parent).
+with the signal or exit code), and the engine process exits when its parent is gone (its pipe
+reads end of file, and a watchdog checks the parent's pid twice a second).
 
 Messages, window -> engine: ("run", run_id, FrontEndSpec, SourceSpec, [(name, ModelSpec, kwargs)]),
 ("call", method, args, kwargs), ("pause", on), ("stop",), ("exit",). Engine -> window, each
@@ -39,10 +35,6 @@ from .steplog import StepCodec
 GIL_SWITCH_S = 1e-4           # see share_the_gil()
 WATCH_PARENT_S = 0.5          # how often the engine process checks that its window still runs
 OUTBOX = 4096                 # messages the engine process holds for a window that reads slowly
-PRELOAD = ["torch", "safetensors", "app.runtime.engine_process", "app.runtime.engine", "audio.frontends",
-           "audio.sources", "models.fused.model_step", "models.fused.two_block"]
-                              # imported once, by the fork server (not sounddevice: PortAudio
-                              # starts threads; each engine opens it itself)
 
 
 def share_the_gil() -> None:
@@ -75,47 +67,18 @@ def death_cause(exitcode: int | None) -> str:
     return f"the engine process exited with code {exitcode}"
 
 
-def context(method: str | None = None):
-    """The engine processes' start method: forked from a server that has imported PRELOAD, where
-    the platform has one (Linux, macOS); spawned elsewhere, or where ``method`` is 'spawn' (a
-    fresh interpreter each time: `bench --gui` compares the two)."""
-    if method == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
-
-
-def prepare() -> None:
-    """Start the fork server now (it imports PRELOAD in the background, ~2 s), so that the first
-    engine starts as fast as the next ones."""
-    if context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-        forkserver.ensure_running()
-
-
-def name_this_process(name: str) -> None:
-    """The name ``ps`` and ``top`` show (Linux; a no-op elsewhere)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)        # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
-
-
 class EngineProcess:
-    """An engine process serving one run at a time; the window's handle on it.
+    """A spawned engine process serving one run at a time; the window's handle on it.
 
     Control methods as ``Engine``'s (add_model, remove_model, reset_model, set_landmark_mode,
     use_fixed_landmarks, stop); ``start_run`` begins a run, ``poll`` returns what arrived.
     """
 
-    def __init__(self, torch_threads: int | None = None, start_method: str | None = None):
-        """``torch_threads``: the engine process's torch CPU threads (None: torch's default);
-        ``start_method``: 'spawn' instead of the fork server (``context``)."""
-        ctx = context(start_method)
+    def __init__(self, torch_threads: int | None = None):
+        """``torch_threads``: the engine process's torch CPU threads (None: torch's default)."""
+        ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(child, os.getpid(), torch_threads, dict(os.environ)),
+        self.process = ctx.Process(target=serve, args=(child, os.getpid(), torch_threads),
                                    name="nystream-engine", daemon=True)
         self.process.start()
         child.close()             # only the engine process holds its end: its reads see our end
@@ -277,35 +240,28 @@ class Run:
         self.thread.join(timeout)
 
 
-def watch_parent(window_pid: int) -> None:
-    """Exit when the window's process is gone (killed, even with SIGKILL): it no longer exists,
-    or this process's parent changed (the window, or the fork server, which exits with it)."""
-    parent = os.getppid()
+def watch_parent(parent_pid: int) -> None:
+    """Exit when the window's process is gone (killed, even with SIGKILL)."""
     while True:
-        if os.getppid() != parent or not exists(window_pid):
+        if os.getppid() != parent_pid:
             os._exit(0)
         time.sleep(WATCH_PARENT_S)
 
 
-def exists(pid: int) -> bool:
+def name_this_process(name: str) -> None:
+    """The name ``ps`` and ``top`` show for this process (Linux; a no-op elsewhere)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        import ctypes
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)        # PR_SET_NAME
+    except (OSError, AttributeError):
         pass
-    return True
 
 
-def serve(conn, window_pid: int, torch_threads: int | None = None, environ: dict | None = None) -> None:
-    """The engine process's main loop: one message at a time, in the order the window sent them.
-    ``environ``: the window's environment when it started this engine."""
+def serve(conn, parent_pid: int, torch_threads: int | None = None) -> None:
+    """The engine process's main loop: one message at a time, in the order the window sent them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl+C in the terminal is the window's to handle
-    threading.Thread(target=watch_parent, args=(window_pid,), name="engine-watchdog", daemon=True).start()
+    threading.Thread(target=watch_parent, args=(parent_pid,), name="engine-watchdog", daemon=True).start()
     name_this_process("nystream-engine")
-    if environ is not None:
-        os.environ.clear()
-        os.environ.update(environ)
     share_the_gil()
     if torch_threads:
         import torch

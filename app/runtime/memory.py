@@ -67,25 +67,3 @@ def rss_mb(pid: int | str = "self") -> float:
     except OSError:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
-
-
-def pss_mb(pid: int | str = "self") -> float:
-    """Proportional set size of a process now (MB; pages shared with other processes counted in
-    shares): what it adds to the machine's memory. Linux /proc; nan where unavailable."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 2**10
-    except OSError:
-        pass
-    return float("nan")
-
-
-def parent_pid(pid: int) -> int | None:
-    """The parent of process ``pid`` (Linux /proc), or None if it is gone or unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None

@@ -159,20 +159,3 @@ def test_close_ends_the_process_and_the_control_api_is_the_engines():
         return [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
     for name in ("add_model", "remove_model", "reset_model", "set_landmark_mode", "use_fixed_landmarks", "stop"):
         assert params(getattr(EngineProcess, name)) == params(getattr(Engine, name)), name
-
-
-def test_each_engine_takes_the_windows_environment_as_it_is_when_the_engine_starts(monkeypatch, tmp_path):
-    """Engines are forked from a server started before (``prepare``, as the window does when it
-    opens), yet each reads the environment of its start: here the VGGish weights' variable, set
-    after the server started, names the file the engine looked for."""
-    from app.runtime.engine_process import prepare
-    prepare()
-    for name in ("first.pt", "second.pt"):
-        monkeypatch.setenv("NYSTREAM_VGGISH_WEIGHTS", str(tmp_path / name))
-        e = EngineProcess(torch_threads=1)
-        try:
-            e.start_run(FrontEndSpec("vggish"), SourceSpec(SourceKind.DEMO, realtime=False, seconds=1), [])
-            warnings = [m[1] for m in collect(e, ended) if m[0] == "warn"]
-        finally:
-            e.close()
-        assert len(warnings) == 1 and str(tmp_path / name) in warnings[0], warnings

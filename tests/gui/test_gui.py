@@ -363,8 +363,8 @@ def test_a_killed_engine_is_said_in_one_line_what_was_drawn_stays_and_start_runs
 
 
 def test_a_window_killed_with_sigkill_leaves_no_engine_process_behind(tmp_path):
-    """The engine (forked from the window's fork server, named nystream-engine), the fork server
-    and every other process the window started end with it."""
+    """The engine process (named nystream-engine) and every other process the window started
+    end with it."""
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
     gui = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "gui", "--source", "demo",
                             "--settings", str(tmp_path / "s.ini"), "--quit-after", "120"],

@@ -7,7 +7,6 @@ from app.gui.window import MainWindow
 
 def test_soak_reports_memory_drops_and_delay_and_keeps_the_history_small(qapp, monkeypatch, capsys):
     monkeypatch.setattr(bench, "RSS_EVERY_S", 2.0)
-    monkeypatch.setattr(bench, "RESTARTS", 1)
     seen, windows = [], []
     original = MainWindow.close
     monkeypatch.setattr(MainWindow, "close", lambda w: (windows.append(w), original(w))[1])
@@ -25,15 +24,7 @@ def test_soak_reports_memory_drops_and_delay_and_keeps_the_history_small(qapp, m
     log = windows[0].history
     assert len(log) == r["hops"] and log.nbytes < 1000 * len(log)     # < 1 KB per hop with six models
     assert log[-1].mel is None and set(log[-1].models) == set(windows[0].recent[-1].models)
-    # before the run: the first hop after the window was built, and after Start with a killed
-    # engine, forked from the fork server and spawned
-    assert r["open_first_hop_s"] > 0
-    assert {m: len(v) for m, v in r["restart_first_hop_s"].items()} == {"forkserver": 1, "spawn": 1}
-    # proportional set sizes at the end: the engine's and the fork server's it was forked from
-    assert 100 < r["pss_mb"]["window"] < 4000 and 50 < r["pss_mb"]["engine"] < 4000
-    assert 20 < r["pss_mb"]["fork_server"] < r["pss_mb"]["engine"]
     print_soak(r)
     out = capsys.readouterr().out
-    assert "first hop drawn:" in out and "forked from the fork server" in out
     assert "window process resident memory:" in out and "engine process resident memory:" in out
     assert "run 10 minutes or more to see it" in out

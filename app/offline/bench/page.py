@@ -14,7 +14,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -142,14 +141,6 @@ def gui_body(runs: dict) -> str:
     row("end-to-end delay median / p95 (ms)", lambda r: f"{r['delay_ms_median']:.0f} / {r['delay_ms_p95']:.0f}",
         "p95 <= " + " / ".join(str(goals[k]["delay"]) for k in cols))
     row("real-time factor (engine process)", lambda r: f"{r['rtf']:.2f}", "<= 0.3 with two hogs")
-    row("first hop drawn after the window is built (s)",
-        lambda r: f"{r['open_first_hop_s']:.2f}" if "open_first_hop_s" in r else "-")
-    row("first hop drawn after Start with a killed engine, forked / spawned, median (s)",
-        lambda r: (" / ".join(f"{statistics.median(r['restart_first_hop_s'][m]):.2f}" for m in ("forkserver", "spawn"))
-                   if "restart_first_hop_s" in r else "-"))
-    row("proportional set size at the end, window / engine / fork server (MB)",
-        lambda r: " / ".join(f"{r['pss_mb'][k]:.0f}" for k in ("window", "engine", "fork_server"))
-        if "pss_mb" in r else "-")
     row("frame time median / p95 (ms)", lambda r: f"{r['frame_ms_median']:.1f} / {r['frame_ms_p95']:.1f}",
         "median <= 12")
     row("window thread CPU per frame, painting included, median / p95 (ms)",
