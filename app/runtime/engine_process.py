@@ -249,11 +249,11 @@ def watch_parent(parent_pid: int) -> None:
 
 
 def name_this_process(name: str) -> None:
-    """The name ``ps`` and ``top`` show for this process (Linux; a no-op elsewhere)."""
+    """The name ``top`` and ``ps -e`` show for this process (Linux; a no-op elsewhere)."""
     try:
         import ctypes
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)        # PR_SET_NAME
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         pass
 
 
