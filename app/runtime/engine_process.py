@@ -29,11 +29,13 @@ from dataclasses import dataclass
 
 from .frontend_args import FrontEndSpec
 from .lineup import ModelSpec
+from .memory import glibc_call
 from .sources import SourceSpec
 from .steplog import StepCodec
 
 GIL_SWITCH_S = 1e-4           # see share_the_gil()
 WATCH_PARENT_S = 0.5          # how often the engine process checks that its window still runs
+PR_SET_NAME = 15              # prctl option (linux/prctl.h)
 OUTBOX = 4096                 # messages the engine process holds for a window that reads slowly
 
 
@@ -250,11 +252,7 @@ def watch_parent(parent_pid: int) -> None:
 
 def name_this_process(name: str) -> None:
     """The name ``top`` and ``ps -e`` show for this process (Linux; a no-op elsewhere)."""
-    try:
-        import ctypes
-        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)        # PR_SET_NAME
-    except (OSError, AttributeError, TypeError):
-        pass
+    glibc_call("prctl", PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def serve(conn, parent_pid: int, torch_threads: int | None = None) -> None:

@@ -21,7 +21,7 @@ MANY_STREAMS_MMAP_BYTES = 32 * 2**20              # glibc's largest mmap thresho
 MANY_STREAMS_TRIM_BYTES = 64 * 2**20
 
 
-def glibc_call(name: str, *args: int) -> int | None:
+def glibc_call(name: str, *args: int | bytes) -> int | None:
     """glibc's function ``name`` called with ``args``, its result; None where there is no glibc
     (not Linux, musl, no libc.so.6)."""
     if not sys.platform.startswith("linux"):

@@ -35,7 +35,7 @@ from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .protocol import GOING_AWAY, SERVER_ERROR, SUMMED, TRY_LATER
+from .protocol import GOING_AWAY, SERVER_ERROR, TRY_LATER, health_sums
 from .server import DRAIN_SECONDS, LoopServer
 
 REPLICA_GONE = 1012                 # RFC 6455 "service restart": the client may connect again
@@ -130,10 +130,9 @@ def as_upstreams(upstreams):
 def summed(healths: list[dict]) -> dict:
     """The workers' health as one server's: counts summed, ``workers`` and ``streams_by_worker``
     (busiest first) in place of the lanes."""
+    sums, split = health_sums(healths)
     total = {k: v for k, v in healths[0].items() if k != "streams_by_lane"}
-    total.update({k: sum(h[k] for h in healths) for k in SUMMED}, draining=any(h["draining"] for h in healths),
-                 workers=len(healths),
-                 streams_by_worker=sorted((h["active_streams"] for h in healths), reverse=True))
+    total.update(sums, draining=any(h["draining"] for h in healths), workers=len(healths), streams_by_worker=split)
     return total
 
 

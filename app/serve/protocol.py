@@ -38,6 +38,13 @@ BATCH_DELAY_MS = 40.0
 SUMMED = ("active_streams", "capacity", "engine_hops", "stream_hops")     # /v1/health's sums over replicas or workers
 
 
+def health_sums(healths: list[dict]) -> tuple[dict, list[int]]:
+    """Several servers' ``/v1/health`` as one: the SUMMED counts added, and each one's active
+    streams, busiest first."""
+    return ({k: sum(h[k] for h in healths) for k in SUMMED},
+            sorted((h["active_streams"] for h in healths), reverse=True))
+
+
 @dataclass(frozen=True)
 class Limits:
     hello_bytes: int = 1024             # the first text message

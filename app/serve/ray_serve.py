@@ -38,7 +38,7 @@ from pathlib import Path
 import ray
 from ray import serve
 
-from .protocol import SUMMED, first_line
+from .protocol import first_line, health_sums
 from .server import host_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +71,8 @@ class Registry:
     def total(self) -> dict:
         now = time.monotonic()
         alive = [h for t, h in self.seen.values() if now - t <= STALE_S]
-        return {"replicas": len(alive), **{k: sum(h[k] for h in alive) for k in SUMMED},
-                "streams_by_replica": sorted((h["active_streams"] for h in alive), reverse=True)}
+        sums, split = health_sums(alive)
+        return {"replicas": len(alive), **sums, "streams_by_replica": split}
 
 
 class RayPeers:

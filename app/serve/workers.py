@@ -26,21 +26,20 @@ import sys
 import threading
 import time
 
+from app.runtime.memory import glibc_call
+
 from .server import DRAIN_SECONDS, ServeError, bind, host_port
 
 START_S = 300.0                      # the longest a worker may take to load its models
 WATCH_S = 0.5
+PR_SET_PDEATHSIG = 1                 # prctl option (linux/prctl.h)
 
 
 def worker_main(spec, token: str | None, conn, threads: int) -> None:
     """One worker (a spawned process): the app with its hub on a free loopback port, which it
     sends on ``conn`` once the models are loaded."""
     os.setpgrp()
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)    # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    glibc_call("prctl", PR_SET_PDEATHSIG, int(signal.SIGTERM))      # Linux; a no-op elsewhere
     import torch
 
     from .server import serve_app

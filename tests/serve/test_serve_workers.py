@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from audio.sources import FileSource
+from process_helpers import children
 from test_serve import classify_jsonl, same
 from ws_clients import accepted, stream
 
@@ -22,16 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def workers_of(pid: int) -> list[int]:
-    """The server's worker processes (its spawned children; a thread or child that ends while
-    they are read is left out)."""
-    kids = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            kids += [int(k) for k in (task / "children").read_text().split()]
-        except OSError:
-            pass
+    """The server's worker processes (its spawned children; one that ends while read is left out)."""
     workers = []
-    for k in kids:
+    for k in children(pid):
         try:
             if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes():
                 workers.append(k)
@@ -108,7 +102,6 @@ def test_workers_are_for_the_cpu_plain_server_and_a_missing_checkpoint_is_one_li
                             "--checkpoint", str(tmp_path / "gone.pt")], capture_output=True, text=True, timeout=300)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert f"serve: error: checkpoint not found: {tmp_path / 'gone.pt'}" in r.stderr.splitlines()[0], r.stderr
-
 
 
 def test_workers_stop_when_their_parent_is_killed(files, tmp_path):
