@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
     p.add_argument("--device", help="input device index or (partial) name, with --mic")
     p.add_argument("--seconds", type=SECONDS, help="with --demo: stop after this much audio")
     p.add_argument("--token-file", metavar="FILE", help="send 'Authorization: Bearer' + the token in FILE")
-    p.add_argument("--fast", action="store_true", help="send as fast as the server reads (a file or the demo)")
+    p.add_argument("--fast", action="store_true", help="send as fast as the server's credit allows (a file or the demo)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
     out.add_argument("--csv", metavar="FILE", type=writable_file, help="write records to a CSV file")

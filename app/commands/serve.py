@@ -2,10 +2,11 @@
 engine per connection (docs/serve.md); with ``--ray``, K replicas on Ray Serve."""
 from __future__ import annotations
 
+from app.serve.protocol import Limits
 from models.sda import VARIANTS
 
 from . import command
-from .argtypes import POSITIVE, WINDOW, number
+from .argtypes import POSITIVE, SECONDS, WINDOW, integer, number
 
 
 def add_arguments(p) -> None:
@@ -36,6 +37,18 @@ def add_arguments(p) -> None:
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="deploy on Ray Serve: a local Ray instance, or join the cluster at ADDRESS (auto, HOST:PORT)")
     p.add_argument("--replicas", type=POSITIVE, default=1, help="with --ray: replicas, each one batched engine")
+    lim = p.add_argument_group("limits per client (docs/serve.md)")
+    lim.add_argument("--max-streams-per-address", type=integer(0), default=None, metavar="N",
+                     help="WebSocket connections of one client address at once (default: a quarter of "
+                          "--max-streams, at least 1; 0: no cap)")
+    lim.add_argument("--client-speed", type=number(above=0), default=Limits.speed, metavar="X",
+                     help="read a client's audio at most X times real time after a first 5 s")
+    lim.add_argument("--max-lag-seconds", type=SECONDS, default=Limits.lag_seconds, metavar="S",
+                     help="close a stream whose audio falls more than S behind real time (after its first 10 s)")
+    lim.add_argument("--request-seconds", type=SECONDS, default=Limits.request_seconds, metavar="S",
+                     help="close a connection whose HTTP request (the WebSocket upgrade) is not whole within S")
+    lim.add_argument("--ping-seconds", type=SECONDS, default=Limits.ping_seconds, metavar="S",
+                     help="keepalive: ping a client every S, close it when no pong comes within S")
 
 
 def hub_spec(args):
@@ -45,8 +58,12 @@ def hub_spec(args):
                       tf32=args.tf32)
     shape = {"layers": args.layers, "window": args.window, "landmarks": args.landmarks, "seed": args.seed}
     delay = {} if args.batch_delay_ms is None else {"batch_delay_ms": args.batch_delay_ms}
+    per_address = args.max_streams_per_address
+    limits = Limits(speed=args.client_speed, lag_seconds=args.max_lag_seconds, request_seconds=args.request_seconds,
+                    ping_seconds=args.ping_seconds,
+                    streams_per_address=max(1, args.max_streams // 4) if per_address is None else per_address)
     return HubSpec(fe, args.max_streams, tuple(args.checkpoint),
-                   tuple(args.variant) if args.variant else None, shape, **delay)
+                   tuple(args.variant) if args.variant else None, shape, limits, **delay)
 
 
 @command("serve", "classify live audio from WebSocket clients (protocol v1, docs/serve.md)", add_arguments)

@@ -2,9 +2,10 @@
 and print what `classify` prints: a line (or a JSON line, or a CSV row) per hop, then the verdict.
 
 Audio is sent as it is classified locally: 16 kHz mono float32 hops (the file decoded and
-resampled exactly as `classify` does it), at real-time pace unless ``fast``. If the connection
-drops without a verdict (a replica died), a fresh stream carries on with the rest of the audio,
-said in one line.
+resampled exactly as `classify` does it), at real-time pace unless ``fast``, and never more than
+the server's credit (its hello reply's ``credit_seconds``) beyond the last record received, so
+the server never has to hold the client back. If the connection drops without a verdict (a
+worker or replica died), a fresh stream carries on with the rest of the audio, said in one line.
 """
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ from app.runtime.verdict import Verdict, verdict_table
 
 from audio.melspec import HOP_SECONDS
 
-from .protocol import GOING_AWAY, NORMAL, TRY_LATER
+from .protocol import GOING_AWAY, NORMAL, TRY_LATER, retry_after
 
 HELLO = json.dumps({"sample_rate": 16000, "channels": 1, "format": "f32le"})
 RECONNECTS = 3
-FULL_TRIES, FULL_WAIT_S = 10, 2.0       # a full server (1013): ask again, for up to 20 s
+FULL_TRIES, FULL_WAIT_S = 10, 2.0       # a full server (1013): ask again (after the wait its reason names, else
+MAX_WAIT_S = 60.0                       # FULL_WAIT_S; at most MAX_WAIT_S), up to FULL_TRIES times
 
 
 class ListenError(Exception):
@@ -82,9 +84,29 @@ class Hops:
             self.again.extendleft(reversed(hops))
 
 
-def send_all(ws, hops: Hops, taken: list, stop: threading.Event, failed: list) -> None:
-    """The hops (each kept in ``taken`` before it is sent), then the end; a source that fails (a
-    file damaged mid-way, a lost microphone) is kept in ``failed`` and the connection closed."""
+class Credit:
+    """How far ahead of the records the sender may be: ``credit_seconds`` of audio beyond the
+    ``audio_time`` of the last record received (None: no limit, a server that grants none)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.answered, self.changed = seconds, 0.0, threading.Condition()
+
+    def wait(self, sent: float, stop: threading.Event) -> None:
+        """Until ``sent`` seconds of audio are within the credit (or ``stop``)."""
+        with self.changed:
+            while self.seconds is not None and sent > self.answered + self.seconds and not stop.is_set():
+                self.changed.wait(0.1)
+
+    def record(self, audio_time: float) -> None:
+        with self.changed:
+            self.answered = audio_time
+            self.changed.notify_all()
+
+
+def send_all(ws, hops: Hops, taken: list, stop: threading.Event, failed: list, credit: Credit) -> None:
+    """The hops (each kept in ``taken`` before it is sent, each within the credit), then the
+    end; a source that fails (a file damaged mid-way, a lost microphone) is kept in ``failed``
+    and the connection closed."""
     try:
         while not stop.is_set():
             hop = hops.next()
@@ -92,6 +114,7 @@ def send_all(ws, hops: Hops, taken: list, stop: threading.Event, failed: list) -
                 ws.send(json.dumps({"end": True}))
                 return
             taken.append(hop)
+            credit.wait(len(taken) * HOP_SECONDS, stop)
             ws.send(hop.astype("<f4").tobytes())
     except ConnectionClosed:
         pass
@@ -100,10 +123,10 @@ def send_all(ws, hops: Hops, taken: list, stop: threading.Event, failed: list) -
         ws.close()
 
 
-def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str:
-    """One connection: "done" after the verdict and a normal close, "dropped" if it broke first,
-    "full" if the server had no free stream (1013, before any audio); ListenError when the server
-    refused or closed the stream with an error."""
+def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> tuple[str, str]:
+    """One connection: ("done", "") after the verdict and a normal close, ("dropped", "") if it
+    broke first, ("full", reason) if the server had no free stream (1013, before any audio);
+    ListenError when the server refused or closed the stream with an error."""
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
         ws = connect(url, additional_headers=headers, open_timeout=30, max_size=1 << 22)
@@ -116,8 +139,8 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
     with ws:
         ws.send(HELLO)
         try:
-            json.loads(ws.recv(timeout=30))                       # {"classes", "models"}
-            sender = threading.Thread(target=send_all, args=(ws, hops, taken, stop, failed), daemon=True)
+            credit = Credit(json.loads(ws.recv(timeout=30)).get("credit_seconds"))   # {"classes", "models", ...}
+            sender = threading.Thread(target=send_all, args=(ws, hops, taken, stop, failed, credit), daemon=True)
             sender.start()
             for text in ws:
                 d = json.loads(text)
@@ -127,6 +150,7 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
                 else:
                     printer.record(text)
                     answered += 1
+                    credit.record(answered * HOP_SECONDS)    # this stream's audio, in the hops it was sent as
         except ConnectionClosed:
             pass
         finally:
@@ -138,31 +162,31 @@ def one_stream(url: str, token: str | None, hops: Hops, printer: Printer) -> str
     if failed:
         raise failed[0]
     if verdict is not None and code in (NORMAL, GOING_AWAY):
-        return "done"
+        return "done", ""
     if code == TRY_LATER and sender is None:
-        return "full"
+        return "full", reason
     if code in (1006, 1011, 1012) and (not hops.done or len(taken) > answered):
         hops.give_back(taken[answered:])
-        return "dropped"
+        return "dropped", ""
     raise ListenError(f"the server closed the stream: {code} {reason or '(no reason)'}")
 
 
 def listen(url: str, source, token: str | None, printer: Printer) -> int:
     """Stream ``source`` to its verdict: a dropped connection is resumed as a fresh stream (up to
-    RECONNECTS times), a full server (1013; on Ray Serve, a full replica while another may have
-    room) is asked again every FULL_WAIT_S seconds (up to FULL_TRIES times), each said in one line."""
+    RECONNECTS times), a full server (1013) is asked again after the wait its reason names (else
+    FULL_WAIT_S; up to FULL_TRIES times), each said in one line."""
     hops, dropped, full = Hops(source), 0, 0
     while True:
-        outcome = one_stream(url, token, hops, printer)
+        outcome, reason = one_stream(url, token, hops, printer)
         if outcome == "done":
             return 0
         if outcome == "full":
             full += 1
             if full == FULL_TRIES:
-                raise ListenError(f"the server stayed full (1013) for {FULL_TRIES} tries, "
-                                  f"{FULL_TRIES * FULL_WAIT_S:g} s")
-            print(f"# the server is full (1013); asking again in {FULL_WAIT_S:g} s", file=sys.stderr, flush=True)
-            time.sleep(FULL_WAIT_S)
+                raise ListenError(f"the server stayed full (1013) for {FULL_TRIES} tries: {reason}")
+            wait = min(retry_after(reason) or FULL_WAIT_S, MAX_WAIT_S)
+            print(f"# the server is full (1013: {reason}); asking again in {wait:g} s", file=sys.stderr, flush=True)
+            time.sleep(wait)
             continue
         dropped += 1
         if dropped > RECONNECTS:

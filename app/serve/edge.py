@@ -1,22 +1,20 @@
-"""`serve --ray`'s front door: the public socket, in the driver's process, relaying each client's
-WebSocket message by message to a replica (its own port, under Ray Serve's direct ingress) or to
-Ray Serve's proxy (a loopback port of its own), and answering ``/v1/health`` from them.
+"""The public socket of `serve --workers K` and `serve --ray`: the edge, relaying each client's
+WebSocket message by message to one of several engine servers (worker processes, Ray Serve
+replicas), each serving the plain app on a loopback port of its own, and answering
+``/v1/health`` with their sum.
 
-Why a relay: when a replica dies, its connections drop without a close frame (1006, no reason).
-The edge sees that and closes the client's connection itself with 1012 and a reason (its stream
-is gone; connect again for a fresh one). Every other close, its code and reason, passes through
-unchanged, as do the messages both ways; a refused upgrade (a missing or wrong token) is refused
-here the same way. Backpressure passes through too: the edge reads a client only as fast as the
-replica takes its messages, and a replica only as fast as the client takes its records.
+The edge is the one socket that faces clients. It checks the client's token (constant time),
+enforces the request deadline and the per-address caps (app/serve/guard.py; its upstreams see
+only the edge's address), and connects to an upstream with the upstreams' own token, a secret
+of this process that no client sees. A new stream goes to the upstream holding the fewest of the
+edge's streams; one that refuses the connection (gone, not yet replaced) is passed over.
 
-Given the replicas' own addresses, the edge picks a new stream's replica itself: the one holding
-the fewest of its streams, passing over one that refuses the connection (gone, not yet
-replaced). Given a proxy, it opens its connections one at a time (each until its upgrade is
-answered, at most ROUTE_SECONDS): Ray Serve's router picks a connection's replica by the
-replicas' ongoing requests, and connections routed at the same moment see the same counts. 32
-clients joining within a hop were split 24 + 8 over 2 replicas (the busier one then fell
-seconds behind while the other idled) and 16 + 16 one at a time (`bench --serve 32 --ray 2`, its
-health's split, one run each, 2026-11-27; neither stored).
+Why a relay: when an upstream dies, its connections drop without a close frame (1006, no
+reason). The edge sees that and closes the client's connection itself with 1012 and a reason
+(its stream is gone; connect again for a fresh one). Every other close, its code and reason,
+passes through unchanged, as do the messages both ways. Backpressure passes through too: the
+edge reads a client only as fast as the upstream takes its messages, and an upstream only as
+fast as the client takes its records.
 """
 from __future__ import annotations
 
@@ -30,109 +28,105 @@ import time
 import urllib.error
 import urllib.request
 
-import uvicorn
 from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from .protocol import GOING_AWAY, SERVER_ERROR, TRY_LATER, health_sums
-from .server import DRAIN_SECONDS, LoopServer
+from .guard import AddressStreams
+from .protocol import GOING_AWAY, SERVER_ERROR, Limits, health_sums, try_later
+from .server import DRAIN_SECONDS, LoopServer, uvicorn_config
+from .service import bearer_ok
 
-REPLICA_GONE = 1012                 # RFC 6455 "service restart": the client may connect again
-REPLICA_GONE_REASON = "the replica serving this stream stopped; connect again for a fresh stream"
+UPSTREAM_GONE = 1012                # RFC 6455 "service restart": the client may connect again
 SHUTTING_DOWN = "the server is shutting down"
 CLOSE_SECONDS = 2.0
 OPEN_SECONDS = 30.0
-ROUTE_SECONDS = 2.0                 # the longest one connection's routing holds up the next one's
 
 
-def build_edge(upstreams) -> FastAPI:
-    """The relay app in front of Ray Serve (``upstreams``: see ``as_upstreams``)."""
+class Fixed:
+    """Upstreams at fixed addresses (``addresses()``: where new streams may go, read at each
+    new stream; ``noun``: what they are, in health and in reasons)."""
+
+    def __init__(self, addresses: list[str], noun: str = "servers"):
+        self.fixed, self.noun = list(addresses), noun
+
+    def addresses(self) -> list[str]:
+        return list(self.fixed)
+
+
+def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstream_token: str | None) -> FastAPI:
+    """The relay app: clients with ``token`` (None: any), at most ``streams`` in all and the
+    per-address caps of ``limits``, relayed to ``upstreams`` (``Fixed``, or an object with the
+    same two members) with ``upstream_token``."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.upstreams = as_upstreams(upstreams)
-    app.state.relays, app.state.closing = {}, False          # (client, replica) -> the client-to-replica task
-    app.state.load = {}                                      # a replica's address -> the streams relayed to it
-    app.state.routing = asyncio.Lock()                       # one connection to the proxy opening at a time
+    app.state.upstreams = upstreams
+    app.state.relays, app.state.closing = {}, False          # (client, upstream) -> the client-to-upstream task
+    app.state.load = {}                                      # an upstream's address -> the streams relayed to it
+    places = AddressStreams(limits)
+    one = upstreams.noun[:-1]
+    headers = {"Authorization": f"Bearer {upstream_token}"} if upstream_token else {}
 
     @app.get("/v1/health")
     async def health():
-        """The replicas' sum (any of them answers it), and how the edge reaches them: ``ingress``
-        "direct" (each replica's own port) or "proxy" (Ray Serve's)."""
-        addresses, direct = app.state.upstreams()
-        status, body = 503, json.dumps({"error": "no replica is running"}).encode()
-        if getattr(app.state.upstreams, "sums", False):     # workers: each answers its own
-            answers = await asyncio.gather(*(http_get(a, "/v1/health") for a in addresses))
-            healths = [json.loads(b) for st, b in answers if st == 200]
-            if healths:
-                return Response(json.dumps(summed(healths)).encode(), media_type="application/json")
-            return Response(body, status_code=status, media_type="application/json")
-        for address in addresses:                            # the first that answers: replicas answer the sum
-            status, body = await http_get(address, "/v1/health")
-            if status < 500:
-                break
-        with contextlib.suppress(ValueError, TypeError):
-            body = json.dumps({**json.loads(body), "ingress": "direct" if direct else "proxy"}).encode()
-        return Response(body, status_code=status, media_type="application/json")
+        """The upstreams' health summed (each answers its own), with the edge's limits."""
+        answers = await asyncio.gather(*(http_get(a, "/v1/health") for a in upstreams.addresses()))
+        healths = [json.loads(body) for status, body in answers if status == 200]
+        if not healths:
+            return Response(json.dumps({"error": f"no {one} is running"}).encode(), status_code=503,
+                            media_type="application/json")
+        return {**summed(healths, upstreams.noun), "limits": limits.doc()}
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket):
+        if not bearer_ok(ws.headers.get("authorization"), token):
+            await ws.close(code=1008)                    # before accepting: the upgrade answers 403
+            return
         if app.state.closing:                            # draining: no new streams
             await ws.accept()
             await close(ws, GOING_AWAY, SHUTTING_DOWN)
             return
-        headers = {"Authorization": ws.headers["authorization"]} if "authorization" in ws.headers else {}
-        addresses, direct = app.state.upstreams()
-        if direct:                                       # the replica with the fewest of this edge's streams first
-            addresses = sorted(addresses, key=lambda a: app.state.load.get(a, 0))
-        failure = "no replica is running"
-        for address in addresses:
-            app.state.load[address] = app.state.load.get(address, 0) + 1
-            try:
-                opening = connect(f"ws://{address}/v1/stream", additional_headers=headers, max_size=None,
-                                  open_timeout=OPEN_SECONDS, ping_interval=None, proxy=None,
-                                  compression=None)      # loopback: no deflate of every hop
-                upstream = await (opening if direct else routed(app.state.routing, opening))
-            except InvalidStatus as e:
-                unload(app, address)
-                if e.response.status_code in (401, 403):  # the replica refused the token: so does the edge
-                    await ws.close(code=1008)
-                    return
-                failure = f"HTTP {e.response.status_code}"
-                continue                                 # (a replica stopping): the next one
-            except (OSError, asyncio.TimeoutError) as e:
-                unload(app, address)
-                failure = type(e).__name__
-                continue                                 # (a replica gone, not yet replaced): the next one
-            except BaseException:
-                unload(app, address)
-                raise
-            try:
+        with places.held(ws, streams) as refusal:
+            if refusal is not None:
                 await ws.accept()
-                await relay(ws, upstream)
-            finally:
-                unload(app, address)
-            return
-        await ws.accept()
-        await close(ws, TRY_LATER, f"no replica took the stream ({failure}); try again")
+                await close(ws, refusal.code, refusal.reason)
+                return
+            failure = f"no {one} is running"
+            for address in sorted(upstreams.addresses(), key=lambda a: app.state.load.get(a, 0)):
+                app.state.load[address] = app.state.load.get(address, 0) + 1
+                try:
+                    upstream = await connect(f"ws://{address}/v1/stream", additional_headers=headers, max_size=None,
+                                             open_timeout=OPEN_SECONDS, ping_interval=None, proxy=None,
+                                             compression=None)      # loopback: no deflate of every hop
+                except (InvalidStatus, OSError, asyncio.TimeoutError) as e:
+                    unload(app, address)         # (one stopping, or gone and not yet replaced): the next one
+                    failure = f"HTTP {e.response.status_code}" if isinstance(e, InvalidStatus) else type(e).__name__
+                    continue
+                except BaseException:
+                    unload(app, address)
+                    raise
+                try:
+                    await ws.accept()
+                    await relay(ws, upstream, f"the {one} serving this stream stopped; connect again for a fresh stream")
+                finally:
+                    unload(app, address)
+                return
+            await ws.accept()
+            await close(ws, *astuple(try_later(f"no {one} took the stream ({failure})", limits)))
 
     return app
 
 
-def as_upstreams(upstreams):
-    """Where new streams go: a callable giving (addresses "HOST:PORT", direct), read at each new
-    stream; direct: each address is a replica's own (the edge spreads the streams over them),
-    else Ray Serve's proxies (its router picks the replica). A plain "HOST:PORT" is one proxy."""
-    if isinstance(upstreams, str):
-        return lambda: ([upstreams], False)
-    return upstreams
+def astuple(e) -> tuple[int, str]:
+    return e.code, e.reason
 
 
-def summed(healths: list[dict]) -> dict:
-    """The workers' health as one server's: counts summed, ``workers`` and ``streams_by_worker``
-    (busiest first) in place of the lanes."""
+def summed(healths: list[dict], noun: str) -> dict:
+    """Several servers' health as one: counts summed, ``NOUN`` (how many answered) and
+    ``streams_by_NOUN`` (each one's streams, busiest first) in place of the lanes."""
     sums, split = health_sums(healths)
     total = {k: v for k, v in healths[0].items() if k != "streams_by_lane"}
-    total.update(sums, draining=any(h["draining"] for h in healths), workers=len(healths), streams_by_worker=split)
+    total.update(sums, draining=any(h["draining"] for h in healths), **{noun: len(healths)},
+                 **{f"streams_by_{noun[:-1]}": split})
     return total
 
 
@@ -142,33 +136,21 @@ def unload(app: FastAPI, address: str) -> None:
         del app.state.load[address]
 
 
-async def routed(routing: asyncio.Lock, opening):
-    """Await the connection ``opening`` (a coroutine), the others' waiting until it is open or
-    ROUTE_SECONDS have passed: so that the router counts it before it routes the next one."""
-    async with routing:
-        task = asyncio.ensure_future(opening)
-        try:
-            await asyncio.wait({task}, timeout=ROUTE_SECONDS)
-        except asyncio.CancelledError:      # the client went away meanwhile: so does its connection
-            task.cancel()
-            raise
-    return await task
-
-
-async def relay(ws: WebSocket, upstream) -> None:
-    """Both directions until either side ends; then the other side's close, and the replica's
-    connection closed whatever happened (its stream leaves the replica's engine)."""
-    up = asyncio.create_task(client_to_replica(ws, upstream))
-    down = asyncio.create_task(replica_to_client(ws, upstream))
+async def relay(ws: WebSocket, upstream, gone: str) -> None:
+    """Both directions until either side ends; then the other side's close (``gone``: the reason
+    when the upstream vanished), and the upstream's connection closed whatever happened (its
+    stream leaves that engine)."""
+    up = asyncio.create_task(client_to_upstream(ws, upstream))
+    down = asyncio.create_task(upstream_to_client(ws, upstream))
     relays, pair = ws.app.state.relays, (ws, upstream)
     relays[pair] = up
     try:
         done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-        if up in done and up.cancelled():   # draining: the replica finishes the stream (``drain``)
+        if up in done and up.cancelled():   # draining: the upstream finishes the stream (``drain``)
             done, _ = await asyncio.wait({down})
-        if down in done:                    # the replica closed (or vanished), or the client took no more
+        if down in done:                    # the upstream closed (or vanished), or the client took no more
             up.cancel()
-            code, reason = (GOING_AWAY, SHUTTING_DOWN) if ws.app.state.closing else closed_by(upstream, down)
+            code, reason = (GOING_AWAY, SHUTTING_DOWN) if ws.app.state.closing else closed_by(upstream, down, gone)
             await close(ws, code, reason)
         else:                               # the client went away: so does its stream
             down.cancel()
@@ -181,7 +163,7 @@ async def relay(ws: WebSocket, upstream) -> None:
 
 async def drain(app: FastAPI, seconds: float) -> None:
     """The server is stopping, as a plain server's drain: no new streams; each relayed stream
-    stops taking its client's audio, its replica is told the stream has ended, and the client
+    stops taking its client's audio, its upstream is told the stream has ended, and the client
     gets the records of the audio relayed so far, its verdict and a close 1001. Streams still
     open after ``seconds`` are closed 1001 as they are (``close_all``)."""
     app.state.closing = True
@@ -200,7 +182,7 @@ async def drain(app: FastAPI, seconds: float) -> None:
 
 
 async def close_all(app: FastAPI) -> None:
-    """The server is stopping: every client closed 1001, every replica connection closed."""
+    """The server is stopping: every client closed 1001, every upstream connection closed."""
     app.state.closing = True
 
     async def one(ws, upstream):
@@ -210,7 +192,7 @@ async def close_all(app: FastAPI) -> None:
     await asyncio.gather(*(one(ws, up) for ws, up in list(app.state.relays)))
 
 
-async def client_to_replica(ws: WebSocket, upstream) -> None:
+async def client_to_upstream(ws: WebSocket, upstream) -> None:
     with contextlib.suppress(WebSocketDisconnect, ConnectionClosed):
         while True:
             message = await ws.receive()
@@ -222,21 +204,21 @@ async def client_to_replica(ws: WebSocket, upstream) -> None:
             await upstream.send(data)
 
 
-async def replica_to_client(ws: WebSocket, upstream) -> None:
-    async for message in upstream:          # ends when the replica's side is closed
+async def upstream_to_client(ws: WebSocket, upstream) -> None:
+    async for message in upstream:          # ends when the upstream's side is closed
         if isinstance(message, bytes):
             await ws.send_bytes(message)
         else:
             await ws.send_text(message)
 
 
-def closed_by(upstream, down: asyncio.Task) -> tuple[int, str]:
-    """The code and reason to give the client for the replica's end."""
+def closed_by(upstream, down: asyncio.Task, gone: str) -> tuple[int, str]:
+    """The code and reason to give the client for the upstream's end."""
     if not down.cancelled() and down.exception() is not None and not isinstance(down.exception(), ConnectionClosed):
         return SERVER_ERROR, f"relay error: {type(down.exception()).__name__}"
     frame = upstream.protocol.close_rcvd
-    if frame is None:                       # no close frame: the replica (or its proxy) vanished
-        return REPLICA_GONE, REPLICA_GONE_REASON
+    if frame is None:                       # no close frame: the upstream vanished
+        return UPSTREAM_GONE, gone
     return frame.code, frame.reason
 
 
@@ -257,7 +239,7 @@ async def http_get(address: str, path: str) -> tuple[int, bytes]:
     try:
         return await asyncio.to_thread(get)
     except OSError as e:
-        return 503, json.dumps({"error": f"the replicas' health cannot be read: {type(e).__name__}"}).encode()
+        return 503, json.dumps({"error": f"the health cannot be read: {type(e).__name__}"}).encode()
 
 
 def signalled() -> tuple[threading.Event, threading.Event]:
@@ -276,20 +258,20 @@ class Edge:
     """The edge's uvicorn server on a thread of this process (one per process)."""
     running: "Edge | None" = None
 
-    def __init__(self, upstreams, sock, message_bytes: int):
-        self.app, self.upstreams = build_edge(upstreams), upstreams
-        config = uvicorn.Config(self.app, ws_max_size=message_bytes, ws_ping_interval=20.0, ws_ping_timeout=20.0,
-                                ws_per_message_deflate=False, log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=2)
+    def __init__(self, upstreams, sock, limits: Limits, streams: int, token: str | None, upstream_token: str | None):
+        self.app, self.upstreams = build_edge(upstreams, limits, streams, token, upstream_token), upstreams
+        # each relayed stream holds two descriptors (the client's, the upstream's)
+        config = uvicorn_config(self.app, limits, 2 * streams, lifespan="off", timeout_graceful_shutdown=2)
         self.server = LoopServer(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
                                        name="nystream-edge")
 
     @classmethod
-    def start(cls, upstreams, sock, message_bytes: int) -> None:
-        """The edge on ``sock``, relaying to ``upstreams`` (``as_upstreams``)."""
+    def start(cls, upstreams, sock, limits: Limits, streams: int, token: str | None = None,
+              upstream_token: str | None = None) -> None:
+        """The edge on ``sock`` (``build_edge``)."""
         cls.stop()
-        edge = cls.running = cls(upstreams, sock, message_bytes)
+        edge = cls.running = cls(upstreams, sock, limits, streams, token, upstream_token)
         edge.thread.start()
         deadline = time.monotonic() + 10
         while not edge.server.started and edge.thread.is_alive() and time.monotonic() < deadline:

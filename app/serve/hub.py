@@ -28,8 +28,8 @@ from app.runtime.streams import StreamsEngine, default_shards
 from app.runtime.verdict import Tally
 from audio.melspec import HOP, HOP_SECONDS
 
-from .protocol import (BATCH_DELAY_MS, GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, TRY_LATER, Hello, Limits, PcmDecoder,
-                       ProtocolError, first_line)
+from .protocol import (BATCH_DELAY_MS, GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, Hello, Limits, PcmDecoder, ProtocolError,
+                       first_line, try_later)
 
 
 class NetworkSource:
@@ -89,16 +89,19 @@ class NetworkSource:
         return hop
 
 
+FINISHED = None                             # the outbox's last item: every record is out, the verdict may follow
+
+
 class Connection:
     """One client's stream: its source, outbox (records as JSON text) and verdict."""
 
     def __init__(self, number: int, hello: Hello, limits: Limits):
         self.source = NetworkSource(f"ws:{number}", PcmDecoder(hello))
         self.stream = None                  # its Stream in the engine, once joined
-        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=max(1, int(limits.outbox_seconds / HOP_SECONDS)))
+        self.outbox: asyncio.Queue = asyncio.Queue()     # records as JSON text, then FINISHED
+        self.outbox_limit = max(1, int(limits.outbox_seconds / HOP_SECONDS))
         self.failure: asyncio.Future = asyncio.get_running_loop().create_future()
         self.tally = Tally()
-        self.finished = asyncio.Event()     # every record is in the outbox; the verdict may follow
         self.close_code = NORMAL
         self.error: str | None = None
 
@@ -143,7 +146,7 @@ class Hub:
     async def open(self, hello: Hello) -> Connection:
         if self.draining:
             raise ProtocolError(GOING_AWAY, "the server is shutting down")
-        full = ProtocolError(TRY_LATER, f"the server is full ({self.capacity} streams); try again later")
+        full = try_later(f"the server is full ({self.capacity} streams)", self.limits)
         try:
             lane = self.engine.place(self.load)          # joins run on the lanes' threads: the shards' counts lag
         except ValueError:
@@ -250,10 +253,10 @@ class Hub:
                 if conn is None:
                     continue
                 conn.tally.add(r)
-                try:
-                    conn.outbox.put_nowait(r.to_json())
-                except asyncio.QueueFull:
+                if conn.outbox.qsize() >= conn.outbox_limit:
                     conn.fail(POLICY, f"results unread for {self.limits.outbox_seconds:g} s; closed")
+                else:
+                    conn.outbox.put_nowait(r.to_json())
             self._retire(lane)
             if any(c.source.ready or c.source.ended for c in mine):
                 wake.set()
@@ -269,7 +272,7 @@ class Hub:
             if conn.stream.error is not None:
                 conn.error = conn.stream.error
                 conn.fail(SERVER_ERROR, conn.error)
-            conn.finished.set()
+            conn.outbox.put_nowait(FINISHED)
 
     def health(self) -> dict:
         return {"active_streams": len(self.connections), "capacity": self.capacity, "models": self.models,
@@ -278,4 +281,7 @@ class Hub:
 
 
 def hello_reply(hub: Hub) -> str:
-    return json.dumps({"classes": hub.classes, "models": hub.models})
+    """The server's answer to a hello: the classes, the models, and the credit: how many seconds
+    of audio the client may send beyond the ``audio_time`` of the last record it has received
+    (a client that keeps to it is never held back by the server's reading)."""
+    return json.dumps({"classes": hub.classes, "models": hub.models, "credit_seconds": hub.limits.credit_seconds})

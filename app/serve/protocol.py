@@ -4,7 +4,8 @@ a one-line reason."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 import numpy as np
 import soxr
@@ -48,19 +49,47 @@ def health_sums(healths: list[dict]) -> tuple[dict, list[int]]:
 @dataclass(frozen=True)
 class Limits:
     hello_bytes: int = 1024             # the first text message
-    message_bytes: int = 1 << 20        # any message (uvicorn closes with 1009 beyond it)
+    message_bytes: int = 1 << 20        # any message (the WebSocket layer closes with 1009 beyond it)
     rates: tuple[int, int] = (8000, 192000)
     max_channels: int = 8
     speed: float = 4.0                  # at most this many times real time is read per client
     burst_seconds: float = 5.0          # ... beyond a first burst of this much audio
+    credit_seconds: float = 4.0         # audio a client may send beyond its last record's (the hello reply says it)
     outbox_seconds: float = 5.0         # results a client may leave unread before it is closed
     hello_seconds: float = 10.0         # time to send the hello
     idle_seconds: float = 60.0          # a stream that sends nothing this long is closed (1008)
+    lag_seconds: float = 30.0           # a stream this far behind real time is closed (1008) ...
+    lag_grace_seconds: float = 10.0     # ... once this much time has passed since its hello
+    streams_per_address: int = 8        # WebSocket connections of one client address at once (0: no cap)
+    request_seconds: float = 10.0       # an HTTP request (a WebSocket upgrade too) must be whole within this
+    requests: int = 256                 # HTTP connections not yet upgraded, at once (lowered to fit the descriptors)
+    requests_per_address: int = 32      # ... of one client address (0: no cap of its own)
+    ping_seconds: float = 20.0          # keepalive: a ping this often, a pong expected within as long
+    retry_seconds: float = 5.0          # what a 1013 asks the client to wait
+
+    def behind_edge(self) -> "Limits":
+        """A worker's or replica's limits: every connection comes from the edge (app/serve/edge.py),
+        which holds the per-address caps."""
+        return replace(self, streams_per_address=0, requests_per_address=0)
 
     def doc(self) -> dict:
         return {"hello_bytes": self.hello_bytes, "message_bytes": self.message_bytes,
                 "sample_rates": list(self.rates), "max_channels": self.max_channels,
-                "speed": self.speed, "outbox_seconds": self.outbox_seconds, "idle_seconds": self.idle_seconds}
+                "speed": self.speed, "credit_seconds": self.credit_seconds, "outbox_seconds": self.outbox_seconds,
+                "idle_seconds": self.idle_seconds, "lag_seconds": self.lag_seconds,
+                "streams_per_address": self.streams_per_address, "request_seconds": self.request_seconds,
+                "retry_seconds": self.retry_seconds}
+
+
+def try_later(what: str, limits: Limits) -> ProtocolError:
+    """A 1013 whose reason says when to ask again (``listen`` reads it: ``retry_after``)."""
+    return ProtocolError(TRY_LATER, f"{what}; retry in {limits.retry_seconds:g} s")
+
+
+def retry_after(reason: str) -> float | None:
+    """The seconds a 1013's reason asks the client to wait, None when it says none."""
+    m = re.search(r"retry in ([0-9.]+) s", reason or "")
+    return float(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)
@@ -93,19 +122,23 @@ def parse_hello(text: str | None, limits: Limits) -> Hello:
         raise ProtocolError(INVALID, f"sample_rate must be an integer from {lo} to {hi} Hz")
     if type(channels) is not int or not 1 <= channels <= limits.max_channels:
         raise ProtocolError(INVALID, f"channels must be an integer from 1 to {limits.max_channels}")
-    if fmt not in FORMATS:
+    if type(fmt) is not str or fmt not in FORMATS:
         raise ProtocolError(UNSUPPORTED, f"unknown format {str(fmt)[:20]!r}; use f32le or s16le")
     return Hello(rate, channels, fmt)
 
 
 def parse_control(text: str) -> None:
-    """A text message after the hello: only {"end": true}."""
+    """A text message after the hello: only {"end": true} (JSON true: 1 is not true); 1007 for
+    another value of "end", 1003 for any other message."""
     try:
         d = json.loads(text)
     except ValueError:
         d = None
-    if d != {"end": True}:
-        raise ProtocolError(UNSUPPORTED, 'after the hello, text messages are only {"end": true}')
+    if type(d) is dict and "end" in d:
+        if list(d) == ["end"] and d["end"] is True:
+            return
+        raise ProtocolError(INVALID, '"end" must be JSON true, alone: {"end": true}')
+    raise ProtocolError(UNSUPPORTED, 'after the hello, text messages are only {"end": true}')
 
 
 class PcmDecoder:

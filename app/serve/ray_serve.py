@@ -1,44 +1,41 @@
-"""`serve --ray [ADDRESS] --replicas K`: the same ASGI app (app/serve/service.py) as a Ray Serve
-ingress deployment of K replicas, each building its own hub (one batched engine) where it runs.
+"""`serve --ray [ADDRESS] --replicas K`: K engine servers as the replicas of a Ray Serve
+deployment, through the public APIs of Ray Serve (``serve.start``, ``serve.deployment``,
+``serve.run``, ``serve.delete``) and Ray (named actors, ``ray.util.get_node_ip_address``).
 
-- The public socket is the edge's (app/serve/edge.py), in this process. A WebSocket connection
-  stays on one replica for its whole life.
-- On a local instance (`--ray local`) Ray Serve runs direct ingress: each replica serves HTTP on a
-  loopback port of its own, and the edge relays each new stream to the replica holding the fewest
-  of its streams. The ports are read from Ray Serve's controller every REFRESH_S (``Upstreams``).
-  No proxy is in the data path: at 32 clients on 2 cores Ray Serve's proxy took about a quarter
-  of a core (docs/serve.md).
-- On a cluster (ADDRESS), as the cluster runs Serve: with direct ingress and the replicas on this
-  node, as above; else through Ray Serve's proxy on a loopback port, whose router picks the
-  replica by its view of the replicas' ongoing requests. That is not always even, so a full
-  replica answers 1013 while another may have room, and `listen` asks again.
+- Each replica (``EngineReplica``) builds its hub (one batched engine) where it runs and serves
+  the plain app (app/serve/service.py) with uvicorn on a port of its own, on a thread of its own:
+  on loopback where its node is the edge's, else on its node's address. It takes only the edge's
+  secret token and has the limits of a server behind the edge (the edge holds the per-address
+  caps). Ray Serve places, health-checks (``check_health``) and replaces the replicas; no Ray
+  Serve proxy is started, and no stream passes through Ray.
+- Each replica reports its address to a named actor (``Registry``) every REPORT_S. The edge
+  (app/serve/edge.py: in this process, on the public socket) reads the live ones every REPORT_S
+  (one silent for STALE_S is not used), sends each new stream to the replica holding the fewest
+  of its streams, and sums their ``/v1/health``.
 - The code and the shipped assets reach every node through the job's runtime environment
   (``working_dir``: this project's files, minus what .gitignore and EXCLUDES leave out), not
   through a shared checkout path.
-- ``/v1/health`` sums the replicas: each reports its hub's health to a named actor every second;
-  a replica silent for 3 s is not counted.
 - A replica that dies drops its connections without a close frame; the edge closes each of its
   clients with 1012 and a reason, and `listen` reconnects with a fresh stream. The other
   replicas' clients are not touched.
-- SIGTERM or SIGINT drains at the edge, as a plain server drains: no new streams, each stream's
-  replica told it has ended, its client given the records of the audio the edge had passed on,
-  its verdict and a close 1001 (at most DRAIN_SECONDS; a second signal stops at once).
+- SIGTERM or SIGINT drains at the edge, as a plain server drains (at most DRAIN_SECONDS; a
+  second signal stops at once).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-import socket
+import secrets
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
+import uuid
 from pathlib import Path
 
 import ray
 from ray import serve
 
-from .protocol import first_line, health_sums
+from .protocol import first_line
 from .server import host_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,84 +43,93 @@ APP = "nystream"
 REGISTRY = "nystream-serve-registry"
 NAMESPACE = "nystream"
 EXCLUDES = [".git", ".venv", "tests", "docs", "scripts", "bench_results", "*.egg-info", "__pycache__"]
-STALE_S = 3.0
-PROXY_WAIT_S = 300.0          # serve.start's wait for Ray Serve's HTTP proxy (Ray's own: 60 s)
-REFRESH_S = 1.0               # how often the edge asks Ray Serve's controller where the replicas listen
-# Ray Serve's settings on a local instance. Direct ingress: each replica of the app serves HTTP on
-# a port of its own, no proxy in the data path; a replica being removed drains at once (the edge
-# drains its clients itself). The app's code on the replica's own event loop, not a second one's
-# (Ray Serve's throughput setting; the engine's hops run on threads of their own either way)
-DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0",
-                  "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+REPORT_S = 1.0                # how often a replica says where it listens, and the edge reads it
+STALE_S = 3.0                 # a replica silent this long is not sent new streams
+START_S = 300.0               # the longest a replica's server may take to load its models
 _registry = None
 
 
 @ray.remote(num_cpus=0)
 class Registry:
-    """Each replica's last health, by replica."""
+    """Where each replica listens (and its process), as it last said."""
 
     def __init__(self):
-        self.seen: dict[str, tuple[float, dict]] = {}
+        self.seen: dict[str, tuple[float, str, int]] = {}
 
-    def report(self, replica: str, health: dict) -> None:
-        self.seen[replica] = (time.monotonic(), health)
+    def report(self, replica: str, address: str, pid: int) -> None:
+        self.seen[replica] = (time.monotonic(), address, pid)
 
-    def total(self) -> dict:
+    def live(self) -> list[dict]:
+        """The replicas heard from within STALE_S: {"address": "HOST:PORT", "pid"}."""
         now = time.monotonic()
-        alive = [h for t, h in self.seen.values() if now - t <= STALE_S]
-        sums, split = health_sums(alive)
-        return {"replicas": len(alive), **sums, "streams_by_replica": split}
+        return [{"address": a, "pid": pid} for t, a, pid in self.seen.values() if now - t <= STALE_S]
 
 
-class RayPeers:
-    """What a replica's app uses to report itself and read the sum (service.build_app(peers=))."""
+class EngineReplica:
+    """A replica: the app with its own hub on its own port, reported to the Registry."""
 
-    def __init__(self):
-        self.registry = ray.get_actor(REGISTRY, namespace=NAMESPACE)
-        self.me = serve.get_replica_context().replica_id.unique_id
+    def __init__(self, spec, token: str, edge_node: str):
+        from .server import LoopServer, bind, package_version, uvicorn_config
+        from .service import build_app
+        node = ray.util.get_node_ip_address()
+        host = "127.0.0.1" if node == edge_node else node      # beyond loopback: the token still guards it
+        sock = bind(host, 0)
+        app = build_app(spec.build, token=token, limits=spec.limits, version=package_version())
+        self.server = LoopServer(uvicorn_config(app, spec.limits, 2 * spec.capacity, lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                       name="nystream-replica")
+        self.thread.start()
+        deadline = time.monotonic() + START_S
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not self.server.started:
+            raise RuntimeError("the replica's server did not start (its models failed to load, or took too long)")
+        self.address = host_port(host, sock.getsockname()[1])
+        self.registry, self.me = ray.get_actor(REGISTRY, namespace=NAMESPACE), uuid.uuid4().hex
+        self.registry.report.remote(self.me, self.address, os.getpid())
+        threading.Thread(target=self._report, daemon=True, name="nystream-report").start()
 
-    async def report(self, health: dict) -> None:
-        await self.registry.report.remote(self.me, health)
+    def _report(self) -> None:
+        while self.thread.is_alive():
+            time.sleep(REPORT_S)
+            try:
+                self.registry.report.remote(self.me, self.address, os.getpid())
+            except Exception:  # noqa: BLE001 - the registry restarting: the next report
+                pass
 
-    async def total(self) -> dict:
-        return await self.registry.total.remote()
+    def check_health(self) -> None:
+        """Ray Serve's health check: the server thread runs."""
+        if not self.thread.is_alive():
+            raise RuntimeError("the replica's server stopped")
 
 
-class Upstreams:
-    """Where the edge sends a new stream (app/serve/edge.py ``as_upstreams``): the replicas' own
-    ports where Ray Serve runs direct ingress and they are on this node, else the proxy at
-    ``proxy``. Asked of Ray Serve's controller every REFRESH_S, on a thread, so that a replaced
-    replica's new port is used and a dead one's dropped; until the first answer, the proxy."""
+class Replicas:
+    """The edge's upstreams (``edge.Fixed``'s members): the live replicas' addresses, read from
+    the Registry every REPORT_S on a thread of their own."""
+    noun = "replicas"
 
-    def __init__(self, proxy: str):
-        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
-        self.proxy, self.current = proxy, ([proxy], False)
-        self.controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-        self.here = {ray.util.get_node_ip_address(), "127.0.0.1", "localhost"}
+    def __init__(self, registry):
+        self.registry, self.current, self.pids = registry, [], []
         self.stopped = threading.Event()
         self.refresh()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="nystream-upstreams")
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="nystream-replicas")
         self.thread.start()
 
-    def __call__(self) -> tuple[list[str], bool]:
-        return self.current
+    def addresses(self) -> list[str]:
+        return list(self.current)
 
     def refresh(self) -> None:
-        from ray.serve._private.common import RequestProtocol
         if not ray.is_initialized():
             return
         try:
-            groups = ray.get(self.controller.get_target_groups.remote(APP), timeout=10)
-        except Exception:  # noqa: BLE001 - the controller busy or restarting: what was known stays
+            live = ray.get(self.registry.live.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - the registry busy or restarting: what was known stays
             return
-        replicas = [t for g in groups if g.app_name == APP and g.protocol == RequestProtocol.HTTP for t in g.targets]
-        if replicas and all(t.ip in self.here for t in replicas):      # they listen on loopback (``start``)
-            self.current = (sorted(f"127.0.0.1:{t.port}" for t in replicas), True)
-        else:
-            self.current = ([self.proxy], False)
+        self.current = sorted(r["address"] for r in live)
+        self.pids = sorted(r["pid"] for r in live)
 
     def _loop(self) -> None:
-        while not self.stopped.wait(REFRESH_S):
+        while not self.stopped.wait(REPORT_S):
             self.refresh()
 
     def close(self) -> None:
@@ -131,75 +137,27 @@ class Upstreams:
         self.thread.join(timeout=15)
 
 
-def ingress(spec, token: str | None, version: str):
-    """The deployment class: its replicas build the app (and so their hub) when they start."""
-    def build():
-        from .service import build_app
-        return build_app(spec.build, token=token, limits=spec.limits, version=version, peers=RayPeers())
-    return serve.ingress(build)()
-
-
 def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_per_replica: float = 1.0) -> str:
-    """Deploy on the connected Ray (``ray.init`` done by the caller), Ray Serve's HTTP on
-    loopback (its proxy on a port of its own, or where it already listens: ``proxy_address``;
-    under direct ingress each replica on its own), and the edge (app/serve/edge.py) on
-    ``host:port``, relaying to ``Upstreams``; the stream's URL."""
+    """Deploy on the connected Ray (``ray.init`` done by the caller) and start the edge
+    (app/serve/edge.py) on ``host:port``; the stream's URL once every replica serves."""
     from .edge import Edge
-    from .server import bind, package_version
-    ours = package_version()
+    from .server import bind
     public = bind(host, port)                        # ServeError (one line) when it cannot be had
-    global _registry                 # held here: an actor without a handle is gone
+    secret = secrets.token_urlsafe(32)               # the replicas' token: only the edge holds it
+    global _registry                                 # held here: an actor without a handle is gone
     _registry = Registry.options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True).remote()
-    start_serve({"host": "127.0.0.1", "port": free_loopback_port()})
-    inner = proxy_address()
-    deployment = serve.deployment(ingress(spec, token, ours), name=APP, num_replicas=replicas,
-                                  max_ongoing_requests=spec.capacity + 8,
+    serve.start(proxy_location="Disabled")           # (where Serve already runs, it stays as it is)
+    inner = dataclasses.replace(spec, limits=spec.limits.behind_edge())
+    deployment = serve.deployment(EngineReplica, name=APP, num_replicas=replicas,
                                   ray_actor_options={"num_cpus": cpus_per_replica})
-    serve.run(deployment.bind(), name=APP, route_prefix="/")
-    Edge.start(Upstreams(inner), public, spec.limits.message_bytes)   # the one of this process
+    serve.run(deployment.bind(inner, secret, ray.util.get_node_ip_address()), name=APP, route_prefix=None)
+    upstreams = Replicas(_registry)
+    deadline = time.monotonic() + 30
+    while len(upstreams.addresses()) < replicas and time.monotonic() < deadline:
+        time.sleep(0.2)
+        upstreams.refresh()
+    Edge.start(upstreams, public, spec.limits, replicas * spec.capacity, token, secret)   # the one of this process
     return f"ws://{host_port(host, public.getsockname()[1])}/v1/stream"
-
-
-def start_serve(http_options: dict) -> None:
-    """``serve.start``, waiting for its HTTP proxy past Ray's own fixed 60 s, up to PROXY_WAIT_S
-    in all: on a loaded host the proxy's process can take longer to start (Ray then raises, with
-    its controller running; a second ``serve.start`` connects to it)."""
-    t0 = time.monotonic()
-    try:
-        serve.start(http_options=http_options)
-        return
-    except TimeoutError:                  # "HTTP proxies not available after 60s."
-        serve.start(http_options=http_options)
-    inner = proxy_address()
-    while True:
-        try:
-            urllib.request.urlopen(f"http://{inner}/-/healthz", timeout=5).read()
-            return
-        except urllib.error.HTTPError:     # it answers (503 until an application runs)
-            return
-        except OSError:
-            if time.monotonic() - t0 > PROXY_WAIT_S:
-                from .server import ServeError
-                raise ServeError(f"Ray Serve's HTTP proxy did not start within {PROXY_WAIT_S:.0f} s") from None
-            time.sleep(0.5)
-
-
-def free_loopback_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def proxy_address() -> str:
-    """Where this node's Ray Serve proxy listens ("HOST:PORT"): the loopback port ``start`` asked
-    for, or, where Serve already ran in the cluster (its HTTP options then stay as they were,
-    and ``serve.start`` ignores ours), the port it was given then."""
-    from ray.serve.context import _get_global_client      # the running controller's client
-    http = _get_global_client().http_config
-    host = "127.0.0.1" if http.host in (None, "", "0.0.0.0", "::") else http.host
-    return host_port(host, http.port)
 
 
 def runtime_env() -> dict:
@@ -215,9 +173,6 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
             load_trained(path, spec.frontend.name, "cpu")
         except CheckpointError as e:
             raise SystemExit(f"serve: error: {e}") from None
-    if address == "local":              # its processes inherit this environment (a set value stays)
-        for key, value in DIRECT_INGRESS.items():
-            os.environ.setdefault(key, value)
     try:
         ray.init(address=address, namespace=NAMESPACE, runtime_env=runtime_env(),   # "local": a new instance
                  include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -235,8 +190,7 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
         except RuntimeError as e:       # Ray Serve's "Deploying application ... failed"
             raise SystemExit(f"serve: Ray Serve could not deploy the app ({first_line(e)}); "
                              f"the replicas' errors are in Ray's logs") from None
-        way = "direct ingress" if Edge.running.upstreams()[1] else "through Ray Serve's proxy"
-        print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each, {way}"
+        print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each"
               f"{', token required' if token else ''}", file=sys.stderr, flush=True)
         stop, hurry = signalled()
         while not stop.is_set():

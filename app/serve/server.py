@@ -11,6 +11,9 @@ from pathlib import Path
 
 import uvicorn
 
+from .guard import HEAD_BYTES, Guard, GuardedHttp, PatientWebSocket
+from .protocol import Limits
+
 TOKEN_FILE_BYTES = 4096
 DRAIN_SECONDS = 30.0
 
@@ -86,6 +89,18 @@ class DrainingServer(LoopServer):
         self.should_exit = True
 
 
+def uvicorn_config(app, limits: Limits, streams: int, **options) -> uvicorn.Config:
+    """uvicorn's settings for every server of the service (the server, a worker, the edge):
+    the guarded protocols (app/serve/guard.py) with ``limits``, ``streams`` WebSocket
+    connections counted against the descriptor limit; no compression (PCM does not compress)."""
+    config = uvicorn.Config(app, http=GuardedHttp, ws=PatientWebSocket, ws_max_size=limits.message_bytes,
+                            ws_ping_interval=limits.ping_seconds, ws_ping_timeout=limits.ping_seconds,
+                            ws_per_message_deflate=False, h11_max_incomplete_event_size=HEAD_BYTES,
+                            log_level="warning", **options)
+    config.nystream_guard = Guard(limits, streams)
+    return config
+
+
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -130,8 +145,7 @@ def serve_app(spec, token: str | None, sock: socket.socket, on_start, quiet: boo
     from .service import build_app
     hub = built_hub(spec)
     app = build_app(lambda: hub, token=token, limits=spec.limits, version=package_version(), on_start=on_start)
-    config = uvicorn.Config(app, ws_max_size=spec.limits.message_bytes, ws_ping_interval=20.0,
-                            ws_ping_timeout=20.0, ws_per_message_deflate=False, log_level="warning", lifespan="on")
+    config = uvicorn_config(app, spec.limits, 2 * hub.capacity, lifespan="on")
     DrainingServer(config, app, quiet=quiet).run(sockets=[sock])
 
 

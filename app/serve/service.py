@@ -2,8 +2,8 @@
 ``/v1/stream``, one stream of the hub's batched engine per connection (protocol v1,
 docs/serve.md), run by uvicorn (app/serve/server.py).
 
-The hub is made by ``make_hub()`` when the app starts (its lifespan), in the process that serves:
-a process that receives the app (a Ray Serve replica, say) builds its own engine.
+The hub is made by ``make_hub()`` when the app starts (its lifespan), in the process that serves
+(a worker, a Ray Serve replica: each builds its own engine).
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import time
 
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
-from .hub import Connection, Hub, hello_reply
+from .guard import AddressStreams
+from .hub import FINISHED, Connection, Hub, hello_reply
 from .protocol import (INVALID, POLICY, SERVER_ERROR, UNSUPPORTED, VERSION, Limits, ProtocolError, parse_control,
                        parse_hello)
 
@@ -29,54 +30,43 @@ def bearer_ok(header: str | None, token: str | None) -> bool:
 
 
 def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), version: str = "",
-              on_start=None, peers=None) -> FastAPI:
-    """The app; ``make_hub()`` -> Hub, called once at start-up, then ``on_start(hub)``. With
-    ``peers`` (a Ray Serve replica: app/serve/ray_serve.py), the hub's health is reported to them
-    every second and ``/v1/health`` answers their sum."""
+              on_start=None) -> FastAPI:
+    """The app; ``make_hub()`` -> Hub, called once at start-up, then ``on_start(hub)``."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         app.state.hub = hub = make_hub()
         if on_start is not None:
             on_start(hub)
-        tasks = [asyncio.create_task(hub.run())]
-        if peers is not None:
-            tasks.append(asyncio.create_task(report(hub, peers)))
+        loop = asyncio.create_task(hub.run())
         try:
             yield
         finally:
-            for task in tasks:
-                task.cancel()
+            loop.cancel()
             for pool in hub.pools:
                 pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.token, app.state.limits = token, limits
+    streams = AddressStreams(limits)
 
     @app.get("/v1/health")
     async def health():
-        mine = app.state.hub.health()
-        if peers is not None:
-            await peers.report(mine)
-            mine = {**mine, **await peers.total()}
-        return {**mine, "protocol": VERSION, "version": version, "limits": limits.doc()}
+        return {**app.state.hub.health(), "protocol": VERSION, "version": version, "limits": limits.doc()}
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket):
         if not bearer_ok(ws.headers.get("authorization"), token):
             await ws.close(code=1008)                  # before accepting: the upgrade answers 403
             return
-        await ws.accept()
-        await serve_connection(ws, app.state.hub, limits)
+        with streams.held(ws, app.state.hub.capacity) as refusal:
+            await ws.accept()
+            if refusal is not None:
+                await close(ws, refusal.code, refusal.reason)
+                return
+            await serve_connection(ws, app.state.hub, limits)
 
     return app
-
-
-async def report(hub: Hub, peers) -> None:
-    while True:
-        with contextlib.suppress(Exception):
-            await peers.report(hub.health())
-        await asyncio.sleep(1.0)
 
 
 async def serve_connection(ws: WebSocket, hub: Hub, limits: Limits) -> None:
@@ -124,25 +114,37 @@ async def serve_connection(ws: WebSocket, hub: Hub, limits: Limits) -> None:
 
 
 async def read_audio(ws: WebSocket, hub: Hub, conn: Connection, limits: Limits) -> str:
-    """Audio until {"end": true} ("ended") or a disconnect ("gone"); at most ``limits.speed``
-    times real time after a first burst, and never more than the outbox's worth of whole hops
-    waiting for the engine: beyond either, the server stops reading (the client's sends block)."""
+    """Audio until {"end": true} ("ended") or a disconnect ("gone"). The server holds a client
+    back (stops reading; its sends block) beyond ``limits.speed`` times real time after a first
+    burst, and while more than the outbox's worth of whole hops waits for the engine. A client is
+    closed (1008) when it sends nothing for ``limits.idle_seconds``, or when its audio falls more
+    than ``limits.lag_seconds`` behind the time it was given (the time since its hello, less the
+    time the server held it back), once ``limits.lag_grace_seconds`` have passed."""
     start = time.monotonic()
-    max_ready = conn.outbox.maxsize
+    held = 0.0                                          # seconds the server did not read this client
     while True:
+        given = time.monotonic() - start - held
+        late_at = max(limits.lag_grace_seconds, conn.source.decoder.seconds + limits.lag_seconds)
+        if given >= late_at:
+            raise ProtocolError(POLICY, f"the audio fell over {limits.lag_seconds:g} s behind real time; closed")
+        wait = min(limits.idle_seconds, late_at - given)
         try:
-            message = await asyncio.wait_for(ws.receive(), limits.idle_seconds)
+            message = await asyncio.wait_for(ws.receive(), wait)
         except asyncio.TimeoutError:
+            if wait < limits.idle_seconds:
+                continue                                # the lag check above closes it
             raise ProtocolError(POLICY, f"no message for {limits.idle_seconds:g} s; closed") from None
         if message["type"] == "websocket.disconnect":
             return "gone"
         if message.get("bytes") is not None:
             hub.feed(conn, message["bytes"])
-            ahead = conn.source.decoder.seconds - limits.burst_seconds - limits.speed * (time.monotonic() - start)
+            since = time.monotonic()
+            ahead = conn.source.decoder.seconds - limits.burst_seconds - limits.speed * (since - start)
             if ahead > 0:
                 await asyncio.sleep(ahead / limits.speed)
-            while len(conn.source.ready) > max_ready and not conn.failure.done():
+            while len(conn.source.ready) > conn.outbox_limit and not conn.failure.done():
                 await asyncio.sleep(0.05)
+            held += time.monotonic() - since
         elif message.get("text") is not None:
             parse_control(message["text"])
             hub.end(conn)
@@ -152,19 +154,10 @@ async def read_audio(ws: WebSocket, hub: Hub, conn: Connection, limits: Limits) 
 
 
 async def write_results(ws: WebSocket, conn: Connection) -> None:
-    """Records as the hub makes them; once the stream has left the engine, the verdict and the
-    close (1000, or 1001 while the server drains)."""
-    while True:
-        if conn.finished.is_set() and conn.outbox.empty():
-            break
-        get = asyncio.ensure_future(conn.outbox.get())
-        finished = asyncio.ensure_future(conn.finished.wait())
-        done, _ = await asyncio.wait({get, finished}, return_when=asyncio.FIRST_COMPLETED)
-        if get in done:
-            finished.cancel()
-            await ws.send_text(get.result())
-        else:
-            get.cancel()
+    """Records as the hub makes them; once the stream has left the engine (FINISHED), the
+    verdict and the close (1000, or 1001 while the server drains)."""
+    while (text := await conn.outbox.get()) is not FINISHED:
+        await ws.send_text(text)
     await ws.send_text(json.dumps(conn.verdict()))
     await close(ws, conn.close_code, "stream ended" if conn.close_code == 1000 else "the server is shutting down")
 

@@ -21,6 +21,7 @@ import dataclasses
 import math
 import multiprocessing
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -53,16 +54,17 @@ def worker_main(spec, token: str | None, conn, threads: int) -> None:
 
 
 class Workers:
-    """The worker processes, and where the edge finds them (``edge.as_upstreams``: each new
-    stream's choice among ``addresses``; ``sums``: the edge sums their health)."""
-    sums = True
+    """The worker processes, the edge's upstreams (``edge.Fixed``'s members): each serves the app
+    with its share of the streams, the limits of a server behind the edge, and ``token`` (the
+    edge's secret, not the clients')."""
+    noun = "workers"
 
-    def __init__(self, spec, token: str | None, count: int):
-        self.spec = dataclasses.replace(spec, capacity=math.ceil(spec.capacity / count))
+    def __init__(self, spec, token: str, count: int):
+        self.spec = dataclasses.replace(spec, capacity=math.ceil(spec.capacity / count), limits=spec.limits.behind_edge())
         self.token, self.threads = token, max(1, (os.cpu_count() or 1) // count)
         self.context = multiprocessing.get_context("spawn")
         self.procs: list = [None] * count
-        self.addresses: list[str | None] = [None] * count
+        self.places: list[str | None] = [None] * count
         self.stopping = threading.Event()
         try:
             for i, started in [(i, self._start(i)) for i in range(count)]:    # all load at once
@@ -73,8 +75,8 @@ class Workers:
         self.watch = threading.Thread(target=self._watch, daemon=True, name="nystream-workers")
         self.watch.start()
 
-    def __call__(self) -> tuple[list[str], bool]:
-        return [a for a in self.addresses if a is not None], True
+    def addresses(self) -> list[str]:
+        return [a for a in self.places if a is not None]
 
     def _start(self, i: int):
         mine, theirs = self.context.Pipe(duplex=False)
@@ -99,7 +101,7 @@ class Workers:
             raise ServeError(f"worker {i} stopped before serving (exit code {proc.exitcode})") from None
         finally:
             conn.close()
-        self.addresses[i] = f"127.0.0.1:{port}"
+        self.places[i] = f"127.0.0.1:{port}"
 
     def _watch(self) -> None:
         """A worker that exits while the server runs is replaced."""
@@ -107,7 +109,7 @@ class Workers:
             for i, proc in enumerate(self.procs):
                 if proc is None or proc.is_alive() or self.stopping.is_set():
                     continue
-                self.addresses[i] = None
+                self.places[i] = None
                 print(f"# worker {i} exited (code {proc.exitcode}); starting another", file=sys.stderr, flush=True)
                 try:
                     self._wait(i, *self._start(i))
@@ -138,14 +140,15 @@ class Workers:
 def serve_workers(spec, token: str | None, host: str, port: int, count: int) -> int:
     """`serve --workers K`: the edge on ``host:port`` in front of K workers, until SIGTERM / SIGINT."""
     from .edge import Edge, signalled
+    secret = secrets.token_urlsafe(32)                # the workers' token: only the edge holds it
     try:
         sock = bind(host, port)
-        workers = Workers(spec, token, count)
+        workers = Workers(spec, secret, count)
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
     stop, hurry = signalled()
     try:
-        Edge.start(workers, sock, spec.limits.message_bytes)
+        Edge.start(workers, sock, spec.limits, spec.capacity, token, secret)
         print(f"# serving ws://{host_port(host, sock.getsockname()[1])}/v1/stream: {count} workers of up to "
               f"{workers.spec.capacity} streams each{', token required' if token else ''}", file=sys.stderr, flush=True)
         while not stop.is_set():

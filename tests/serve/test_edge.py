@@ -1,8 +1,10 @@
-"""The edge of `serve --ray` (app/serve/edge.py) in front of a plain server on loopback: what a
-client gets through it is what it gets from the server itself (records, verdict, every refusal
-with its close code and reason, the token check, the health); a stopping edge drains (each
-client's records of the audio it sent, its verdict, then 1001), or without time to drain closes
-its clients 1001 at once. (A replica that dies, 1012 with a reason: tests/serve/test_serve_ray.py.)"""
+"""The edge of `serve --workers` and `serve --ray` (app/serve/edge.py) in front of a plain server on
+loopback: what a client gets through it is what it gets from the server itself (records, verdict,
+every refusal with its close code and reason, the health), the edge checking the clients' token
+and reaching the server with a token of its own; a stopping edge drains (each client's records
+of the audio it sent, its verdict, then 1001), or without time to drain closes its clients 1001
+at once. (An upstream that dies, 1012 with a reason: tests/serve/test_serve_workers.py and
+test_serve_ray.py.)"""
 import json
 import threading
 import urllib.request
@@ -10,19 +12,22 @@ import urllib.request
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from app.serve.edge import Edge
+from app.serve.edge import Edge, Fixed
 from app.serve.protocol import Limits
 from app.serve.server import bind
-from test_serve import HELLO, classify_jsonl, client, hops_of, refused, same, server, stream
+from test_serve import HELLO, LIMITS, TOKEN, classify_jsonl, client, hops_of, refused, same, server, stream
+
+CLIENTS_TOKEN = "the-clients-token-not-the-servers"
 
 
 @pytest.fixture
 def edge_of():
-    """edge_of(url) -> the edge's URL in front of the server at ``url``."""
+    """edge_of(url) -> the edge's URL in front of the server at ``url``: clients need
+    CLIENTS_TOKEN at the edge, which reaches the server with the server's TOKEN."""
     def start(url):
         inner = url.split("/")[2]
         sock = bind("127.0.0.1", 0)
-        Edge.start(inner, sock, Limits().message_bytes)
+        Edge.start(Fixed([inner]), sock, LIMITS, 8, CLIENTS_TOKEN, TOKEN)
         return f"ws://127.0.0.1:{sock.getsockname()[1]}/v1/stream"
     yield start
     Edge.stop()
@@ -36,20 +41,20 @@ def test_through_the_edge_a_client_gets_what_the_server_gives(files, capsys, err
         health = json.loads(urllib.request.urlopen(front.replace("ws://", "http://").replace("/v1/stream", "/v1/health"),
                                                    timeout=20).read())
         assert health["capacity"] == 1 and health["models"] == app.state.hub.health()["models"]
-        assert health["ingress"] == "proxy"                         # a plain address: a proxy, as far as the edge knows
+        assert health["servers"] == 1 and health["streams_by_server"] == [0]
 
         def refusals():
-            for token in (None, "x" * 32):
+            for token in (None, "x" * 32, TOKEN):                   # the server's own token is no client's
                 with pytest.raises(InvalidStatus) as e:
                     client(front, token)
                 assert e.value.response.status_code == 403
             for first, then in (("{not json", ()), (json.dumps({**HELLO, "format": "f64le"}), ()),
                                 (json.dumps({**HELLO, "format": "s16le"}), [b"\0\0\0"])):
-                assert refused(front, first, then) == refused(url, first, then)
-            assert refused(front, json.dumps(HELLO))[0] == 1013             # the one stream is taken
-            assert refused(front, b"\0" * (Limits().message_bytes + 4))[0] == 1009   # the edge's own limit
+                assert refused(front, first, then, CLIENTS_TOKEN) == refused(url, first, then)
+            assert refused(front, json.dumps(HELLO), token=CLIENTS_TOKEN)[0] == 1013    # the one stream is taken
+            assert refused(front, b"\0" * (Limits().message_bytes + 4), token=CLIENTS_TOKEN)[0] == 1009   # the edge's own limit
 
-        records, verdict, code = stream(front, hops_of(songs["a"]), wait=refusals)
+        records, verdict, code = stream(front, hops_of(songs["a"]), wait=refusals, token=CLIENTS_TOKEN)
         assert code == 1000 and verdict["hops"] == len(want)
         same(errors, records, want)
 
@@ -62,7 +67,7 @@ def test_a_stopping_edge_drains_each_client_gets_its_records_and_verdict_then_10
     hops = hops_of(songs["a"])[:8]
     with server(checkpoints) as (url, _):
         front = edge_of(url)
-        with client(front) as ws:
+        with client(front, CLIENTS_TOKEN) as ws:
             ws.send(json.dumps(HELLO))
             ws.recv(timeout=20)
             for hop in hops:
@@ -70,7 +75,7 @@ def test_a_stopping_edge_drains_each_client_gets_its_records_and_verdict_then_10
             first = json.loads(ws.recv(timeout=20))                             # a record: the stream runs
             app = Edge.running.app
             app.state.closing = True                  # as the drain begins (it ends too soon to race)
-            with client(front) as other:
+            with client(front, CLIENTS_TOKEN) as other:
                 with pytest.raises(ConnectionClosed):
                     other.recv(timeout=20)
                 late = (other.close_code, other.close_reason)
@@ -95,7 +100,7 @@ def test_an_edge_stopped_without_a_drain_closes_its_clients_1001_at_once(files, 
     checkpoints, songs = files
     with server(checkpoints) as (url, _):
         front = edge_of(url)
-        with client(front) as ws:
+        with client(front, CLIENTS_TOKEN) as ws:
             ws.send(json.dumps(HELLO))
             ws.recv(timeout=20)
             for hop in hops_of(songs["a"])[:4]:
@@ -108,61 +113,11 @@ def test_an_edge_stopped_without_a_drain_closes_its_clients_1001_at_once(files, 
             assert (ws.close_code, ws.close_reason) == (1001, "the server is shutting down")
 
 
-def test_the_edge_opens_one_connection_to_the_proxy_at_a_time(monkeypatch):
-    """``routed``: connections opened at once are opened one after another, each until it is
-    open, or until ROUTE_SECONDS have passed for one that takes longer (the next then starts
-    while it still opens); what an opening raises reaches its own caller; a caller that is
-    cancelled while its connection opens cancels the opening."""
-    import asyncio
-    import time
-
-    from app.serve import edge
-    monkeypatch.setattr(edge, "ROUTE_SECONDS", 0.2)
-    spans = []
-
-    async def opening(i, seconds, fail=False):
-        start = time.monotonic()
-        await asyncio.sleep(seconds)
-        spans.append((i, start, time.monotonic()))
-        if fail:
-            raise OSError("refused")
-        return i
-
-    async def main():
-        lock = asyncio.Lock()
-        return await asyncio.gather(edge.routed(lock, opening(0, 0.05)), edge.routed(lock, opening(1, 0.05)),
-                                    edge.routed(lock, opening(2, 1.0)), edge.routed(lock, opening(3, 0.05, fail=True)),
-                                    return_exceptions=True)
-    results = asyncio.run(main())
-    assert results[:3] == [0, 1, 2] and isinstance(results[3], OSError)
-    by = {i: (start, end) for i, start, end in spans}
-    assert by[1][0] >= by[0][1] and by[2][0] >= by[1][1]          # one after another
-    assert by[2][0] + 0.15 <= by[3][0] < by[2][1]                  # a slow one holds the next up 0.2 s only
-
-    async def left():                       # the client leaves while its connection opens
-        cancelled = []
-
-        async def slow():
-            try:
-                await asyncio.sleep(5)
-            except asyncio.CancelledError:
-                cancelled.append(True)
-                raise
-        task = asyncio.ensure_future(edge.routed(asyncio.Lock(), slow()))
-        await asyncio.sleep(0.05)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await asyncio.sleep(0)
-        return list(cancelled)              # now: asyncio.run cancels what is left only after
-    assert asyncio.run(left()) == [True]                          # its opening is cancelled with it
-
-
-def test_with_direct_replicas_the_edge_spreads_streams_evenly_and_skips_a_dead_one():
-    """Direct ingress (``upstreams`` giving the replicas' own addresses): each new stream goes to
-    the replica holding the fewest of the edge's streams, an address that refuses connections (a
-    replica gone, not yet replaced) is passed over, a stream that ends frees its place, and health
-    is read from the first replica that answers. The replicas here are two small WebSocket apps
-    that say which one they are."""
+def test_the_edge_spreads_streams_evenly_and_skips_a_dead_upstream():
+    """Each new stream goes to the upstream holding the fewest of the edge's streams, an address
+    that refuses connections (a replica gone, not yet replaced) is passed over, a stream that ends
+    frees its place, and health sums the upstreams that answer. The replicas here are two small
+    WebSocket apps that say which one they are."""
     import socket
     import time
 
@@ -182,7 +137,8 @@ def test_with_direct_replicas_the_edge_spreads_streams_evenly_and_skips_a_dead_o
 
         @app.get("/v1/health")
         async def health():
-            return Response(json.dumps({"replica": name}), media_type="application/json")
+            return Response(json.dumps({"replica": name, "active_streams": 0, "capacity": 1, "engine_hops": 0,
+                                        "stream_hops": 0, "draining": False}), media_type="application/json")
         sock = bind("127.0.0.1", 0)
         srv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True).start()
@@ -197,10 +153,11 @@ def test_with_direct_replicas_the_edge_spreads_streams_evenly_and_skips_a_dead_o
     while not (a.started and b.started) and time.monotonic() < deadline:
         time.sleep(0.05)
     sock = bind("127.0.0.1", 0)
-    Edge.start(lambda: ([gone, at, bt], True), sock, Limits().message_bytes)
+    Edge.start(Fixed([gone, at, bt], "replicas"), sock, LIMITS, 8)
     front = f"127.0.0.1:{sock.getsockname()[1]}"
     try:
-        assert json.loads(urllib.request.urlopen(f"http://{front}/v1/health", timeout=20).read()) == {"replica": "a", "ingress": "direct"}
+        health = json.loads(urllib.request.urlopen(f"http://{front}/v1/health", timeout=20).read())
+        assert (health["replicas"], health["capacity"], health["streams_by_replica"]) == (2, 2, [0, 0])
         clients = [connect(f"ws://{front}/v1/stream", proxy=None, open_timeout=20).__enter__() for _ in range(4)]
         names = [ws.recv(timeout=20) for ws in clients]
         assert sorted(names) == ["a", "a", "b", "b"], names

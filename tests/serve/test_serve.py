@@ -4,6 +4,7 @@ close code while a witness client's results stay those of classify, and a non-lo
 a token. (SIGTERM draining runs the real command: tests/serve/test_serve_process.py.)"""
 import json
 import socket
+from dataclasses import replace
 import threading
 import time
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from websockets.sync.client import connect
 from app.cli import main
 from app.runtime.frontend_args import FrontEndSpec
 from app.serve.protocol import Limits
-from app.serve.server import bind
+from app.serve.server import bind, uvicorn_config
 from app.serve.service import build_app
 from app.serve.spec import HubSpec
 from audio.sources import FileSource
@@ -29,13 +30,17 @@ HELLO = {"sample_rate": 16000, "channels": 1, "format": "f32le"}
 PROB_TOL = 6e-6
 
 
+# every test client is on 127.0.0.1: no cap per address unless a test sets one
+LIMITS = Limits(outbox_seconds=1.0, burst_seconds=2.0, streams_per_address=0)
+
+
 @contextmanager
-def server(checkpoints, *, capacity=3, limits=Limits(outbox_seconds=1.0, burst_seconds=2.0), **spec_options):
+def server(checkpoints, *, capacity=3, limits=LIMITS, **spec_options):
     spec = HubSpec(FrontEndSpec("musicnn"), capacity, tuple(checkpoints), None, {}, limits, **spec_options)
     app = build_app(spec.build, token=TOKEN, limits=limits)
     sock = bind("127.0.0.1", 0)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)   # accepted sockets inherit it
-    srv = uvicorn.Server(uvicorn.Config(app, ws_max_size=limits.message_bytes, log_level="warning"))
+    srv = uvicorn.Server(uvicorn_config(app, limits, 2 * capacity))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -58,14 +63,14 @@ def hops_of(path) -> list[np.ndarray]:
     return list(FileSource(path))
 
 
-def stream(url, hops, *, wait=None, joined=None) -> tuple[list[dict], dict, int]:
+def stream(url, hops, *, wait=None, joined=None, token=TOKEN) -> tuple[list[dict], dict, int]:
     """Send a file's hops and end (``joined()`` runs once the server has answered the hello,
     before any audio; ``wait()`` after the second hop, the sending paused), reading all the
     while: (records, verdict, close code)."""
     records, verdict = [], None
-    with client(url) as ws:
+    with client(url, token) as ws:
         ws.send(json.dumps(HELLO))
-        assert set(json.loads(ws.recv(timeout=20))) == {"classes", "models"}
+        assert set(json.loads(ws.recv(timeout=20))) == {"classes", "models", "credit_seconds"}
         if joined is not None:
             joined()
 
@@ -223,12 +228,12 @@ def test_listen_resumes_a_dropped_stream_as_a_fresh_one(files, capsys, monkeypat
 
 def test_listen_waits_for_a_full_server(files, capsys, monkeypatch):
     """A server with one stream, held by another client for 3 s: listen hears 1013, says so in one
-    line, asks again and streams to its verdict once the slot is free."""
+    line, asks again after the wait the reason names and streams to its verdict once the slot is
+    free."""
     import app.serve.client as client_module
-    monkeypatch.setattr(client_module, "FULL_WAIT_S", 0.5)
     monkeypatch.setattr(client_module, "FULL_TRIES", 60)                   # 30 s: slow hosts too
     checkpoints, songs = files
-    with server(checkpoints, capacity=1) as (url, app):
+    with server(checkpoints, capacity=1, limits=replace(LIMITS, retry_seconds=0.5)) as (url, app):
         with client(url) as holder:
             holder.send(json.dumps(HELLO))
             holder.recv(timeout=20)
@@ -237,7 +242,7 @@ def test_listen_waits_for_a_full_server(files, capsys, monkeypatch):
             token.write_text(TOKEN + "\n")
             assert main(["listen", url, str(songs["a"]), "--fast", "--jsonl", "--token-file", str(token)]) == 0
     out = capsys.readouterr()
-    assert "# the server is full (1013); asking again in 0.5 s" in out.err
+    assert "# the server is full (1013: the server is full (1 streams); retry in 0.5 s); asking again in 0.5 s" in out.err
     assert "# verdict over ws:" in out.err and [json.loads(x)["step"] for x in out.out.splitlines()][0] == 0
 
 
@@ -315,7 +320,15 @@ def test_faulty_clients_are_refused_with_their_codes_and_a_witness_is_unaffected
             assert code == 1007 and "not whole s16le frames" in reason
             assert refused(url, hello, [np.array([0.1, np.nan], "<f4").tobytes()]) == (1007, "the audio holds NaN or infinite samples")
             assert refused(url, hello, [b"\0" * (Limits().message_bytes + 4)])[0] == 1009
-            assert refused(url, hello, ['{"end": false}'])[0] == 1003
+            # only JSON true ends a stream; any other "end" is 1007, any other text 1003; a wrongly
+            # typed hello field is 1007 or 1003, never a server error
+            for end in ('{"end": false}', '{"end": 1}', '{"end": "true"}', '{"end": true, "x": 1}'):
+                assert refused(url, hello, [end])[0] == 1007, end
+            assert refused(url, hello, ['{"stop": true}'])[0] == 1003
+            for fmt in (["f32le"], {"f32le": 1}, 1, None):
+                assert refused(url, json.dumps({**HELLO, "format": fmt}))[0] == 1003, fmt
+            for rate in (16000.0, "16000", True, [16000]):
+                assert refused(url, json.dumps({**HELLO, "sample_rate": rate}))[0] == 1007, rate
             # a client that leaves mid-stream: its slot is free at the next hop
             with client(url) as ws:
                 ws.send(hello)

@@ -1,10 +1,11 @@
-"""`serve --ray`: the same app as a Ray Serve deployment of 2 replicas (the code shipped in the
-job's working_dir), on a real local Ray instance with direct ingress (the edge relays to each
-replica's own port) and on a two-node ray.cluster_utils.Cluster through Ray Serve's proxy, on a
-Serve that already ran with HTTP options of its own. Health sums the replicas and says their
-split; each client's records equal `classify FILE --jsonl`; a killed replica cuts only its own
-client's stream."""
+"""`serve --ray`: engine servers as the 2 replicas of a Ray Serve deployment (the code shipped in
+the job's working_dir), the edge relaying to each replica's own port, on a real local Ray
+instance and on a two-node ray.cluster_utils.Cluster (a replica on each node). Health sums the
+replicas and says their split; each client's records equal `classify FILE --jsonl`; a replica
+whose process is killed cuts only its own client's stream, and Ray Serve replaces it."""
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -35,10 +36,8 @@ def deployed(files, request):
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    cluster, env = None, pytest.MonkeyPatch()
-    if request.param == "local":                 # as `serve --ray local` starts it: direct ingress
-        for key, value in ray_serve.DIRECT_INGRESS.items():
-            env.setenv(key, value)
+    cluster = None
+    if request.param == "local":
         ray.init(address="local", num_cpus=2, namespace=ray_serve.NAMESPACE, runtime_env=ray_serve.runtime_env(),
                  include_dashboard=False, log_to_driver=False, object_store_memory=256 * 2**20)
     else:
@@ -53,14 +52,6 @@ def deployed(files, request):
             time.sleep(0.2)
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
     try:
-        # Serve already running with HTTP options of its own (as on a cluster that serves other
-        # apps): serve.start ignores the port `start` asks for, and the edge relays to this one.
-        # Started as on a host too loaded for Ray's own wait for the proxy (cut to 10 ms here):
-        # start_serve waits on for it
-        import ray.serve._private.api as serve_api
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(serve_api, "HTTP_PROXY_TIMEOUT", 0.01)
-            ray_serve.start_serve({"host": "127.0.0.1", "port": ray_serve.free_loopback_port()})
         # one stream per replica: a second client is refused (1013) and lands on the other one
         spec = HubSpec(FrontEndSpec("musicnn"), 1, tuple(checkpoints))
         yield ray_serve.start(spec, None, "127.0.0.1", port, 2, cpus_per_replica=0.5 if cluster is None else 1.0), port
@@ -69,26 +60,20 @@ def deployed(files, request):
         ray.shutdown()
         if cluster is not None:
             cluster.shutdown()
-        env.undo()
 
 
 def health(port) -> dict:
     return json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=30).read())
 
 
-def test_health_says_how_the_streams_are_split_over_the_replicas(deployed, request):
-    """Two clients at the same moment, a stream per replica (a full one refuses 1013 and the
-    client asks again): health's split is one on each replica, busiest first. Locally the edge
-    relays to the replicas' own ports (Ray Serve's direct ingress, as `serve --ray local` starts
-    it); on the two-node cluster, started without it, to Ray Serve's proxy."""
+def test_health_says_how_the_streams_are_split_over_the_replicas(deployed):
+    """Two clients at the same moment, a stream per replica (the edge sends each new stream to
+    the replica with the fewest of its streams): health's split is one on each replica, busiest
+    first. Both replicas listen on loopback (their nodes are this machine) in two processes."""
     url, port = deployed
-    local = request.node.callspec.params["deployed"] == "local"
-    deadline = time.monotonic() + 20                       # (read from the controller every second)
-    while Edge.running.upstreams()[1] != local and time.monotonic() < deadline:
-        time.sleep(0.2)
-    addresses, direct = Edge.running.upstreams()
-    assert (direct, len(addresses)) == ((True, 2) if local else (False, 1)), addresses
-    assert health(port)["ingress"] == ("direct" if local else "proxy")
+    addresses = Edge.running.upstreams.addresses()
+    assert len(addresses) == 2 and all(a.startswith("127.0.0.1:") for a in addresses), addresses
+    assert len(set(Edge.running.upstreams.pids)) == 2
     joined, held = [], threading.Barrier(3)
 
     def join():
@@ -130,15 +115,13 @@ def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys,
     for t in threads:
         t.start()
     time.sleep(1.0)
-    replica = next(a for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a["name"].startswith("SERVE_REPLICA::") and a["namespace"] == "serve")
-    ray.kill(ray.get_actor(replica["name"], namespace="serve"), no_restart=True)
+    os.kill(Edge.running.upstreams.pids[0], signal.SIGKILL)     # a replica's process dies
     for t in threads:
         t.join(timeout=60)
     cut = [g for g in got if g["close"] != 1000]
     whole = [g for g in got if g["close"] == 1000]
     assert len(cut) == 1 and len(whole) == 1, [g["close"] for g in got]
-    assert cut[0]["close"] == 1012, cut[0]["close"]     # the edge says so (the replica's socket, or the proxy, drops it without a close frame)
+    assert cut[0]["close"] == 1012, cut[0]["close"]     # the edge says so (the replica's socket drops without a close frame)
     assert "replica serving this stream stopped" in cut[0]["reason"]
     assert cut[0]["verdict"] is None and len(cut[0]["records"]) < len(want)
     same(errors, whole[0]["records"], want)
@@ -148,8 +131,13 @@ def test_two_replicas_a_killed_one_cuts_only_its_stream(deployed, files, capsys,
     while health(port)["stream_hops"] != len(want) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert health(port)["stream_hops"] == len(want)
-    # and a new client gets a stream (the survivor's, or the replacement's once it runs)
+    # a new client gets a stream (the survivor's, or the replacement's once it runs)
     fresh = {}
     stream(accepted(url), hops[:4], fresh, 0.0)
     assert fresh["close"] == 1000 and fresh["verdict"]["hops"] == 4, fresh["close"]
     same(errors, fresh["records"], want[:4])
+    # and Ray Serve replaces the dead replica: two replicas serve again
+    deadline = time.monotonic() + 120
+    while health(port)["replicas"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert health(port)["replicas"] == 2

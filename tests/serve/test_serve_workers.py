@@ -38,6 +38,7 @@ def test_two_workers_split_the_streams_a_killed_one_is_replaced_and_sigterm_drai
     checkpoints, songs = files
     want = classify_jsonl(capsys, songs["a"], checkpoints)
     server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--workers", "2", "--max-streams", "2",
+                               "--max-streams-per-address", "2",
                                "--port", "0", "--checkpoint", *checkpoints], stderr=subprocess.PIPE, text=True,
                               cwd=tmp_path)
     lines = []
@@ -109,6 +110,7 @@ def test_workers_stop_when_their_parent_is_killed(files, tmp_path):
     instead of serving on, orphaned, on its loopback port."""
     checkpoints, _ = files
     server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--workers", "2", "--max-streams", "2",
+                               "--max-streams-per-address", "2",
                                "--port", "0", "--checkpoint", checkpoints[0]], stderr=subprocess.PIPE, text=True,
                               cwd=tmp_path)
     try:

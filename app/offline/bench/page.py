@@ -369,10 +369,9 @@ SECTIONS = [
      "clients' (the bench's process), the streams an engine hop took, and how the streams were split over "
      "the lanes, workers or replicas at the busiest moment (the server's health), where a run has them. The clients "
      "run on the same cores as the server. With `--ray K`, the same clients and audio "
-     "then against `serve --ray local --replicas K`, a fresh local Ray; each run says how its edge reached "
-     "the replicas: direct ingress (the edge spreads the streams over the K replicas' own ports, no proxy "
-     "in the data path) or through Ray Serve's proxy (its router spreads them); each replica may take "
-     "every client. CPU and memory are summed over the server's process tree.",
+     "then against `serve --ray local --replicas K`, a fresh local Ray (the edge spreads the streams over "
+     "the K replicas' own ports; each replica may take every client). The server takes up to N streams "
+     "from one address. CPU and memory are summed over the server's process tree.",
      serve_body),
     ("Evaluation speed", ["evaluate"],
      "`bench --evaluate`: `evaluate` on 300 synthetic sequences x 120 steps x 6 checkpoints.",

@@ -2,9 +2,9 @@
 shipped models), and N WebSocket clients on loopback in this process, each streaming real audio
 (the shared GTZAN excerpts, else the demo signal with its own seed) in real time, one 0.25 s hop
 per message, for ``seconds`` of audio. With ``--ray K`` the same clients and audio then run
-against `serve --ray local --replicas K` (a fresh local Ray under direct ingress, the edge
-spreading the streams over the K replicas), and each record's probabilities are compared with the
-one server's.
+against `serve --ray local --replicas K` (a fresh local Ray, the edge spreading the streams over
+the K replicas' own ports), and each record's probabilities are compared with the one server's.
+The server takes up to N streams from one address (every client is on 127.0.0.1).
 
 Reported: latency from a hop's last sample sent to its record received (median, p95), hops sent
 without a record (dropped), whether every client got its verdict and a close 1000, and the
@@ -114,7 +114,8 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
     own process and the clients here; their results and the server tree's CPU and memory."""
     from app.serve.client import timed_clients         # (websockets: not needed to render the page)
     # each replica may take every client, as through a proxy, whose router is not always even
-    command = [sys.executable, str(ROOT / "main.py"), "serve", "--max-streams", str(clients)]
+    command = [sys.executable, str(ROOT / "main.py"), "serve", "--max-streams", str(clients),
+               "--max-streams-per-address", str(clients)]          # every client is on 127.0.0.1
     command += ["--ray", "local", "--replicas", str(ray), "--port", str(free_port())] if ray else ["--port", "0"]
     command += ["--batch-delay-ms", f"{batch_delay_ms:g}"] if batch_delay_ms is not None else []
     command += ["--workers", str(workers)] if workers > 1 and not ray else []
@@ -157,8 +158,7 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
                      "cores_by_role": by_role, "client_cores": mine / wall,
                      "engine_hops": hops.get("engine_hops", 0), "stream_hops": hops.get("stream_hops", 0),
                      "streams_split": next((busiest[k] for k in ("streams_by_replica", "streams_by_worker",
-                                                                  "streams_by_lane") if k in busiest), []),
-                     "ingress": hops.get("ingress")}
+                                                                  "streams_by_lane") if k in busiest), [])}
 
 
 def watch_health(url: str, busiest: dict, done: threading.Event) -> None:
@@ -220,7 +220,7 @@ def summary(results: list[dict], usage: dict, clients: int, seconds: float, what
             "server_processes": usage["processes"], "threads": os.cpu_count(),
             "server_cores_by_role": usage["cores_by_role"], "client_cores": usage["client_cores"],
             "streams_per_engine_hop": usage["stream_hops"] / max(1, usage["engine_hops"]),
-            "streams_split": usage["streams_split"], **({"ingress": usage["ingress"]} if usage.get("ingress") else {})}
+            "streams_split": usage["streams_split"]}
 
 
 def print_serve(r: dict) -> None:
@@ -260,10 +260,8 @@ def plain_label(x: dict) -> str:
 
 
 def ray_label(x: dict) -> str:
-    """"Ray Serve, K replicas" and how the edge reached them (a run without ``ingress`` predates
-    direct ingress: it went through Ray Serve's proxy)."""
-    return (f"Ray Serve, {x['replicas']} replicas, "
-            + ("direct ingress" if x.get("ingress") == "direct" else "through its proxy"))
+    """"Ray Serve, K replicas"."""
+    return f"Ray Serve, {x['replicas']} replicas"
 
 
 def serve_table(r: dict) -> list[str]:
