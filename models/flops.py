@@ -151,15 +151,13 @@ def continual_nystrom_sda(n_t: int, d: int, m: int, iters: int, *, event: str = 
             f += ew(2 * d) + _install(m, d, iters) + mm(n_t, d, 1) + _fresh_rows(1, n_t, d)
         if stabilize:
             f += ew(m)                                            # stale-row check
-    f += mm(1, d, m) + softmax(1, m)                              # s(q K~^T)
-    if retroactive:          # "factored": P Z (num / den) left as its two factors
-        if p_rebuilt:
-            f += mm(n_t, d, m) + softmax(n_t, m)
-        f += ew(m * d) + mm(m, m, d)
-        if retroactive != "factored":
+    if retroactive:          # P = s(Q K~^T): a new row, or every row for new landmarks
+        f += mm(n_t, d, m) + softmax(n_t, m) if p_rebuilt else mm(1, d, m) + softmax(1, m)
+        f += ew(m * d) + mm(m, m, d)                              # Z (num / den)
+        if retroactive != "factored":                             # "factored": P, Z num / den left apart
             f += mm(n_t, m, d)
     else:
-        f += mm(1, m, m) + ew(m) + mm(1, m, d)
+        f += mm(1, d, m) + softmax(1, m) + mm(1, m, m) + ew(m) + mm(1, m, d)   # s(q K~^T) Z num / den
     return f
 
 
@@ -261,16 +259,16 @@ def recompute_step(cfg, n_t: int, landmark_mode: str | None) -> dict[str, Flops]
 
 
 def graph_step(cfg, landmark_mode: str | None, t: int, events) -> dict[str, Flops]:
-    """The t-th step (1-based) of a continual model's explicit-state graph (models/stream/,
-    the ONNX export and the batch of streams), by the torch step's formulas for the events it
-    reported (rebuilt, replaced, rows refreshed); its branch-free rescale counts as a rescale."""
+    """The t-th step (1-based) of a continual model's explicit-state step (models/stream/model.py:
+    the model's step, the batch of streams, the ONNX export) by the events it reported: rebuilt,
+    replaced, rows refreshed, a row rescaled."""
     n_t, d, H = min(t, cfg.window), cfg.d_model, cfg.heads
     two, evict, continual = cfg.layers == 2, t > cfg.window, landmark_mode == "continual"
     dh, iters = d // H, cfg.pinv_iters
     m = min(cfg.num_landmarks, n_t) if continual else cfg.num_landmarks      # landmarks in use
-    rebuilt, replaced, refreshed = (int(x) for x in events)
+    rebuilt, replaced, refreshed, rescaled = (int(x) for x in events)
     if cfg.variant == "continual" and two:
-        per_head = continual_retroactive_sda(n_t, dh, first=t == 1, evict=evict, rescaled=True)
+        per_head = continual_retroactive_sda(n_t, dh, first=t == 1, evict=evict, rescaled=bool(rescaled))
     elif cfg.variant == "continual":
         per_head = continual_sda(n_t, dh)
     else:
@@ -279,7 +277,7 @@ def graph_step(cfg, landmark_mode: str | None, t: int, events) -> dict[str, Flop
             n_t, dh, m, iters, event=event, evict=evict and event != "rebuild",
             retroactive="factored" if two else False, p_rebuilt=event != "step",
             warmup_landmarks=bool(rebuilt) and t < cfg.window, segment_sums=continual,
-            rescaled=True)
+            rescaled=bool(rescaled))
     sda = H * per_head + refresh(refreshed, n_t, dh)
     if not two:
         return one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)

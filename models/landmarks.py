@@ -1,4 +1,5 @@
-"""Nyström landmarks: segment sizes, stream-aligned continual landmarks, k-means fixed landmarks.
+"""Nyström landmarks: segment sizes, stream-aligned continual landmarks (what the streaming step,
+models/stream/nystrom.py, keeps), k-means fixed landmarks.
 
 Continual landmarks (Carreto Picón et al.): the stream is cut into consecutive segments whose sizes
 repeat the pattern of ``segment_sizes(n, m)`` (the first n % m segments one token longer). When a
@@ -12,8 +13,6 @@ exactly the batch ``nystrom`` reference on the partial window, and at t = n it c
 first stream-aligned landmarks, so the switch is seamless.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -53,140 +52,9 @@ def aligned_segments(t: int, n: int, m: int) -> list[tuple[int, int]]:
     return [(max(a, w0) - w0, b - w0) for a, b in reversed(ranges)]
 
 
-def aligned_means(x: Tensor, t: int, m: int, n: int) -> Tensor:
-    """x: (B, n_t, d) the window after t tokens -> (B, m', d) means over ``aligned_segments``."""
-    return torch.stack([x[:, a:b].mean(dim=1) for a, b in aligned_segments(t, n, m)], dim=1)
-
-
 def check_landmarks(n: int, m: int) -> None:
     if not isinstance(m, int) or m < 1 or m > n:
         raise ValueError(f"num_landmarks must be an int with 1 <= m <= window ({n}), got {m!r}")
-
-
-@dataclass
-class LandmarkTrackerState:
-    t: int                # tokens seen
-    hist_q: Tensor        # (B, n, d) tokens seen during warm-up (t < n), in order
-    hist_k: Tensor        # (B, n, d)
-    seg_q: Tensor         # (B, d) running sum of the segment in progress
-    seg_k: Tensor         # (B, d)
-    seg_count: int        # tokens in the segment in progress
-    completed: int        # segments completed so far
-    q_land: Tensor        # (B, m, d) landmark slots (slot = segment index % m)
-    k_land: Tensor        # (B, m, d)
-
-
-class ContinualLandmarks:
-    """Tracks stream-aligned segment means of q and k. ``push`` returns True when landmarks changed."""
-
-    def __init__(self, window: int, num_landmarks: int):
-        check_landmarks(window, num_landmarks)
-        self.n, self.m = window, num_landmarks
-        self.sizes = segment_sizes(window, num_landmarks)
-        self.state: LandmarkTrackerState | None = None
-        self.own_hist = True
-
-    def reset(self, batch: int, d: int, device, dtype, hist: tuple[Tensor, Tensor] | None = None) -> None:
-        """``hist``: (q, k) (batch, n, d) tensors to keep the warm-up tokens in, where the caller
-        stores token t in row t while t < n anyway (an attention kernel's ring): the tracker writes
-        the same values there, and they are not stored twice."""
-        z = lambda *s: torch.zeros(*s, device=device, dtype=dtype)  # noqa: E731
-        self.own_hist = hist is None
-        hist_q, hist_k = (z(batch, self.n, d), z(batch, self.n, d)) if hist is None else hist
-        self.state = LandmarkTrackerState(
-            t=0, hist_q=hist_q, hist_k=hist_k, seg_q=z(batch, d),
-            seg_k=z(batch, d), seg_count=0, completed=0,
-            q_land=z(batch, self.m, d), k_land=z(batch, self.m, d))
-
-    @property
-    def warm(self) -> bool:
-        """True once m segments have completed (stream-aligned landmarks in use)."""
-        return self.state is not None and self.state.completed >= self.m
-
-    def push(self, q: Tensor, k: Tensor) -> bool:
-        """Consume one token's q, k: (B, d). Returns True if the landmarks changed."""
-        st = self.state
-        if st.t < self.n:
-            st.hist_q[:, st.t] = q
-            st.hist_k[:, st.t] = k
-        st.t += 1
-        st.seg_q.add_(q)
-        st.seg_k.add_(k)
-        st.seg_count += 1
-        slot = st.completed % self.m
-        size = self.sizes[slot]
-        if st.seg_count == size:
-            torch.div(st.seg_q, size, out=st.q_land[:, slot])
-            torch.div(st.seg_k, size, out=st.k_land[:, slot])
-            st.seg_q.zero_()
-            st.seg_k.zero_()
-            st.seg_count = 0
-            st.completed += 1
-            return True
-        return not self.warm  # during warm-up the landmarks change every step
-
-    def count(self) -> None:
-        """``push`` without the arithmetic, for a fused step that adds q, k to the segment sums
-        itself; only valid when the token completes no segment and warm-up is over."""
-        st = self.state
-        st.t += 1
-        st.seg_count += 1
-
-    def completes_next(self) -> bool:
-        """Whether the next token completes a segment (or falls in warm-up)."""
-        st = self.state
-        return not self.warm or st.seg_count + 1 == self.sizes[st.completed % self.m]
-
-    def resume(self, q: Tensor, k: Tensor, t: int) -> None:
-        """Rebuild the tracker after t tokens from the window's q, k: (B, n_t, d), oldest first
-        (a stream that ran with fixed landmarks switches to continual ones). Landmarks of segments
-        partly out of the window are means of their in-window part."""
-        st, n, m = self.state, self.n, self.m
-        n_t = q.shape[1]
-        st.t = t
-        if t < n:
-            st.hist_q[:, :t] = q
-            st.hist_k[:, :t] = k
-        cycles, rem = divmod(t, n)
-        bounds = [sum(self.sizes[:i]) for i in range(m + 1)]
-        done = max(i for i, b in enumerate(bounds) if b <= rem)
-        st.completed, st.seg_count = cycles * m + done, rem - bounds[done]
-        c = st.seg_count
-        st.seg_q.copy_(q[:, n_t - c:].sum(dim=1))
-        st.seg_k.copy_(k[:, n_t - c:].sum(dim=1))
-        w0 = t - n_t                            # stream index of window slot 0
-        stop = t - c
-        for i in range(min(m, st.completed)):   # newest completed segment first
-            index = st.completed - 1 - i
-            size = self.sizes[index % m]
-            a, b = max(stop - size, w0) - w0, stop - w0
-            st.q_land[:, index % m] = q[:, a:b].mean(dim=1)
-            st.k_land[:, index % m] = k[:, a:b].mean(dim=1)
-            stop -= size
-
-    def current(self) -> tuple[Tensor, Tensor]:
-        """Landmarks in use now: (q_land, k_land), each (B, m', d), m' = min(m, t)."""
-        st = self.state
-        if not self.warm:
-            t = st.t
-            mm = min(self.m, t)
-            return segment_means(st.hist_q[:, :t], mm), segment_means(st.hist_k[:, :t], mm)
-        return st.q_land, st.k_land
-
-    def chronological(self) -> tuple[Tensor, Tensor]:
-        """Like ``current`` but oldest landmark first (slot order rolled)."""
-        q, k = self.current()
-        if not self.warm:
-            return q, k
-        shift = -(self.state.completed % self.m)
-        return torch.roll(q, shift, dims=1), torch.roll(k, shift, dims=1)
-
-    def nbytes(self) -> int:
-        st = self.state
-        if st is None:
-            return 0
-        held = (st.seg_q, st.seg_k, st.q_land, st.k_land) + ((st.hist_q, st.hist_k) if self.own_hist else ())
-        return sum(x.numel() * x.element_size() for x in held)
 
 
 def segment_means(x: Tensor, m: int) -> Tensor:

@@ -1,4 +1,6 @@
-"""Multi-head attention for every variant: batch forward over a window, or token-by-token steps.
+"""Multi-head attention for every variant over a window (the batch forward: training, the
+recomputing variants at run time, and the reference every streaming step is tested against);
+its weights, landmark mode and fixed landmarks are what the streaming step (models/stream/) reads.
 
 Weights follow ``torch.nn.MultiheadAttention`` (packed in-projection, out-projection), so a trained
 torch module can be converted with ``MultiheadAttention.from_torch``. Heads are folded into the
@@ -8,12 +10,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as nnf
 
-from .landmarks import aligned_means, segment_means
-from .sda import (LANDMARK_MODES, VARIANTS, attention, inference, nystrom_attention,
-                  streaming_sda)
-from .sda.window import FoldedKeyValues
+from .landmarks import check_landmarks, segment_means
+from .sda import LANDMARK_MODES, VARIANTS, attention, nystrom_attention
 
 
 def _forget_fitted(module, incompatible_keys) -> None:
@@ -23,8 +22,7 @@ def _forget_fitted(module, incompatible_keys) -> None:
 
 class MultiheadAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, window: int, variant: str, *,
-                 num_landmarks: int | None = None, landmark_mode: str | None = None,
-                 pinv_iters: int = 6, retroactive: bool = False, window_input: bool = False):
+                 num_landmarks: int | None = None, landmark_mode: str | None = None, pinv_iters: int = 6):
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; valid: {', '.join(VARIANTS)}")
@@ -34,8 +32,9 @@ class MultiheadAttention(nn.Module):
         self.d_model, self.heads, self.d_head = d_model, heads, d_model // heads
         self.window, self.variant, self.pinv_iters = window, variant, pinv_iters
         self.num_landmarks = num_landmarks if nystrom else None
+        if nystrom:
+            check_landmarks(window, num_landmarks)
         self.landmark_mode = (landmark_mode or LANDMARK_MODES[variant][0]) if nystrom else None
-        self.retroactive, self.window_input = retroactive, window_input
         self.compiled_pinv = False     # batch forward: models/fused/pinv.py in inference (CPU f32)
         self.in_proj = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
@@ -46,13 +45,6 @@ class MultiheadAttention(nn.Module):
         self.register_buffer("has_fixed", torch.zeros((), dtype=torch.bool))
         self._fitted: bool | None = None                 # has_fixed read once (a forward never waits on it)
         self.register_load_state_dict_post_hook(_forget_fitted)
-        # a 'fixed' model gets its landmarks from a state dict or a fit; the kernel takes them
-        # when a stream starts (reset) or the mode is switched live
-        self.sda = streaming_sda(variant, window, retroactive=retroactive,
-                                 num_landmarks=self.num_landmarks, pinv_iters=pinv_iters,
-                                 landmark_mode=None if self.landmark_mode == "fixed" else self.landmark_mode)
-        # a retroactive Nyström kernel leaves its n outputs factored; step folds W_o into them
-        self.sda.factored = retroactive and variant == "continual_nystrom"
 
     @classmethod
     def from_torch(cls, mha: nn.MultiheadAttention, window: int, variant: str, **kw) -> "MultiheadAttention":
@@ -90,7 +82,8 @@ class MultiheadAttention(nn.Module):
         return self._fitted
 
     def set_landmark_mode(self, mode: str) -> None:
-        """Switch landmark mode, also mid-stream ('fixed' needs fitted landmarks)."""
+        """Switch landmark mode ('fixed' needs fitted landmarks); a streaming model switches its
+        streams' state too (GenreTransformer.set_landmark_mode)."""
         if self.num_landmarks is None:
             raise ValueError(f"variant {self.variant!r} has no landmarks")
         if mode == "fixed" and not self.fixed_fitted:
@@ -100,20 +93,6 @@ class MultiheadAttention(nn.Module):
             raise ValueError(f"unknown landmark mode {mode!r} for {self.variant!r}; "
                              f"valid: {LANDMARK_MODES[self.variant]}")
         self.landmark_mode = mode
-        if self.sda.st is not None:      # streaming: switch live
-            self._sync_kernel()
-
-    def _sync_kernel(self) -> None:
-        """Give the streaming kernel this module's landmark mode (and fixed landmarks)."""
-        if self.num_landmarks is None:
-            return
-        if self.landmark_mode == "fixed":
-            if not self.fixed_fitted:
-                raise ValueError("this model's fixed landmarks are not fitted: load them from a "
-                                 "checkpoint or run models.landmarks.fit_fixed_landmarks first")
-            self.sda.set_landmark_mode("fixed", (self.fixed_q_land, self.fixed_k_land))
-        else:
-            self.sda.set_landmark_mode(self.landmark_mode)
 
     def _fold(self, x: Tensor) -> Tensor:
         """(B, T, d_model) -> (B * heads, T, d_head)."""
@@ -160,65 +139,3 @@ class MultiheadAttention(nn.Module):
                 z = compiled(ql, kl, self.pinv_iters)[0]
             out = nystrom_attention(q, k, v, ql, kl, self.pinv_iters, z=z)
         return self.out_proj(self._unfold(out, B))
-
-    # ------------------------------------------------------------------ streaming
-    def reset(self, batch_size: int) -> None:
-        p = self.in_proj.weight
-        self.sda.reset(batch_size * self.heads, device=p.device, dtype=p.dtype)
-        self._sync_kernel()
-        self._batch = batch_size
-
-    @inference
-    def step(self, x: Tensor) -> Tensor:
-        """x: (B, d_model) newest token -> (B, d_model), or (B, n_t, d_model) if retroactive."""
-        B, H, dh = x.shape[0], self.heads, self.d_head
-        qkv = nnf.linear(x, self.in_proj.weight, self.in_proj.bias).view(B, 3, H, dh)
-        q, k, v = (qkv[:, i].reshape(B * H, dh) for i in range(3))
-        out = self.sda.step(q, k, v)              # (B*H, dh) or (B*H, n_t, dh), or factors
-        if isinstance(out, tuple):
-            return self._folded_out(*out, B)
-        out = self._unfold(out, B) if self.retroactive else out.reshape(B, self.d_model)
-        return nnf.linear(out, self.out_proj.weight, self.out_proj.bias)
-
-    def _folded_out(self, p: Tensor, zw: Tensor, B: int) -> Tensor:
-        """Out-projection of a retroactive Nyström output left factored, p: (B*H, n_t, m),
-        zw: (B*H, m, dh) -> (B, n_t, d_model). W_o folded into each head's m rows,
-        G_h = zw_h W_o,h^T (m, d_model), then out = [p_1 .. p_H] [G_1; ..; G_H] + b_o
-        (models/flops.folded_out)."""
-        H, dh, D = self.heads, self.d_head, self.d_model
-        n_t, m = p.shape[1], p.shape[2]
-        w_t = self.out_proj.weight.t().reshape(H, dh, D)                  # W_o^T per head
-        g = torch.matmul(zw.view(B, H, m, dh), w_t).view(B, H * m, D)
-        p_all = p.view(B, H, n_t, m).transpose(1, 2).reshape(B, n_t, H * m)
-        return torch.baddbmm(self.out_proj.bias, p_all, g)
-
-    @inference
-    def step_window(self, xw: Tensor) -> Tensor:
-        """xw: (B, n_t, d_model) window after a retroactive layer -> (B, d_model) newest token.
-
-        The keys and values of the window are never formed: the kernel's products go through xw
-        with the projections folded in (models/sda/window.FoldedKeyValues). Continual landmarks:
-        the stream-aligned segment means of this window's queries and keys (taken before the
-        projection, which is linear), so they follow the retroactively updated window exactly as
-        the batch forward sees it."""
-        B, n_t, d = xw.shape
-        w_q, w_k, w_v = self.in_proj.weight.split(d)
-        b_q, _, b_v = self.in_proj.bias.split(d)
-        q = nnf.linear(xw[:, -1], w_q, b_q).reshape(B * self.heads, self.d_head)
-        kv = FoldedKeyValues(xw, w_k, w_v, b_v, self.heads)
-        if self.landmark_mode != "continual":
-            return nnf.linear(self.sda.step_window(q, kv).reshape(B, d), self.out_proj.weight,
-                              self.out_proj.bias)
-        st = self.sda.st
-        means = aligned_means(xw, (st.t if st is not None else 0) + 1, self.num_landmarks, self.window)
-        qk = nnf.linear(means, self.in_proj.weight[:2 * d], self.in_proj.bias[:2 * d])
-        marks = (self._fold(qk[..., :d]), self._fold(qk[..., d:]))
-        out = self.sda.step_window(q, kv, landmarks=marks)
-        return nnf.linear(out.reshape(B, d), self.out_proj.weight, self.out_proj.bias)
-
-    def landmarks(self) -> tuple[Tensor, Tensor] | None:
-        """Folded landmarks (B * heads, m', d_head) used by the last step, or None."""
-        return self.sda.landmarks()
-
-    def state_nbytes(self) -> int:
-        return self.sda.state_nbytes()

@@ -4,10 +4,12 @@ Linear in_dim -> d_model, recycling positional encoding (position index = t mod 
 post-norm encoder blocks (y = LN(x + MHA(x)); z = LN(y + FF(y))), classifier on the newest token.
 With 2 blocks the first is retroactive and the last single-output (Hedegaard et al.).
 
-Call modes (as in the continual-inference library, without positional state tuples):
+Call modes (as in the continual-inference library):
   model(x, start=0, landmarks=None)  x: (B, T <= n, in_dim) -> (B, classes), the window's last token
   model.reset(B); model.step(token)  token: (B, in_dim) -> (B, classes), equal to model(window)
-`regular` and `nystrom` models step by recomputing the window (they are the baselines).
+``step`` holds the state of B streams and runs the step of models/stream/model.py on it (on the
+CPU, its steady steps in the compiled backend of models/fused/); `regular` and `nystrom` models
+step by recomputing the window (they are the baselines).
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ import math
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
+
+import numpy as np
 
 from . import flops as F
 from .config import ModelConfig
@@ -51,22 +55,18 @@ class RecyclingPositionalEncoding(nn.Module):
 class EncoderLayer(nn.Module):
     """Post-norm encoder block: y = LN(x + MHA(x)); z = LN(y + FF(y))."""
 
-    def __init__(self, cfg: ModelConfig, retroactive: bool, window_input: bool):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.window, cfg.variant,
                                        num_landmarks=cfg.num_landmarks if cfg.nystrom else None,
-                                       landmark_mode=cfg.home_landmark_mode, pinv_iters=cfg.pinv_iters,
-                                       retroactive=retroactive, window_input=window_input)
+                                       landmark_mode=cfg.home_landmark_mode, pinv_iters=cfg.pinv_iters)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
         self.ff = nn.Sequential(nn.Linear(cfg.d_model, cfg.ff_dim), nn.ReLU(),
                                 nn.Linear(cfg.ff_dim, cfg.d_model))
         self.drop1 = nn.Dropout(cfg.dropout)
         self.drop2 = nn.Dropout(cfg.dropout)
-        self.retroactive, self.window_input = retroactive, window_input
-        self._x: Tensor | None = None   # (B, n, d) ring of inputs (retroactive residuals)
-        self._t = 0
 
     def _tail(self, x: Tensor, a: Tensor) -> Tensor:
         """Residual, LayerNorm, feed-forward, residual, LayerNorm. x, a: (..., d)."""
@@ -84,28 +84,6 @@ class EncoderLayer(nn.Module):
         """x: (B, T, d) -> (B, T, d), every token of the window."""
         return self._tail(x, self.attn(x, landmarks))
 
-    def reset(self, batch_size: int) -> None:
-        self.attn.reset(batch_size)
-        self._x, self._t = None, 0
-
-    def step(self, x: Tensor) -> Tensor:
-        """Streamed token x: (B, d) -> (B, d) single-output or (B, n_t, d) retroactive."""
-        a = self.attn.step(x)
-        if not self.retroactive:
-            return self._tail(x, a)
-        n = self.cfg.window
-        if self._x is None:
-            self._x = x.new_zeros(x.shape[0], n, x.shape[1])
-        self._x[:, self._t % n] = x
-        self._t += 1
-        n_t = min(self._t, n)
-        order = (torch.arange(n_t, device=x.device) + (self._t - n_t)) % n
-        return self._tail(self._x[:, order], a)
-
-    def step_window(self, xw: Tensor) -> Tensor:
-        """Window from a retroactive layer xw: (B, n_t, d) -> newest token (B, d)."""
-        return self._tail(xw[:, -1], self.attn.step_window(xw))
-
 
 class GenreTransformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -113,15 +91,17 @@ class GenreTransformer(nn.Module):
         self.cfg = cfg
         self.embed = nn.Linear(cfg.in_dim, cfg.d_model)
         self.pos = RecyclingPositionalEncoding(cfg.period, cfg.d_model, cfg.pos_encoding)
-        L = cfg.layers
-        self.blocks = nn.ModuleList(
-            EncoderLayer(cfg, retroactive=(L == 2 and i == 0), window_input=(L == 2 and i == 1))
-            for i in range(L))
+        self.blocks = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.layers))
         self.head = nn.Linear(cfg.d_model, cfg.num_classes)
         self.continual = cfg.variant in ("continual", "continual_nystrom")
+        self.fused = False                 # steady steps in the compiled CPU backend (use_fused)
         self._batch: int | None = None
-        self.fused = False                 # steps in the compiled CPU kernel (use_fused)
-        self._fused_step = None
+        self._t = 0
+        self._steppers: dict = {}          # landmark mode -> its ModelStep (models/stream/model.py)
+        self._state: list[Tensor] | None = None
+        self._events: Tensor | None = None
+        self._backend = None               # the compiled backend over the state (models/fused/)
+        self._tokens: Tensor | None = None # recomputing variants: the window's tokens (B, n, in_dim)
 
     # ------------------------------------------------------------------ batch
     def forward(self, x: Tensor, start: int | Tensor = 0, landmarks: list | None = None) -> Tensor:
@@ -149,81 +129,98 @@ class GenreTransformer(nn.Module):
 
     # ------------------------------------------------------------------ streaming
     def use_fused(self, on: bool = True) -> "GenreTransformer":
-        """Take streaming steps in the fused CPU kernel (models/fused/), or the torch reference.
-
-        Continual variants, float32 on the CPU: at batch 1 a 1-block model steps in one compiled
-        call and a 2-block one in a few (models/fused/two_block.py); otherwise the attention
-        kernels' steady steps and every pseudo-inverse (also the recomputing ``nystrom``'s, in
-        inference) are compiled. Equal to the reference
-        within 1e-5 at every step (tests/models/test_fused.py). Takes effect at the next reset."""
+        """Take steady streaming steps in the compiled CPU backend (models/fused/), or only the
+        torch step. Continual variants, float32 on the CPU; the recomputing ``nystrom``'s
+        pseudo-inverse is compiled too (in inference). Equal to the torch step within float32
+        rounding (tests/models/test_fused.py). Takes effect at the next reset."""
         from .fused import available
         self.fused = bool(on) and available()
-        for block in self.blocks:      # the recomputing variants' pseudo-inverse, compiled too
+        for block in self.blocks:
             block.attn.compiled_pinv = self.fused
         return self
 
+    def stepper(self, mode: str | None = None):
+        """The explicit-state step of this model with landmark ``mode`` (default: its own),
+        made once (models/stream/model.py)."""
+        from .stream.model import ModelStep
+        mode = mode if mode is not None else self.landmark_mode
+        if mode not in self._steppers:
+            device = self.embed.weight.device
+            events = "masked" if device.type == "cuda" else "eager"
+            self._steppers[mode] = ModelStep(self, mode, events=events).to(device)
+        return self._steppers[mode]
+
     def reset(self, batch_size: int = 1) -> None:
-        """Start new streams; must be called before the first ``step``."""
-        self._batch, self._t = batch_size, 0
-        self._tokens = None
-        for block in self.blocks:
-            block.attn.sda.fused = self.fused
-            block.reset(batch_size)
-        self._fused_step = None
-        if self.fused and batch_size == 1:
-            from .fused.model_step import fused_model_step
-            self._fused_step = fused_model_step(self)
+        """Start ``batch_size`` new streams; must be called before the first ``step``."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self._batch, self._t, self._backend = batch_size, 0, None
+        device = self.embed.weight.device
+        if not self.continual:
+            self._tokens = torch.zeros(batch_size, self.cfg.window, self.cfg.in_dim, device=device,
+                                       dtype=self.embed.weight.dtype)
+            return
+        self._steppers = {}                   # weights or landmarks may have changed since
+        step = self.stepper()
+        self._state = step.initial(batch_size, device)
+        self._events = torch.zeros(batch_size, 4, dtype=torch.int64)
+        self._bind_backend()
+
+    def _bind_backend(self) -> None:
+        """The compiled backend for this model's steady steps, where it takes them."""
+        self._backend = None
+        if self.fused:
+            from .fused.backend import backend, takes_model
+            step = self.stepper()
+            if takes_model(step):
+                self._backend = backend(step)
+                self._rows, self._positions = np.arange(self._batch), np.zeros(self._batch, np.int64)
 
     def step(self, token: Tensor) -> Tensor:
         """token: (B, in_dim) -> logits (B, classes) of the window ending at this token."""
-        fused = self._fused_step
-        if (fused is not None and type(token) is Tensor and token.shape == fused.token_shape
-                and token.dtype == torch.float32 and token.device.type == "cpu"
-                and token.is_contiguous()):
-            t = self._t
-            self.__dict__["_t"] = t + 1     # (nn.Module.__setattr__ costs microseconds here)
-            return fused.step(token, t)
-        return self._step(token)
-
-    @inference
-    def _step(self, token: Tensor) -> Tensor:
         if self._batch is None:
             raise RuntimeError("GenreTransformer.step called before reset(batch_size)")
+        t, backend = self._t, self._backend
+        if (backend is not None and type(token) is Tensor and token.dtype == torch.float32
+                and token.device.type == "cpu" and token.shape == (self._batch, self.cfg.in_dim)
+                and token.is_contiguous() and not token.requires_grad and backend.steady_at(t)):
+            d = self.__dict__                 # (nn.Module.__setattr__ costs microseconds here)
+            d["_t"] = t + 1
+            self._positions[:] = t
+            logits, d["_events"] = backend.step(token, self._rows, self._positions, self._state)
+            return logits
+        return self._step(token, t)
+
+    @inference
+    def _step(self, token: Tensor, t: int) -> Tensor:
         self._check_input(token, 2)
         if token.shape[0] != self._batch:
             raise ValueError(f"token batch {token.shape[0]} != reset batch {self._batch}")
-        n, t = self.cfg.window, self._t
-        self._t += 1
-        if self._fused_step is not None:     # an unusual token (non-contiguous): same result
-            return self._fused_step.step(token.contiguous(), t)
+        self._t = t + 1
+        n = self.cfg.window
         if not self.continual:                       # baseline: recompute the whole window
-            if self._tokens is None:
-                self._tokens = token.new_zeros(self._batch, n, self.cfg.in_dim)
             self._tokens[:, t % n] = token
             n_t = min(t + 1, n)
             order = (torch.arange(n_t, device=token.device) + (t + 1 - n_t)) % n
             return self.forward(self._tokens[:, order], start=(t + 1 - n_t) % self.cfg.period)
-        return self._continual_step(token, t)
-
-    @inference
-    def _continual_step(self, token: Tensor, t: int) -> Tensor:
-        """The torch reference step of a continual model; token: the stream's t-th (0-based)."""
-        h = nnf.linear(token, self.embed.weight, self.embed.bias).add_(self.pos.table[t % self.cfg.period])
-        if len(self.blocks) == 1:
-            h = self.blocks[0].step(h)
-        else:
-            h = self.blocks[1].step_window(self.blocks[0].step(h))
-        return nnf.linear(h, self.head.weight, self.head.bias)
+        step = self.stepper()
+        step.known = known_event(self.cfg, self.landmark_mode, t)
+        positions = torch.full((self._batch,), t, dtype=torch.int64, device=token.device)
+        logits, events, *state = step(token, positions, *self._state)
+        self._state, self._events = state, events
+        return logits
 
     def landmarks(self) -> list | None:
-        """Per block, the folded landmarks the last step used (continual_nystrom), else None."""
-        if self.cfg.variant != "continual_nystrom":
+        """Per block, the folded landmarks (B * heads, m', d_head) the last step used
+        (continual_nystrom), else None."""
+        if self.cfg.variant != "continual_nystrom" or self._state is None or self._t == 0:
             return None
-        return [b.attn.landmarks() for b in self.blocks]
+        from .stream.model import stream_landmarks
+        return stream_landmarks(self.stepper(), self._state, self._t)
 
     def landmark_updated(self) -> bool:
-        """True if the last step installed a new continual landmark in any block."""
-        return self.continual and any(b.attn.sda.landmark_updated for b in self.blocks)
+        """True if the last step installed a new continual landmark."""
+        return self.continual and self._events is not None and bool(self._events[:, 1].any())
 
     def window_full(self) -> bool:
         """Whether the last step's window held n tokens (past warm-up)."""
@@ -243,59 +240,45 @@ class GenreTransformer(nn.Module):
         return self.cfg.nystrom and all(b.attn.fixed_fitted for b in self.blocks)
 
     def set_landmark_mode(self, mode: str) -> None:
-        """Switch every block between 'continual'/'segment' and 'fixed' landmarks, also mid-stream."""
+        """Switch every block between 'continual'/'segment' and 'fixed' landmarks, also
+        mid-stream: the streams' state is rebuilt for the new landmarks from the window it holds
+        (``ModelStep.switched_from``), and the next step uses them."""
+        before = self.landmark_mode
         for block in self.blocks:
             block.attn.set_landmark_mode(mode)
+        if not self.continual or self._state is None or mode == before:
+            return
+        self._steppers.pop(mode, None)        # fixed landmarks may be newly fitted
+        step = self.stepper(mode)
+        positions = torch.full((self._batch,), self._t, dtype=torch.int64, device=self._state[0].device)
+        with torch.no_grad():
+            self._state = step.switched_from(self._state, positions)
+        self._bind_backend()
 
     def state_nbytes(self) -> int:
-        """Bytes of streaming state (caches, rings, landmarks) for the current batch."""
-        total = sum(b.attn.state_nbytes() for b in self.blocks)
-        total += sum(b._x.numel() * b._x.element_size() for b in self.blocks if b._x is not None)
-        if getattr(self, "_tokens", None) is not None:
-            total += self._tokens.numel() * self._tokens.element_size()
-        return total
+        """Bytes of streaming state (rings, cached sums, landmarks) for the current batch."""
+        held = self._state or ([self._tokens] if self._tokens is not None else [])
+        return sum(x.numel() * x.element_size() for x in held)
 
     def step_flops(self) -> dict[str, int]:
         """FLOPs of the last step for one stream: 'sda', 'attention' (with projections), 'model'."""
         return {k: v.total for k, v in self.step_flops_detail().items()}
 
-    def step_flops_key(self) -> tuple:
-        """Everything ``step_flops_detail`` reads, as a hashable value: two steps with equal keys
-        have equal FLOP counts (models/stream/batch.py counts each key once). The position
-        matters up to n + 1; each block's SDA by its state's presence, head dimension, landmark
-        count and report (models/sda/kernel.py ``last_step``)."""
-        def sda_key(sda):
-            st = sda.st
-            if st is None or st.t == 0:
-                return None
-            marks = getattr(st, "marks", None)
-            return (st.d, None if marks is None else tuple(marks.q.shape), getattr(st, "ring", None) is None,
-                    tuple(vars(sda.report).values()))
-        return (min(self._t, self.cfg.window + 1), self._batch, self.landmark_mode,
-                tuple(sda_key(b.attn.sda) for b in self.blocks))
-
     def step_flops_detail(self) -> dict[str, F.Flops]:
         """Like ``step_flops`` with the matrix-product part separate (see models/flops.py)."""
-        cfg, B = self.cfg, self._batch or 1
-        n_t = min(self._t, cfg.window)
-        d, L = cfg.d_model, len(self.blocks)
+        cfg = self.cfg
         if not self.continual:                       # full recomputation of the window
-            return F.recompute_step(cfg, n_t, self.landmark_mode)
-        total = F.Flops()
-        for b in self.blocks:
-            total = total + b.attn.sda.last_step
-        sda = F.Flops(total.matmul // B, total.other // B)
-        if L == 1:
-            return F.one_block_step(sda, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes)
-        # retroactive block (out-proj and tail over n_t tokens), then window-fed block
-        marks = self.blocks[1].attn.sda.landmarks()  # with folded keys and values
-        first = self.blocks[0].attn.sda          # factored: W_o folded in (mha.py)
-        marks0 = getattr(first.st, "marks", None) if getattr(first, "factored", False) else None
-        return F.two_block_step(
-            sda, n_t, d, cfg.ff_dim, cfg.in_dim, cfg.num_classes, cfg.heads,
-            factored=marks0.q.shape[1] if marks0 is not None else 0,
-            window_rows=cfg.heads * (marks[0].shape[1] if marks is not None else 1),
-            segment_landmarks=min(cfg.num_landmarks, n_t) if self.landmark_mode == "continual" else 0)
+            return F.recompute_step(cfg, min(self._t, cfg.window), self.landmark_mode)
+        return F.graph_step(cfg, self.landmark_mode, self._t, self._events[0].tolist())
+
+
+def known_event(cfg, mode: str | None, t: int) -> str | None:
+    """What the step at position t does, from the position alone (continual landmarks: warm-up
+    None, "steady", or "replace"; others "steady"): the branch the step needs to compute."""
+    if mode != "continual":
+        return "steady"
+    from .stream.segments import landmark_event
+    return {0: None, 1: "steady", 2: "replace"}[int(landmark_event(np.int64(t), cfg.window, cfg.num_landmarks))]
 
 
 def build_model(cfg: ModelConfig, *, seed: int | None = None, fused: bool = True) -> GenreTransformer:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from models import flops as F
 from models.checkpoint import MAX_FILE_BYTES, check_classes, check_frontend, checked_config
-from models.stream.two_block import KINDS, state_spec_for
+from models.stream.model import KINDS, state_spec
 
 NUMPY = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int64)": np.int64}
 
@@ -100,10 +100,10 @@ def checked_metadata(path: Path, raw: dict) -> dict:
 def check_signature(path: Path, graph, meta: dict) -> None:
     """Inputs token, t, state; outputs logits, t_next, events, next state: names, element types
     and static shapes equal to those an export of this config has."""
-    cfg, spec = meta["config"], state_spec_for(meta["config"], meta["kind"])
+    cfg, spec = meta["config"], state_spec(meta["config"], meta["kind"], exported=True)
     want_in = [("token", 1, (1, cfg.in_dim)), ("t", 7, ())] + [
         (s.name, STATE_TYPES[s.dtype], tuple(s.shape)) for s in spec]
-    want_out = [("logits", 1, (1, cfg.num_classes)), ("t_next", 7, ()), ("events", 7, (3,))] + [
+    want_out = [("logits", 1, (1, cfg.num_classes)), ("t_next", 7, ()), ("events", 7, (4,))] + [
         (f"next_{s.name}", STATE_TYPES[s.dtype], tuple(s.shape)) for s in spec]
     for what, values, want in (("inputs", graph.input, want_in), ("outputs", graph.output, want_out)):
         got = [(v.name, v.type.tensor_type.elem_type,
@@ -158,7 +158,7 @@ def size_base(cfg, kind: str) -> int:
     activations, or a window of scores per head. Real exports' largest initializer and inferred
     value equal it (tests/app/test_hostile_files.py)."""
     d, n = cfg.d_model, cfg.window
-    return max([math.prod(s.shape) for s in state_spec_for(cfg, kind)]
+    return max([math.prod(s.shape) for s in state_spec(cfg, kind, exported=True)]
                + [d * max(cfg.in_dim, 3 * d, cfg.ff_dim, cfg.num_classes, cfg.period),
                   n * max(cfg.ff_dim, d), cfg.heads * n * n])
 
@@ -196,7 +196,7 @@ class OnnxStep(nn.Module):
         self.specs = [(i.name, tuple(i.shape), NUMPY[i.type]) for i in inputs[2:]]
         self.register_buffer("anchor", torch.empty(0))      # where the model lives: the CPU
         self._feed: dict | None = None
-        self._events = np.zeros(3, np.int64)
+        self._events = np.zeros(4, np.int64)
         self._t = 0
         try:                                  # a graph that does not compute this model's step
             self.reset(1)
@@ -263,6 +263,6 @@ class OnnxStep(nn.Module):
         return {k: v.total for k, v in self.step_flops_detail().items()}
 
     def step_flops_detail(self) -> dict[str, F.Flops]:
-        """The FLOPs of the step just taken, by the formulas of the torch step (models/flops.py)
-        for the events the graph reported; its branch-free rescale counts as a rescale."""
+        """The FLOPs of the step just taken, by the step's formulas (models/flops.py) for the
+        events the graph reported."""
         return F.graph_step(self.cfg, self.landmark_mode, self._t, self._events)

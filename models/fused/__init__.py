@@ -1,11 +1,11 @@
-"""The fused CPU step: numba-compiled kernels (kernels.py) that take a steady streaming step in
-one call on the same state as the torch reference (models/sda/), and the whole-model step built
-on them (model_step.py).
+"""The compiled CPU backend of the streaming step: numba kernels (kernels.py) that take a steady
+step of every stream in one call on the same state as the torch step (models/stream/), the
+model step built on them (backend.py), and the compiled pseudo-inverse (pinv.py).
 
 Why numba: at ~10k FLOPs a continual Nyström step is a few hundred tiny torch calls (~250 us of
 interpreter and dispatch); one compiled call does it in a few microseconds (measured in `bench`).
 torch.compile was not chosen: its guards and graph breaks on the data-dependent events (rescale,
-refresh) cost more than the step. The torch path stays the reference and the CUDA path.
+refresh) cost more than the step. The torch step stays the definition and the CUDA path.
 """
 from __future__ import annotations
 
@@ -21,3 +21,4 @@ def available() -> bool:
 def default_fused(device="cpu") -> bool:
     """The fused step is the default on CPU where numba is available."""
     return torch.device(device).type == "cpu" and available()
+

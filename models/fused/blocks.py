@@ -1,11 +1,13 @@
-"""Compiled blocks of the fused 2-block step (two_block.py): a retroactive block 1 over the window's
-n rows, then block 2 for the newest token over block 1's outputs, keys and values folded
-(models/sda/window.py). Rows are in ring order (slot of stream token t is t % n).
+"""Compiled pieces of the 2-block step (backend.py): a retroactive block 1 over the window's n
+rows, then block 2 for the newest token over block 1's outputs, keys and values folded
+(models/stream/window.py). Rows are in ring order (slot of stream token t is t % n). The
+``*_all`` functions take every stream of a call in one compiled call (rows: each stream's row
+of the state; t: its position).
 
-Shapes: H heads of dh, D = H dh the model width, F the feed-forward width, n the window, m
-landmarks. The products over all n rows are torch's matrix products, called between these
-(two_block.py): torch's BLAS and threads ran these shapes faster than numba's np.dot when
-measured during development (not a `bench` row).
+Shapes: S streams, H heads of dh, D = H dh the model width, F the feed-forward width, n the
+window, m landmarks. The products over all n rows are torch's matrix products, called between
+these (backend.py): torch's BLAS ran these shapes faster than numba's np.dot when measured
+during development (not a `bench` row).
 """
 from __future__ import annotations
 
@@ -46,20 +48,19 @@ def bias_relu(h, bias):
 # ----------------------------------------------------------------------------- block 1
 
 @njit(**JIT)
-def nystrom_front(token, pre, pos_index, h, qkv, sda, z64, x_ring, p, slot, full, n_t, track,
+def nystrom_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
+                  q_scaled, k_scaled_t, z64, seg_q, seg_k, x_ring, p, slot, full, n_t, track,
                   rescale_on, refresh_on, tau, zw, w_o, p_all, g):
     """Continual Nyström block 1 up to its out-projection, one steady token (no landmark change):
     embed (h), in-projection (qkv), running sums, token into the input ring, then the factors of
     every window slot's projected output (models/mha.py _folded_out), ring order:
       p[b, slot] = s(q_b K~_b^T);   zw_b = Z_b (num_b / den_b);   g[b*m + r] = zw_b[r] W_o,b^T
       p_all[j, b*m + r] = p[b, j, r]   so that  attn_j W_o^T = p_all[j] g   (a torch product)
-    sda: the kernel's arrays (ContinualNystromKernel.fused_arrays); z64: (H, m, m) the landmarks'
-    pseudo-inverse in float64 (it multiplies the float64 sums); x_ring: (n, D); p: (H, n, m);
+    ring_* ... seg_k: the stream's state (models/stream/nystrom.NystromState); z64: (H, m, m) the
+    landmarks' pseudo-inverse in float64 (it multiplies the float64 sums); x_ring: (n, D); p: (H, n, m);
     zw: (H, m, dh) buffer; w_o: (D, D) out-projection weight; p_all: (n, H m); g: (H m, D).
     Returns (any row rescaled, rows refreshed)."""
     K.embed_qkv(token, pre, pos_index, h, qkv)
-    ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, _z32, \
-        seg_q, seg_k, _ = sda
     H, n, dh = ring_k.shape
     m = z64.shape[1]
     D = H * dh
@@ -147,8 +148,8 @@ def continual_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, ref, 
     row, the new key joins every row (rescaling a row whose reference rises), the newest query's
     row is computed from scratch, stale rows are refreshed from cached scores; attn[j, head] =
     num_j / den_j, ring order. ring_*: (H, n, dh); ref, den, peak: (H, n); num: (H, n, dh);
-    scores: (H, n, n) cached scaled score of query slot i against key slot j; x_ring, attn: (n, D).
-    Returns (any row rescaled, rows refreshed)."""
+    scores: (H, n, n) cached scaled score of query slot i against key slot j (the state's
+    key-major scores, transposed); x_ring, attn: (n, D). Returns (any row rescaled, rows refreshed)."""
     K.embed_qkv(token, pre, pos_index, h, qkv)
     H, n, dh = ring_k.shape
     D = H * dh
@@ -274,3 +275,67 @@ def finish(px, w_v, b_v, mixed, exact, q, k_scaled_t, z, attn, x, post, eps1, ep
                 for e in range(dh):
                     attn[h * dh + e] += c * mixed[h, r, e]
     K.tail_and_head(x, attn, post, eps1, eps2, bufs, logits)
+
+
+# ----------------------------------------------------------------------------- every stream of a call
+
+@njit(**JIT)
+def continual_fronts(tokens, rows, t, pre, period, h, qkv, q_ring, k_ring, v_ring, key_scores, ref, den, num,
+                     peak, x_ring, rescale_on, refresh_on, tau, attn, events):
+    """``continual_front`` for every stream (steady: its window full): attn (S, n, D), events (S, 4)."""
+    n = q_ring.shape[2]
+    for i in range(tokens.shape[0]):
+        r, ti = rows[i], t[i]
+        rescaled, refreshed = continual_front(
+            tokens[i], pre, ti % period, h, qkv, q_ring[r], k_ring[r], v_ring[r], ref[r], den[r], num[r], peak[r],
+            key_scores[r].transpose((0, 2, 1)), x_ring[r], ti % n, True, rescale_on, refresh_on, tau, attn[i])
+        events[i, 2], events[i, 3] = refreshed, rescaled
+
+
+@njit(**JIT)
+def nystrom_fronts(tokens, rows, t, pre, period, h, qkv, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
+                   q_scaled, k_scaled_t, z64, shared, seg_q, seg_k, seg_count, x_ring, p, track, rescale_on,
+                   refresh_on, tau, zw, w_o, p_all, g, events):
+    """``nystrom_front`` for every stream (steady: its window full, no landmark change); the
+    landmarks one set for all where ``shared`` (fixed), else each stream's row; p_all (S, n, H m),
+    g (S, H m, D); events (S, 4)."""
+    n = ring_q.shape[2]
+    for i in range(tokens.shape[0]):
+        r, ti = rows[i], t[i]
+        marks = 0 if shared else r
+        rescaled, refreshed = nystrom_front(
+            tokens[i], pre, ti % period, h, qkv, ring_q[r], ring_k[r], ring_v[r], key_scores[r], ref[r], den[r],
+            num[r], peak[r], q_scaled[marks], k_scaled_t[marks], z64[marks], seg_q[r], seg_k[r], x_ring[r], p[r],
+            ti % n, True, n, track, rescale_on, refresh_on, tau, zw, w_o, p_all[i], g[i])
+        if track:
+            seg_count[r] += 1
+        events[i, 2], events[i, 3] = refreshed, rescaled
+
+
+@njit(**JIT)
+def window_landmarks_all(z, seg, first, w_qk, b_qk, iters, means, qk, q_land, k_land, q_scaled, k_scaled_t,
+                         z64, z32):
+    """``window_landmarks`` for every stream: z (S, n, D), seg (S, m, 2), first (S,); the
+    landmarks (S, H, m, dh), (S, H, dh, m) and pseudo-inverses (S, H, m, m)."""
+    for i in range(z.shape[0]):
+        window_landmarks(z[i], seg[i], first[i], w_qk, b_qk, iters, means, qk, q_land[i], k_land[i],
+                         q_scaled[i], k_scaled_t[i], z64[i], z32[i])
+
+
+@njit(**JIT)
+def queries_all(z, slots, w_q, b_q, w_k, exact, rows, shared, q, u):
+    """``queries`` for every stream: z (S, n, D), slots (S,) the newest token's; rows (S or 1,
+    H, R, dh) (one set for all where ``shared``); q (S, D), u (S, H R, D)."""
+    for i in range(z.shape[0]):
+        queries(z[i], slots[i], w_q, b_q, w_k, exact, rows[0 if shared else i], q[i], u[i])
+
+
+@njit(**JIT)
+def finish_all(px, w_v, b_v, mixed, exact, q, k_scaled_t, zl, shared, attn, z, slots, post, eps1, eps2, bufs,
+               logits):
+    """``finish`` for every stream: px (S, H R, D), q (S, D), landmarks (S or 1, ...), z (S, n, D);
+    logits (S, classes)."""
+    for i in range(px.shape[0]):
+        j = 0 if shared else i
+        finish(px[i], w_v, b_v, mixed, exact, q[i], k_scaled_t[j], zl[j], attn, z[i, slots[i]], post, eps1, eps2,
+               bufs, logits[i])

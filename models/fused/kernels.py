@@ -1,6 +1,6 @@
-"""The fused CPU step, compiled with numba: one call per streamed token instead of hundreds of torch
-calls. Every function works in place on numpy views of the torch state (models/sda/), so a step
-taken here and a step taken by the torch reference leave the same state behind.
+"""The compiled CPU kernels, numba: a streamed token in one call instead of hundreds of torch
+calls. Every function works in place on numpy views of the step's state (models/stream/), so a
+step taken here and a step taken by the torch step leave the same state behind.
 
 Shapes: BH = batch x heads rows (heads folded into the batch, head index fastest), d the head
 dimension, n the window, m landmarks; D the model width, F the feed-forward width. Products
@@ -103,7 +103,7 @@ def tail_and_head(x, attn, w, eps1, eps2, bufs, logits):
 
 # ----------------------------------------------------------------------------- packed weights
 
-# a 1-block model's parameters in model_step.pack_parameters' order (rows of its layout)
+# a 1-block model's parameters in backend.pack_parameters' order (rows of its layout)
 EMBED_W, EMBED_B, POS, IN_W, IN_B, OUT_W, OUT_B, N1_W, N1_B, F1_W, F1_B, F2_W, F2_B, N2_W, N2_B, \
     HEAD_W, HEAD_B = range(17)
 
@@ -274,8 +274,9 @@ def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, pea
                  q_scaled, k_scaled_t, z, seg_q, seg_k, slot, full, n_t, track,
                  rescale_on, refresh_on, tau, buf, out):
     """One steady continual Nyström step (no landmark change) for every row, single-output:
-    ``nystrom_update``, then out = s(q K~^T) Z (num / den). k_scaled_t: (BH, d, m); z: (BH, m, m);
-    buf: (3, m) float64; out: (BH, d); the rest as in ``nystrom_update``. Returns its flags.
+    ``nystrom_update``, then out = s(q K~^T) Z (num / den). k_scaled_t: (BH, d, m); z: (BH, m, m)
+    float64 (the pseudo-inverse's float32 values); buf: (3, m) float64; out: (BH, d); the rest
+    as in ``nystrom_update``. Returns its flags.
     """
     BH, d = q.shape
     m = z.shape[1]
@@ -312,40 +313,52 @@ def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, pea
 # ----------------------------------------------------------------------------- whole model steps
 
 @njit(**JIT)
-def model_step_continual(token, w, layout, pos_index, eps1, eps2, scratch, ring_k, ring_v, slot,
-                         n_t, scores, logits):
-    """1-block continual model, one token: embed, in-projection, continual single-output SDA over
-    every head, out-projection, block tail, classifier -> logits (C,). w, layout: the packed
-    weights; scratch: see ``scratch_views``."""
+def model_steps_continual(tokens, rows, t, w, layout, eps1, eps2, scratch, k_ring, v_ring, period,
+                          scores, logits):
+    """1-block continual models, one token of each stream: embed, in-projection, continual
+    single-output SDA over every head, out-projection, block tail, classifier. tokens (S, I);
+    rows (S,) each stream's row of the state; t (S,) its position; k_ring, v_ring (C, H, n, dh);
+    logits (S, classes). w, layout: the packed weights; scratch: see ``scratch_views``."""
     pre, post = unpack(w, layout)
-    H, dh = ring_k.shape[0], ring_k.shape[2]
+    H, n, dh = k_ring.shape[1], k_ring.shape[2], k_ring.shape[3]
     D = H * dh
     h, qkv, attn, bufs = scratch_views(scratch, D, layout[F1_B, 2])
-    embed_qkv(token, pre, pos_index, h, qkv)
-    q = qkv[:D].reshape((H, dh))
-    k = qkv[D:2 * D].reshape((H, dh))
-    v = qkv[2 * D:].reshape((H, dh))
-    continual_step(q, k, v, ring_k, ring_v, slot, n_t, scores, attn.reshape((H, dh)))
-    tail_and_head(h, attn, post, eps1, eps2, bufs, logits)
+    for i in range(tokens.shape[0]):
+        r, ti = rows[i], t[i]
+        embed_qkv(tokens[i], pre, ti % period, h, qkv)
+        q = qkv[:D].reshape((H, dh))
+        k = qkv[D:2 * D].reshape((H, dh))
+        v = qkv[2 * D:].reshape((H, dh))
+        continual_step(q, k, v, k_ring[r], v_ring[r], ti % n, min(ti + 1, n), scores, attn.reshape((H, dh)))
+        tail_and_head(h, attn, post, eps1, eps2, bufs, logits[i])
 
 
 @njit(**JIT)
-def model_step_nystrom(token, w, layout, pos_index, eps1, eps2, scratch, sda, slot, full, n_t,
-                       track, rescale_on, refresh_on, tau, logits):
-    """1-block continual Nyström model, one steady token (see ``nystrom_step``); sda: the kernel's
-    state arrays (ContinualNystromKernel.fused_arrays). Returns (rescaled, rows refreshed)."""
+def model_steps_nystrom(tokens, rows, t, w, layout, eps1, eps2, scratch, ring_q, ring_k, ring_v, key_scores,
+                        ref, den, num, peak, q_scaled, k_scaled_t, z64, shared, seg_q, seg_k, seg_count,
+                        period, track, rescale_on, refresh_on, tau, buf, logits, events):
+    """1-block continual Nyström models, one steady token of each stream (no landmark change):
+    ``nystrom_step`` between the embedding and in-projection and the block tail and classifier.
+    State arrays (C, H, ...) as models/stream/nystrom.NystromState; q_scaled, k_scaled_t, z64:
+    the landmarks, one set for all streams where ``shared`` (fixed landmarks: (1, H, ...)),
+    else each stream's row; ``track``: the segment sums take the token (continual landmarks).
+    events (S, 4) int64: the step's (rebuilt 0, replaced 0, rows refreshed, rescaled)."""
     pre, post = unpack(w, layout)
-    ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z, \
-        seg_q, seg_k, buf = sda
-    H, dh = ring_k.shape[0], ring_k.shape[2]
+    H, n, dh = ring_k.shape[1], ring_k.shape[2], ring_k.shape[3]
     D = H * dh
     h, qkv, attn, bufs = scratch_views(scratch, D, layout[F1_B, 2])
-    embed_qkv(token, pre, pos_index, h, qkv)
-    q = qkv[:D].reshape((H, dh))
-    k = qkv[D:2 * D].reshape((H, dh))
-    v = qkv[2 * D:].reshape((H, dh))
-    flags = nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
-                         q_scaled, k_scaled_t, z, seg_q, seg_k, slot, full, n_t, track,
-                         rescale_on, refresh_on, tau, buf, attn.reshape((H, dh)))
-    tail_and_head(h, attn, post, eps1, eps2, bufs, logits)
-    return flags
+    for i in range(tokens.shape[0]):
+        r, ti = rows[i], t[i]
+        marks = 0 if shared else r
+        embed_qkv(tokens[i], pre, ti % period, h, qkv)
+        q = qkv[:D].reshape((H, dh))
+        k = qkv[D:2 * D].reshape((H, dh))
+        v = qkv[2 * D:].reshape((H, dh))
+        rescaled, refreshed = nystrom_step(q, k, v, ring_q[r], ring_k[r], ring_v[r], key_scores[r], ref[r],
+                                           den[r], num[r], peak[r], q_scaled[marks], k_scaled_t[marks],
+                                           z64[marks], seg_q[r], seg_k[r], ti % n, ti >= n, min(ti + 1, n),
+                                           track, rescale_on, refresh_on, tau, buf, attn.reshape((H, dh)))
+        if track:
+            seg_count[r] += 1
+        events[i, 0], events[i, 1], events[i, 2], events[i, 3] = 0, 0, refreshed, rescaled
+        tail_and_head(h, attn, post, eps1, eps2, bufs, logits[i])

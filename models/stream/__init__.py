@@ -1,10 +1,14 @@
-"""A model's streaming step as a pure function of explicit state, and what it serves: the ONNX
-export (app/offline/onnx_export.py) and many streams stepped as one batch (``batch``).
+"""A model's streaming step, written once: a pure function of explicit, typed state, batched
+along a leading stream axis (one stream is a batch of one). What the model's ``step()``, many
+streams in one batch, the ONNX export and CUDA graph capture all run; the compiled CPU backend
+(models/fused/) takes the same state arrays.
 
-- ``graph``: the step of continual SDA (single-output, retroactive) and of continual Nyström with
-  fixed landmarks, and the helpers every graph shares (ring writes, running sums, events);
-- ``graph_landmarks``: continual Nyström with continual landmarks;
-- ``two_block``: the 2-block step, ``stream_graph(model)`` (the graph of a model) and
-  ``state_spec_for`` (the state a file of a config must declare);
-- ``batch``: ``StreamBatch``, slots of streams of one model stepped together.
+- ``ops``: state specs, per-stream masks, rare events as branches (eager, torch.cond, masked);
+- ``sums``: the numerically stable running softmax sums (and ``Stability``);
+- ``continual``: continual SDA, single-output and retroactive, and their state;
+- ``nystrom``: continual Nyström with fixed or continual landmarks, and its state;
+- ``window``: the second block of a 2-block model, over the window the first gives;
+- ``model``: the whole step of a continual model (``ModelStep``), its state spec;
+- ``batch``: ``StreamBatch``, slots of streams of one model stepped together;
+- ``sda``: one attention layer streamed on its own (the SDA rows of `bench`, the SDA tests).
 """

@@ -1,28 +1,27 @@
 """Many streams of one model stepped as one batch: a slot per stream, each with its own position,
 warm-up and events, so that streams join and leave at any step without touching the others.
 
-Continual variants: the slots hold the explicit state of the model's step graph
-(models/stream/, the graph the ONNX export writes) stacked along a slot axis, and one
-call of ``torch.func.vmap`` over the graph steps every stream given. The graph's data-dependent
-events (a stale row recomputed) are masks here (``masked=True``: both branches, a per-stream
-select), never Python branches: a step has no host synchronisation, and a stream's event changes
-no other stream's values. The events known from a stream's position alone (a continual-landmark
-step's warm-up for t < n, its landmark replaced when (t + 1) mod n ends a segment, else steady:
-graph_landmarks.landmark_event) group the streams of a step instead, and each group's graph
-computes only its own branch (``ContinualNystromGraph.known``): a steady step skips the rebuild
+Continual variants: the slots hold the state of the model's step (models/stream/model.py, the
+step the ONNX export writes and the model's ``step()`` runs) with a slot as its stream axis, and
+one call of that step takes every stream given. Its data-dependent events (a stale row
+recomputed) are masks here (``events="masked"``: no host synchronisation), and a stream's event
+changes no other stream's values. The events known from a stream's position alone (a
+continual-landmark step's warm-up for t < n, its landmark replaced when (t + 1) mod n ends a
+segment, else steady: nystrom.landmark_event) group the streams of a step instead, and each
+group's call computes only its own branch (``ModelStep.known``): a steady step skips the rebuild
 and the pseudo-inverse.
 
-On the CPU, a continual model with a compiled step (models/fused/: 1 block, or 2 blocks)
-steps each stream by that step instead, on a clone of the model per slot that shares its
-weights (``fused``, the default there): tens of microseconds a stream, where the vmapped
-graph's few hundred small operations cost milliseconds a call; each stream's logits are then
-its single-stream step's, bit for bit.
+On the CPU the rare events branch on the host (a read costs nothing there), and a model that
+the compiled backend takes (models/fused/backend.py: 1-block continual and continual Nyström)
+has its steady streams stepped by it, all in one call on the same slots (``fused``, the default
+there): tens of microseconds a stream, where the torch step's few hundred small operations
+cost milliseconds a call.
 
 Recomputing variants (regular, nystrom): a slot holds the stream's last n tokens (a ring); a
 step recomputes each stream's window with the model's batch forward, one call per window length
 (streams in warm-up have fewer than n tokens; past it, one call for all).
 
-A stream starts when it joins: its position is set to 0, and the graph replaces every state
+A stream starts when it joins: its position is set to 0, and the step replaces every state
 tensor by zeros at position 0, so a slot left by another stream needs no clearing.
 
 No step waits for the device: the slots' positions are mirrored on the host (a step adds one),
@@ -37,7 +36,6 @@ Shapes: S streams stepped, C slots; tokens (S, in_dim), logits (S, classes).
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import numpy as np
@@ -45,30 +43,10 @@ import torch
 from torch import Tensor
 
 from .. import flops as F
-from .graph import EXPORTABLE
-from .graph_landmarks import ContinualNystromGraph, landmark_event
-from .two_block import stream_graph
+from .model import CONTINUAL, ModelStep
+from .segments import landmark_event
 
-KNOWN = {0: None, 1: "steady", 2: "replace"}     # landmark_event's codes -> ContinualNystromGraph.known
-
-
-def has_fused_step(model) -> bool:
-    """Whether ``model`` steps by a compiled step (models/fused/; the model's own setting)."""
-    if not getattr(model, "fused", False):           # off, or no compiler here: nothing to import
-        return False
-    from ..fused.model_step import fusable
-    from ..fused.two_block import fusable_two_block
-    return fusable(model) or fusable_two_block(model)
-
-
-def shared_weights_clone(model):
-    """A copy of ``model`` with its own step state and the model's weights: its parameters and
-    buffers, and every submodule without step state (none in it or below it has ``reset``), are
-    the model's own objects, not copies; only the modules on the way to a state are copied."""
-    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    memo.update({id(m): m for m in model.modules() if not any(hasattr(s, "reset") for s in m.modules())})
-    memo[id(getattr(model, "_fused_step", None))] = None    # rebuilt by the clone's reset
-    return copy.deepcopy(model, memo)
+KNOWN = {0: None, 1: "steady", 2: "replace"}     # landmark_event's codes -> ModelStep.known
 
 
 def steps_to_steady(cfg) -> int:
@@ -84,8 +62,8 @@ class SlotsFull(RuntimeError):
 
 class StreamBatch:
     """C slots of one model (a GenreTransformer in eval mode; its weights are shared, not copied).
-    ``graphs``: replay captured CUDA graphs (default: on CUDA). ``fused``: step each stream by
-    the model's compiled step where it has one (default: where the model uses it, on the CPU)."""
+    ``graphs``: replay captured CUDA graphs (default: on CUDA). ``fused``: steady steps in the
+    compiled backend where it takes the model (default: as the model's own setting says)."""
 
     def __init__(self, model, capacity: int, *, graphs: bool | None = None, fused: bool | None = None):
         if capacity < 1:
@@ -96,31 +74,40 @@ class StreamBatch:
         self.t = torch.zeros(rows, dtype=torch.int64, device=device)            # (C + 1,) next position
         self.positions = np.zeros(rows, np.int64)                                # its host mirror
         self.taken = [False] * capacity
-        self.continual = self.cfg.variant in EXPORTABLE
-        self.fused = self.continual and has_fused_step(model) if fused is None else bool(fused)
-        if self.fused and not has_fused_step(model):
-            raise ValueError(f"a {self.cfg.variant} model of {self.cfg.layers} block(s) on {device} has no fused step")
-        self.clones: list = [None] * capacity                   # per slot (fused): the model sharing its weights
+        self.continual = self.cfg.variant in CONTINUAL
+        self._fused = getattr(model, "fused", False) if fused is None else bool(fused)
+        self.backend = None
         self._last = np.zeros(0, np.int64)                      # (S,) the slots of the last step
+        self.mode = model.landmark_mode
         if self.continual:
-            self.graph = stream_graph(model, masked=True).eval().to(device)
-            self.state = [torch.zeros((0 if self.fused else rows, *s.shape), dtype=s.dtype, device=device)
-                          for s in self.graph.state_spec()]
-            self.batched = torch.func.vmap(self.graph.forward)
-            self.landmark_graphs = [g for g in self.graph.modules() if isinstance(g, ContinualNystromGraph)]
+            self._make_stepper()
+            self.state = self.stepper.initial(rows, device)
         else:
             self.ring = torch.zeros(rows, self.cfg.window, self.cfg.in_dim, device=device)   # (C + 1, n, D)
-        self.events = torch.zeros(0, 3, dtype=torch.int64)     # (S, 3) of the last step (continual)
+        self.events = torch.zeros(0, 4, dtype=torch.int64)     # (S, 4) of the last step (continual)
         self._events_host: np.ndarray | None = None
         self.stepped = np.zeros(0, np.int64)                   # (S,) positions + 1 after the last step
-        self.mode = model.landmark_mode
         self._flops: dict[tuple, dict[str, int]] = {}          # (position up to n + 1, events) -> FLOPs
-                                                               # (fused: the clone's step_flops_key)
-        per_slot = ([math.prod(s.shape) * s.dtype.itemsize for s in self.graph.state_spec()]
+        per_slot = ([math.prod(s.shape) * s.dtype.itemsize for s in self.stepper.spec()]
                     if self.continual else [self.cfg.window * self.cfg.in_dim * 4])
         self.slot_nbytes = sum(per_slot)
         self.graphs = device.type == "cuda" if graphs is None else graphs
         self._captured: dict[tuple, _Captured] = {}
+
+    def _make_stepper(self) -> None:
+        """The step for the current landmark mode, and the compiled backend where it applies."""
+        events = "eager" if self.device.type == "cpu" else "masked"
+        self.stepper = ModelStep(self.model, self.mode, events=events).eval().to(self.device)
+        self.backend = None
+        if self._fused:
+            from ..fused import available
+            from ..fused.backend import backend, takes_model
+            if available() and takes_model(self.stepper):
+                self.backend = backend(self.stepper)
+
+    @property
+    def fused(self) -> bool:
+        return self.backend is not None
 
     # ------------------------------------------------------------------ slots
     def join(self) -> int:
@@ -132,10 +119,6 @@ class StreamBatch:
         self.taken[slot] = True
         self.t[slot] = 0
         self.positions[slot] = 0
-        if self.fused:
-            if self.clones[slot] is None:
-                self.clones[slot] = shared_weights_clone(self.model)
-            self.clones[slot].reset(1)
         return slot
 
     def leave(self, slot: int) -> None:
@@ -145,27 +128,41 @@ class StreamBatch:
     def streams(self) -> int:
         return sum(self.taken)
 
+    def set_landmark_mode(self, mode: str) -> None:
+        """Every stream of the batch to landmark ``mode`` (the model's blocks already set to it,
+        GenreTransformer.set_landmark_mode), live: each stream's state rebuilt for the new
+        landmarks from the window it holds (ModelStep.switched_from)."""
+        if not self.continual or mode == self.mode:
+            self.mode = mode
+            return
+        self.mode = mode
+        self._make_stepper()
+        slots = np.flatnonzero(self.taken)
+        if len(slots):
+            index = torch.from_numpy(slots).to(self.device)
+            state = [s.index_select(0, index) for s in self.state]
+            with torch.no_grad():
+                new = self.stepper.switched_from(state, self.t.index_select(0, index))
+            for whole, part in zip(self.state, new):
+                whole.index_copy_(0, index, part)
+        self._captured.clear()
+        self._flops.clear()
+
     # ------------------------------------------------------------------ what the last step did
     def events_host(self) -> np.ndarray:
-        """(S, 3) events of the last step, copied from the device once."""
+        """(S, 4) events of the last step, copied from the device once."""
         if self._events_host is None:
             self._events_host = self.events.cpu().numpy()
         return self._events_host
 
     def steps_flops(self) -> list[dict[str, int]]:
         """FLOPs of the last step of every stream stepped (models/flops.py: the formulas of the
-        single-stream step for its position and events; the masked branches not taken are not
-        counted). They depend on the position only up to n + 1, so each count is made once per
-        kind of step (the same dict, read-only, for the streams that stepped alike)."""
-        if self.fused:
-            keys = [(self.clones[slot], self.clones[slot].step_flops_key()) for slot in self._last.tolist()]
-            for clone, key in keys:
-                if key not in self._flops:
-                    self._flops[key] = clone.step_flops()
-            return [self._flops[key] for _, key in keys]
+        step for its position and events; the masked branches not taken are not counted). They
+        depend on the position only up to n + 1, so each count is made once per kind of step
+        (the same dict, read-only, for the streams that stepped alike)."""
         n = self.cfg.window
         t = np.minimum(self.stepped, n + 1)[:, None]
-        keys = np.concatenate([t, self.events_host()], axis=1) if self.continual else t     # (S, 1 or 4)
+        keys = np.concatenate([t, self.events_host()], axis=1) if self.continual else t     # (S, 1 or 5)
         kinds, which = np.unique(keys, axis=0, return_inverse=True)
         counts = [self._count(tuple(row)) for row in kinds.tolist()]
         return [counts[j] for j in which.reshape(-1).tolist()]
@@ -185,8 +182,6 @@ class StreamBatch:
 
     def landmark_updates(self) -> list[bool]:
         """Whether each stream of the last step installed new landmarks."""
-        if self.fused:
-            return [self.clones[slot].landmark_updated() for slot in self._last.tolist()]
         if not self.continual:
             return [False] * len(self._last)
         return (self.events_host()[:, 1] != 0).tolist()
@@ -204,53 +199,50 @@ class StreamBatch:
         t = self.positions[slots]
         self.positions[slots] = t + 1
         self.stepped, self._events_host, self._last = t + 1, None, slots
-        if self.fused:
-            return self._fused_steps(slots, tokens)
         tokens = tokens.to(self.device, non_blocking=True)
         if not self.continual:
             if self.graphs and t.min(initial=self.cfg.window) >= self.cfg.window:
                 return self._replay(slots, tokens, None)[0]
             return self._recompute(self._dev(slots), tokens, t)
-        codes = (landmark_event(t, self.cfg.window, self.cfg.num_landmarks) if self.landmark_graphs
-                 else np.zeros(len(slots), np.int64))
+        codes = (landmark_event(t, self.cfg.window, self.cfg.num_landmarks) if self.mode == "continual"
+                 else np.ones(len(slots), np.int64))
+        if self.backend is not None:                           # the compiled backend's streams: code 3
+            tokens = tokens.float().contiguous()
+            codes = np.where(self.backend.steady(t), 3, codes)
         kinds = np.unique(codes).tolist()
         if len(kinds) == 1:
-            logits, self.events = self._known_step(slots, tokens, KNOWN[kinds[0]])
+            logits, self.events = self._steps(slots, tokens, t, kinds[0])
             return logits
         logits = tokens.new_empty(len(slots), self.cfg.num_classes)
-        self.events = torch.empty(len(slots), 3, dtype=torch.int64, device=self.device)
-        for kind in kinds:                                   # streams grouped by what they do
+        self.events = torch.empty(len(slots), 4, dtype=torch.int64, device=self.device)
+        for kind in kinds:                                     # streams grouped by what they do
             rows = np.flatnonzero(codes == kind)
             index = self._dev(rows)
-            logits[index], self.events[index] = self._known_step(slots[rows], tokens.index_select(0, index), KNOWN[kind])
+            logits[index], self.events[index] = self._steps(slots[rows], tokens.index_select(0, index), t[rows], kind)
         return logits
+
+    def _steps(self, slots: np.ndarray, tokens: Tensor, t: np.ndarray, code: int) -> tuple[Tensor, Tensor]:
+        """Streams that step alike: the compiled backend (code 3), or the step with what it
+        does known from the positions (ModelStep.known)."""
+        if code == 3:
+            self.t[torch.from_numpy(slots)] += 1
+            return self.backend.step(tokens, slots, t, self.state)
+        if self.graphs:
+            return self._replay(slots, tokens, KNOWN[code])
+        return self._continual(self._dev(slots), tokens, KNOWN[code])
 
     def _dev(self, a: np.ndarray) -> Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
 
-    def _fused_steps(self, slots: np.ndarray, tokens: Tensor) -> Tensor:
-        """Each stream's step by its slot's clone: the single-stream step itself."""
-        tokens = tokens.detach().to("cpu", torch.float32).contiguous()              # (S, in_dim)
-        logits = torch.empty(len(slots), self.cfg.num_classes)
-        for i, slot in enumerate(slots.tolist()):
-            logits[i] = self.clones[slot].step(tokens[i:i + 1])[0]
-        return logits
-
-    def _known_step(self, slots: np.ndarray, tokens: Tensor, known: str | None) -> tuple[Tensor, Tensor]:
-        """Streams whose step is ``known`` from their positions (graph_landmarks.ContinualNystromGraph.known)."""
-        if self.graphs:
-            return self._replay(slots, tokens, known)
-        return self._continual(self._dev(slots), tokens, known)
-
     def _continual(self, slots: Tensor, tokens: Tensor, known: str | None = None) -> tuple[Tensor, Tensor]:
-        for graph in self.landmark_graphs:
-            graph.known = known
+        self.stepper.known = known
         state = [s.index_select(0, slots) for s in self.state]
-        logits, t_next, events, *state = self.batched(tokens.unsqueeze(1), self.t.index_select(0, slots), *state)
+        t = self.t.index_select(0, slots)
+        logits, events, *state = self.stepper(tokens, t, *state)
         for whole, part in zip(self.state, state):
             whole.index_copy_(0, slots, part)
-        self.t.index_copy_(0, slots, t_next)
-        return logits.squeeze(1), events
+        self.t.index_copy_(0, slots, t + 1)
+        return logits, events
 
     def _recompute(self, slots: Tensor, tokens: Tensor, t: np.ndarray) -> Tensor:
         """t: the streams' positions (host), which group them by window length."""
@@ -284,7 +276,7 @@ class StreamBatch:
 
     def _capture(self, size: int, known: str | None) -> "_Captured":
         body = ((lambda s, x: self._continual(s, x, known)) if self.continual
-                else (lambda s, x: (self._window(s, x, self.cfg.window), x.new_zeros(len(s), 3, dtype=torch.int64))))
+                else (lambda s, x: (self._window(s, x, self.cfg.window), x.new_zeros(len(s), 4, dtype=torch.int64))))
         self._captured[size, known] = captured = _Captured(body, size, self.cfg.in_dim, self.device, spare=self.capacity)
         return captured
 

@@ -1,8 +1,8 @@
-"""The fused CPU step (models/fused/) equals the torch reference at every step.
-
-Oracle: the same model stepped by the torch reference path (and, for the attention kernel, the
-float64 batch references elsewhere in tests/models). Streams cover warm-up, continual landmark
-updates, stability refreshes and rescales, live landmark-mode switches and resets.
+"""The compiled CPU backend (models/fused/) against the step it compiles (models/stream/): the
+same model stepped by the torch step only, and both float32 paths within the error model of the
+float64 model at every step; the events and FLOPs they report are equal. Streams cover warm-up,
+continual landmark updates, stability refreshes and rescales, live landmark-mode switches and
+resets, several streams at once.
 """
 import copy
 
@@ -11,7 +11,8 @@ import torch
 
 from models.fused import available
 from models.landmarks import fit_fixed_landmarks
-from models.sda import streaming_sda
+from models.stream.model import ModelStep
+from models.stream.sda import streaming_sda
 from models.transformer import ModelConfig, build_model
 from error_model import attention_tol, model_scores, relative_tol
 
@@ -58,23 +59,37 @@ def window_of(tokens, t, n, since=0):
     return tokens[max(since, t + 1 - n):t + 1].transpose(0, 1)
 
 
-def reports(model):
-    return [b.attn.sda.report for b in model.blocks]
+def torch_steps(model) -> list:
+    """The positions at which ``model`` took the torch step (a spy on ModelStep.forward)."""
+    seen = []
+    original = ModelStep.forward
+
+    def spy(self, token, t, *state):
+        if self.embed is model.embed:
+            seen.append(int(t[0]))
+        return original(self, token, t, *state)
+    return seen, spy
 
 
 @pytest.mark.parametrize("variant,layers", [("continual", 1), ("continual_nystrom", 1),
                                             ("continual", 2), ("continual_nystrom", 2)])
-def test_fused_model_equals_reference_through_switches_and_resets(variant, layers, seed, errors):
-    """Both float32 paths against the float64 model (error model: tests/error_model.py, relative
-    to the output scale, with the step's largest score and the window's n terms)."""
+def test_the_backend_equals_the_torch_step_through_switches_and_resets(variant, layers, seed, errors, monkeypatch):
+    """Two streams; tokens swinging up to 24x (scores up to ~500), so rows are rescaled and
+    refreshed on the compiled path too. Both float32 paths against the float64 model (error
+    model: tests/error_model.py, relative to the output scale, with the step's largest score
+    and the window's n terms); equal events and FLOPs; the torch step taken exactly where the
+    backend takes none (warm-up, a landmark replaced, a switch's next step, a stream's first)."""
     n = 24
     ref, fus = pair(variant, layers, n=n, fixed=variant == "continual_nystrom", seed=seed)
     exact = copy.deepcopy(ref).double()
     g = torch.Generator().manual_seed(seed + 1)
-    tokens = torch.randn(5 * n, 1, 16, generator=g) * 3
+    swing = 12 * (1 + torch.sin(torch.arange(5.0 * n) / 7)).view(-1, 1, 1)
+    tokens = torch.randn(5 * n, 2, 16, generator=g) * swing
     for model in (ref, fus, exact):
-        model.reset(1)
-    worst, events, since = Worst("torch", "fused"), set(), 0
+        model.reset(2)
+    taken, spy = torch_steps(fus)
+    monkeypatch.setattr(ModelStep, "forward", spy)
+    worst, events, since, compiled = Worst("torch", "fused"), set(), 0, 0
     for t, x in enumerate(tokens):
         if variant == "continual_nystrom" and t in (40, 70):          # live switches
             mode = "fixed" if t == 40 else "continual"
@@ -82,92 +97,47 @@ def test_fused_model_equals_reference_through_switches_and_resets(variant, layer
                 model.set_landmark_mode(mode)
         if t == 90:                                                    # a reset mid-stream
             for model in (ref, fus, exact):
-                model.reset(1)
+                model.reset(2)
             since = t
+        before = len(taken)
         a, b, c = ref.step(x), fus.step(x), exact.step(x.double())
+        compiled += len(taken) == before
         score = model_scores(exact, window_of(tokens, t, n, since).double(), exact.window_start())
         tol = relative_tol(score, n, STAGES_PER_BLOCK * layers)
         worst.add("torch", a, c, tol, t)
         worst.add("fused", b, c, tol, t)
-        assert reports(ref) == reports(fus), t
+        assert torch.equal(ref._events, fus._events), t
         assert ref.step_flops() == fus.step_flops(), t
-        events |= {r.event for r in reports(ref)}
-    worst.check(errors, f"fused model, {variant} {layers}-block")
+        events |= {tuple(e) for e in ref._events.tolist()}
+    worst.check(errors, f"backend, {variant} {layers}-block")
+    assert compiled >= 2 * n                                            # the backend took most steps
     if variant == "continual_nystrom":
-        assert {"rebuild", "landmark", "step"} <= events, events
-    if layers == 1:
-        step = fus._fused_step
-        assert step is not None and step.kernel.st.t == tokens.shape[0] - 90
+        assert any(e[0] for e in events) and any(e[1] for e in events), events      # rebuilt, replaced
+    if seed == 0 and (variant == "continual_nystrom" or layers == 2):            # running sums
+        assert any(e[2] for e in events) and any(e[3] for e in events), events      # refreshed, rescaled
 
 
 @pytest.mark.parametrize("mode", ["continual", "fixed"])
-def test_fused_steady_steps_are_compiled(mode):
-    """Steady steps really take the compiled call: the torch kernel step is entered only on the
-    steps that change landmarks."""
-    ref, fus = pair("continual_nystrom", 1, n=24, fixed=True)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_steady_steps_are_compiled(mode, layers, monkeypatch):
+    """The torch step is entered only where the backend takes none: 1 block, continual
+    landmarks: the 24 warm-up steps and one per completed segment of 6 after them; fixed: the
+    first; 2 blocks: the window's first n tokens too."""
+    ref, fus = pair("continual_nystrom", layers, n=24, fixed=True)
     fus.set_landmark_mode(mode)
     fus.reset(1)
-    kernel = fus.blocks[0].attn.sda
-    entered = []
-    original = type(kernel).step
-
-    def spy(self, *a):
-        entered.append(self.st.t)
-        return original(self, *a)
-    kernel.step = spy.__get__(kernel)
+    taken, spy = torch_steps(fus)
+    monkeypatch.setattr(ModelStep, "forward", spy)
     for x in torch.randn(120, 1, 16):
         fus.step(x)
-    # continual: the 24 warm-up steps and one per completed segment of 6 after them; fixed: the first
-    expected = 24 + (120 - 24) // 6 if mode == "continual" else 1
-    assert len(entered) == expected, entered
+    warm = list(range(24)) if mode == "continual" or layers == 2 else [0]
+    replaced = [t for t in range(24, 120) if (t + 1) % 6 == 0] if mode == "continual" else []
+    assert taken == warm + replaced
 
 
-@pytest.mark.parametrize("variant,mode", [("continual_nystrom", "continual"),
-                                          ("continual_nystrom", "fixed"), ("continual", None)])
-def test_two_block_steady_steps_are_compiled(variant, mode, seed, errors):
-    """The 2-block step takes the compiled calls (models/fused/two_block.py) on every step after
-    the window is full that changes no landmark of block 1; the torch reference takes the rest,
-    on the same state. Token scales swing up to 24x (scores up to ~500), so block 1's rows are
-    rescaled and refreshed on the compiled path too. Step reports and FLOPs equal the torch
-    path's; both float32 paths are within the error model's tolerance of the float64 model at
-    every step (tests/error_model.py: relative to the output scale, with the step's largest score)."""
-    n = 24
-    ref, fus = pair(variant, 2, n=n, fixed=variant == "continual_nystrom", seed=seed)
-    exact = copy.deepcopy(ref).double()
-    for model in (ref, fus, exact):
-        if mode:
-            model.set_landmark_mode(mode)
-        model.reset(1)
-    torch_steps, rescaled, refreshed = [], 0, 0
-    worst = Worst("torch", "fused")
-    original = type(fus)._continual_step
-    fus._continual_step = lambda token, t: torch_steps.append(t) or original(fus, token, t)
-    g = torch.Generator().manual_seed(seed + 5)
-    swing = 12 * (1 + torch.sin(torch.arange(240.0) / 7)).view(-1, 1, 1)
-    tokens = torch.randn(240, 1, 16, generator=g) * swing
-    for t, x in enumerate(tokens):
-        a, b, c = ref.step(x), fus.step(x), exact.step(x.double())
-        score = model_scores(exact, window_of(tokens, t, n).double(), exact.window_start())
-        tol = relative_tol(score, n, STAGES_PER_BLOCK * 2)
-        worst.add("torch", a, c, tol, t)
-        worst.add("fused", b, c, tol, t)
-        assert reports(ref) == reports(fus), t
-        assert ref.step_flops() == fus.step_flops(), t
-        if t >= 24 and t not in torch_steps:
-            rescaled += fus.blocks[0].attn.sda.report.rescaled
-            refreshed += fus.blocks[0].attn.sda.report.rows_refreshed
-    # the window's first n tokens; continual landmarks: also one step per completed segment of 6
-    expected = list(range(24)) + ([t for t in range(24, 240) if (t + 1) % 6 == 0]
-                                  if mode == "continual" else [])
-    assert torch_steps == expected
-    worst.check(errors, f"fused model, {variant}/{mode} 2-block, 24x swing")
-    if seed == 0:       # the default stream does rescale and refresh on the compiled path (other
-        assert rescaled > 0 and refreshed > 0, (rescaled, refreshed)    # seeds may not refresh)
-
-
-def test_fused_kernel_equals_torch_kernel_on_huge_scores(seed, errors):
+def test_the_sda_kernel_equals_the_torch_step_on_huge_scores(seed, errors):
     """Single-output continual Nyström with scores swinging to ~500: rescales and refreshes
-    happen at the same steps in both kernels, and both are within the error model's tolerance of
+    happen at the same steps on both paths, and both are within the error model's tolerance of
     the float64 window reference with the stream's landmarks at every step (relative to the
     output scale, with the window's largest score: one rounding of a score of 500 is already a
     3e-5 relative change of its exp)."""
@@ -186,46 +156,53 @@ def test_fused_kernel_equals_torch_kernel_on_huge_scores(seed, errors):
             qt, kt, vt = q[:, t].float(), k[:, t].float(), v[:, t].float()
             oa, ob = a.step(qt, kt, vt), b.step(qt, kt, vt)
             assert torch.isfinite(ob).all()
-            assert a.report == b.report, t
+            assert torch.equal(a.events, b.events), t
             lo = max(0, t + 1 - n)
             score = (q[:, lo:t + 1] @ k[:, lo:t + 1].transpose(1, 2)).abs().max().item() / d ** 0.5
             tol = relative_tol(score, n, NYSTROM_STAGES)
             worst.add("torch", oa, reference(a, "continual_nystrom", q, k, v, t, n, False), tol, t)
             worst.add("fused", ob, reference(b, "continual_nystrom", q, k, v, t, n, False), tol, t)
-            refreshed += b.report.rows_refreshed
-            rescaled += b.report.rescaled
+            refreshed += int(b.events[0, 2])
+            rescaled += int(b.events[0, 3])
         assert refreshed > 0 and rescaled > 0, (refreshed, rescaled)
         worst.check(errors, f"continual nystrom kernel/{mode}, scores to 500")
 
 
-def test_models_built_or_loaded_from_python_take_the_fused_step_unless_asked_not_to(tmp_path):
+def test_models_built_or_loaded_from_python_take_the_backend_unless_asked_not_to(tmp_path):
     from models.checkpoint import load_checkpoint, save_checkpoint
     cfg = ModelConfig(variant="continual_nystrom", in_dim=16, d_model=32, heads=4, ff_dim=48, window=8,
                       num_landmarks=2)
     for model in (build_model(cfg, seed=0), build_model(cfg)):
         model.eval().reset(1)
-        assert model.fused and model._fused_step is not None
+        assert model.fused and model._backend is not None
     reference = build_model(cfg, seed=0, fused=False).eval()
     reference.reset(1)
-    assert not reference.fused and reference._fused_step is None
+    assert not reference.fused and reference._backend is None
     save_checkpoint(reference, tmp_path / "m.pt", classes=[str(i) for i in range(10)])
     loaded = load_checkpoint(tmp_path / "m.pt")[0]
     torch_path = load_checkpoint(tmp_path / "m.pt", fused=False)[0]
     assert loaded.fused and not torch_path.fused
-    loaded.use_fused(False).reset(1)                  # the torch reference, one call away
-    assert loaded._fused_step is None
+    loaded.use_fused(False).reset(1)                  # the torch step alone, one call away
+    assert loaded._backend is None
 
 
-def test_fused_default_only_where_it_applies():
-    """A float64 model or a batch of 2 falls back to the reference path, still correct."""
+def test_the_backend_only_where_it_applies():
+    """A float64 model takes the torch step, still correct."""
     ref, fus = pair("continual_nystrom", 1)
     fus.double()
     ref.double()
     fus.reset(2)
     ref.reset(2)
-    assert fus._fused_step is None
+    assert fus._backend is None
     for x in torch.randn(40, 2, 16, dtype=torch.float64):
         assert torch.allclose(ref.step(x), fus.step(x), atol=1e-10)
+
+
+def aligned_means(x, t, m, n):
+    """x: (B, n_t, d) the window after t tokens -> (B, m', d) means over the stream-aligned
+    segments (models/landmarks.aligned_segments), from the definition."""
+    from models.landmarks import aligned_segments
+    return torch.stack([x[:, a:b].mean(dim=1) for a, b in aligned_segments(t, n, m)], dim=1)
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -234,7 +211,6 @@ def test_two_block_continual_landmarks_follow_the_updated_window(fused, seed, er
     keys over block 1's *current* (retroactively updated) outputs, so the stream equals the batch
     forward at every step. Oracle, in float64: block 1 recomputed by its batch forward on the
     window (with the stream's block-1 landmarks), then the aligned segment means taken here."""
-    from models.landmarks import aligned_means
     n, m = 12, 3
     ref, fus = pair("continual_nystrom", 2, n=n, m=m, seed=seed)
     model = fus if fused else ref
@@ -251,8 +227,9 @@ def test_two_block_continual_landmarks_follow_the_updated_window(fused, seed, er
         q, k, _ = exact.blocks[1].attn.qkv(h1)                          # folded (H, n_t, dh)
         want = (aligned_means(q, t + 1, m, n), aligned_means(k, t + 1, m, n))
         tol = relative_tol(model_scores(exact, window, start), n, STAGES_PER_BLOCK * 2)
-        for got, exp in zip(model.landmarks()[1], want):
-            worst.add("landmarks", got, exp, tol, t)
+        if not fused or t < n:             # (the backend keeps no block-2 landmarks: the torch step's)
+            for got, exp in zip(model.landmarks()[1], want):
+                worst.add("landmarks", got, exp, tol, t)
         worst.add("logits", logits, exact(window, start=start, landmarks=[marks[0], want]), tol, t)
     worst.check(errors, f"2-block block-2 landmarks, {'fused' if fused else 'torch'}")
 
@@ -277,24 +254,24 @@ def test_compiled_pinv_equals_reference(m, errors):
         errors("compiled pinv, float32", (z32.double() - ref).abs().max().item() / top, 1e-6, where=f"scale {scale}")
 
 
-def test_folded_window_equals_projected_keys_and_values():
-    """FoldedKeyValues (products through x, projections folded in) against the explicitly
-    projected keys and values, in float64: softmax rows of the scores and the mixes agree."""
-    from models.sda.window import FoldedKeyValues, KeyValues
+def test_the_folded_window_equals_projected_keys_and_values():
+    """Block 2's products through its window x with the projections folded in
+    (models/stream/window.py) against the explicitly projected keys and values, in float64:
+    softmax rows of the scores and the mixes agree."""
+    from models.mha import MultiheadAttention
+    from models.stream.window import WindowStep
     g = torch.Generator().manual_seed(0)
-    S, n_t, D, H, r = 2, 7, 16, 4, 3
+    S, n, D, H, r = 2, 7, 16, 4, 3
     dh = D // H
-    x = torch.randn(S, n_t, D, generator=g, dtype=torch.float64)
-    w_k, w_v = (torch.randn(D, D, generator=g, dtype=torch.float64) for _ in range(2))
-    b_k, b_v = (torch.randn(D, generator=g, dtype=torch.float64) for _ in range(2))
-    fold = lambda t: t.view(S, n_t, H, dh).transpose(1, 2).reshape(S * H, n_t, dh)  # noqa: E731
-    explicit = KeyValues(fold(x @ w_k.T + b_k), fold(x @ w_v.T + b_v))
-    folded = FoldedKeyValues(x, w_k, w_v, b_v, H)
-    assert folded.shape == explicit.shape == (S * H, n_t, dh)
-    qs = torch.randn(S * H, r, dh, generator=g, dtype=torch.float64)
-    p = torch.softmax(explicit.scores(qs), dim=-1)
-    assert torch.allclose(torch.softmax(folded.scores(qs), dim=-1), p, atol=1e-12)
-    assert torch.allclose(folded.mix(p), explicit.mix(p), atol=1e-12)
+    attn = MultiheadAttention(D, H, n, "continual").double()
+    step = WindowStep(attn, n, "continual")
+    x = torch.randn(S, n, D, generator=g, dtype=torch.float64)
+    q, k, v = (t.view(S, n, H, dh).transpose(1, 2) for t in attn.in_proj(x).chunk(3, dim=-1))   # (S, H, n, dh)
+    qs = torch.randn(S, H, r, dh, generator=g, dtype=torch.float64)
+    valid = torch.ones(S, n, dtype=torch.bool)
+    p = torch.softmax(qs @ k.transpose(-1, -2), dim=-1)
+    assert torch.allclose(torch.softmax(step.scores(qs, x, valid), dim=-1), p, atol=1e-12)
+    assert torch.allclose(step.mix(p, x), p @ v, atol=1e-12)
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -323,7 +300,7 @@ def test_recomputing_nystrom_with_the_compiled_pinv_equals_reference(layers, see
 
 @pytest.mark.parametrize("mode", ["segment", "fixed"])
 def test_recomputing_nystrom_kernel_with_the_compiled_pinv_equals_reference(mode, monkeypatch, seed, errors):
-    """The `nystrom` SDA kernel with ``fused``: every step's pseudo-inverse is the compiled one
+    """The `nystrom` SDA stream with ``fused``: every step's pseudo-inverse is the compiled one
     (counted on the real function) and its outputs, like the torch kernel's, are within the error
     model's tolerance of the float64 window reference, warm-up included."""
     import models.fused.pinv as compiled
@@ -352,8 +329,8 @@ def test_recomputing_nystrom_kernel_with_the_compiled_pinv_equals_reference(mode
 
 
 @pytest.mark.parametrize("variant", ["continual", "continual_nystrom"])
-def test_fused_step_reads_the_live_weights_from_one_packed_buffer(variant, tmp_path, seed, errors):
-    """The 1-block fused step's weights are the model's parameters (one buffer, shared memory):
+def test_the_backend_reads_the_live_weights_from_one_packed_buffer(variant, tmp_path, seed, errors):
+    """The 1-block backend's weights are the model's parameters (one buffer, shared memory):
     an in-place change after reset (an optimizer step, load_state_dict) reaches the next fused
     step, a second reset keeps the buffer, and the state dict round-trips unchanged."""
     n = 24
@@ -361,7 +338,7 @@ def test_fused_step_reads_the_live_weights_from_one_packed_buffer(variant, tmp_p
     exact = copy.deepcopy(ref).double()
     for model in (ref, fus, exact):
         model.reset(1)
-    buf = fus._fused_step.w
+    buf = fus._backend.w
     g = torch.Generator().manual_seed(seed + 3)
     tokens = torch.randn(60, 1, 16, generator=g)
     worst = Worst("torch", "fused")
@@ -378,7 +355,7 @@ def test_fused_step_reads_the_live_weights_from_one_packed_buffer(variant, tmp_p
         worst.add("fused", b, c, tol, t)
     worst.check(errors, f"fused model, {variant}, new weights mid-stream")
     fus.reset(1)
-    assert fus._fused_step.w.ctypes.data == buf.ctypes.data          # not packed twice
+    assert fus._backend.w.ctypes.data == buf.ctypes.data             # not packed twice
     assert fus.embed.weight.data_ptr() == buf.ctypes.data
     torch.save(fus.state_dict(), tmp_path / "w.pt")
     back = build_model(fus.cfg)

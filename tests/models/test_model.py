@@ -16,51 +16,35 @@ build_model = functools.partial(transformer.build_model, fused=False)
 VARIANTS = ["regular", "continual", "nystrom", "continual_nystrom"]
 
 
-@pytest.mark.parametrize("retro", [False, True])
 @pytest.mark.parametrize("variant", ["regular", "continual"])
-def test_mha_from_torch_equals_torch_module_on_the_window(variant, retro):
+def test_mha_from_torch_equals_torch_module_on_the_window(variant):
     torch.manual_seed(0)
     d, h, n, B = 48, 6, 10, 3
     ref = nn.MultiheadAttention(d, h, batch_first=True).eval()
-    ours = MultiheadAttention.from_torch(ref, n, variant, retroactive=retro)
-    x = torch.randn(B, 35, d)
-    ours.reset(B)
-    for t in range(35):
-        out = ours.step(x[:, t])
-        win = x[:, max(0, t + 1 - n):t + 1]
-        want, _ = ref(win, win, win, need_weights=False)
-        torch.testing.assert_close(out, want if retro else want[:, -1], atol=2e-6, rtol=1e-5)
-    full, _ = ref(x[:, :n], x[:, :n], x[:, :n], need_weights=False)
-    torch.testing.assert_close(ours(x[:, :n]), full, atol=2e-6, rtol=1e-5)
+    ours = MultiheadAttention.from_torch(ref, n, variant)
+    x = torch.randn(B, n, d)
+    full, _ = ref(x, x, x, need_weights=False)
+    torch.testing.assert_close(ours(x), full, atol=2e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["continual", "fixed"])
 def test_retroactive_nystrom_out_projection_folded_into_landmark_rows(mode):
-    """A retroactive continual Nyström MHA returns P (Z num/den) W_o^T as P (Z num/den W_o^T)
-    (models/mha.py _folded_out): equal in float64 to the unfolded product of the same kernel
-    output, and to the batch forward with the landmarks the step used, at every step."""
+    """A 2-block continual Nyström step leaves block 0's outputs factored, P (Z num/den), and
+    projects them as P (Z num/den W_o^T) (models/stream/model.py _window_out): equal in float64
+    to projecting the unfolded product."""
+    from models.stream.model import ModelStep
     torch.manual_seed(0)
-    d, h, n, m, B = 24, 4, 8, 2, 2
-    mha = MultiheadAttention(d, h, n, "continual_nystrom", num_landmarks=m, landmark_mode=mode,
-                             retroactive=True).double().eval()
+    model = build_model(small_config(variant="continual_nystrom", layers=2)).double().eval()
     if mode == "fixed":
-        mha.set_fixed_landmarks(torch.randn(h, m, d // h, dtype=torch.float64),
-                                torch.randn(h, m, d // h, dtype=torch.float64))
-    assert mha.sda.factored
-    x = torch.randn(B, 3 * n, d, dtype=torch.float64)
-    mha.reset(B)
-    for t in range(3 * n):
-        out = mha.step(x[:, t])
-        win = x[:, max(0, t + 1 - n):t + 1]
-        want = mha(win, landmarks=mha.landmarks())
-        torch.testing.assert_close(out, want, atol=1e-10, rtol=0, msg=lambda s: f"t={t}: {s}")
-    # the same stream with the kernel's output formed, then projected the unfolded way
-    folded = out
-    mha.sda.factored = False
-    mha.reset(B)
-    for t in range(3 * n):
-        unfolded = mha.step(x[:, t])
-    torch.testing.assert_close(folded, unfolded, atol=1e-12, rtol=0)
+        fit_fixed_landmarks(model, torch.randn(4, 12, 16, dtype=torch.float64))
+    step = ModelStep(model, mode)
+    S, H, n, m, dh = 2, 4, 12, 3, 8
+    p = torch.softmax(torch.randn(S, H, n, m, dtype=torch.float64), dim=-1)
+    zw = torch.randn(S, H, m, dh, dtype=torch.float64)
+    unfolded = (p @ zw).transpose(1, 2).reshape(S, n, H * dh)
+    attn = model.blocks[0].attn
+    want = torch.nn.functional.linear(unfolded, attn.out_proj.weight, attn.out_proj.bias)
+    torch.testing.assert_close(step._window_out((p, zw)), want, atol=1e-12, rtol=0)
 
 
 small_config = tiny_config

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from error_model import EPS32, attention_tol
-from models.sda import LANDMARK_MODES, streaming_sda
+from models.sda import LANDMARK_MODES
+from models.stream.sda import streaming_sda
 from reference import expected_continual_landmarks, window_reference
 
 STAGES = {"regular": 3, "continual": 3,        # scores, softmax sums, the division
@@ -134,37 +135,3 @@ def test_live_landmark_switch_keeps_equality(seed, errors):
         errors("live landmark switches, continual nystrom", worst, tol)
 
 
-def test_step_window_equals_single_query_reference(seed, errors):
-    """The layer after a retroactive one: newest query over a recomputed window; continual
-    landmarks are the aligned segment means of that window (passed in, new every step)."""
-    from models.landmarks import aligned_means, segment_means
-    from models.sda import attention, nystrom_attention
-    from models.sda.window import KeyValues
-    n, m, d, B = 9, 3, 16, 2
-    g = torch.Generator().manual_seed(seed)
-    for variant in ("continual", "continual_nystrom"):
-        s = streaming_sda(variant, n, num_landmarks=m if variant != "continual" else None)
-        s.reset(B)
-        worst, worst_mark = 0.0, 0.0
-        for t in range(30):
-            n_t = min(t + 1, n)
-            qw, k, v = (torch.randn(B, n_t, d, generator=g) for _ in range(3))
-            q = qw[:, -1]
-            if variant == "continual":
-                out = s.step_window(q, KeyValues(k, v))
-                ref = attention(q.unsqueeze(1).double(), k.double(), v.double())[:, 0]
-            else:
-                out = s.step_window(q, KeyValues(k, v), landmarks=(aligned_means(qw, t + 1, m, n),
-                                                                   aligned_means(k, t + 1, m, n)))
-                ql, kl = s.landmarks()
-                if (t + 1) % n == 0 or t + 1 < n:     # whole segments: the window's segment means
-                    for got, x in ((ql, qw), (kl, k)):
-                        err = (got.double() - segment_means(x.double(), min(m, n_t))).abs().max().item()
-                        worst_mark = max(worst_mark, err / mean_tol(x, n_t))
-                ref = nystrom_attention(q.unsqueeze(1).double(), k.double(), v.double(),
-                                        ql.double(), kl.double())[:, 0]
-            tol = attention_tol(qw, k, v, n_t, STAGES[variant])
-            worst = max(worst, (out.double() - ref).abs().max().item() / tol)
-        errors(f"step_window {variant} (error / tolerance)", worst, 1.0)
-        if variant == "continual_nystrom":
-            errors("step_window landmarks = segment means (error / tolerance)", worst_mark, 1.0)

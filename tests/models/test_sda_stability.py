@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from error_model import EPS32, relative_tol
-from models.sda import streaming_sda, attention, nystrom_attention, pinv
+from models.sda import attention, nystrom_attention, pinv
+from models.stream.sda import streaming_sda
 from models.landmarks import segment_means
 
 CONTINUAL = [("continual", None), ("continual_nystrom", "continual"), ("continual_nystrom", "fixed")]

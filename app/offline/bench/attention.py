@@ -8,8 +8,8 @@ import torch
 
 from models.fused import available as fused_available
 from models.landmarks import fit_fixed_landmarks
-from models.running_sums import Stability
-from models.sda import streaming_sda
+from models.stream.sums import Stability
+from models.stream.sda import streaming_sda
 from models.training import with_config
 from models.transformer import ModelConfig, build_model
 
