@@ -1,12 +1,12 @@
 """`python main.py classify`: one record per 0.25 s hop, per model, from a file, mic or demo;
-several files (or ``--demo N``) run as concurrent streams of one engine (app/runtime/streams.py)."""
+several files (or ``--demo N``) run as concurrent streams of the engine (app/runtime/engine.py),
+one source as its one stream."""
 from __future__ import annotations
 
 import sys
 
 import torch
 
-from app.runtime.engine import NonFiniteOutputError
 from app.runtime.frontend_args import add_frontend_arguments
 from app.runtime.onnx_step import OnnxModelError
 from audio.errors import AudioError
@@ -93,7 +93,6 @@ def run(args) -> int:
     from app.runtime.frontend_args import frontend_from_args
     from app.runtime.lineup import default_lineup
     from app.runtime.records import csv_row, human
-    from app.runtime.streams import StreamsEngine
     from app.runtime.verdict import Tally
 
     if args.tf32 and not args.cuda:
@@ -113,9 +112,7 @@ def run(args) -> int:
         except BaseException:
             source.close()
             raise
-        # on CUDA a file's models step as a batch of one stream: each step a replayed CUDA graph
-        batched = device == "cuda" and not (args.mic or args.realtime or args.loop or args.onnx)
-        engine = StreamsEngine(frontend, entries, capacity=1) if batched else Engine.from_lineup(frontend, entries)
+        engine = Engine(frontend, entries, capacity=1)     # on CUDA each model step a replayed CUDA graph
         untrained = [e.name for e in entries if not e.trained]
         trained = [f"{e.name} ({e.path})" for e in entries if e.trained]
         print(f"# source {source.name}; front end: {frontend.description}"
@@ -126,7 +123,7 @@ def run(args) -> int:
         limit = None if args.seconds is None else int(args.seconds / HOP_SECONDS)
         progress = csv_progress(args, source, limit)
         try:
-            for r in engine.run([source] if batched else source):
+            for r in engine.run([source], warm=True):
                 tally.add(r)
                 if args.jsonl:
                     print(r.to_json(), flush=True)
@@ -159,7 +156,7 @@ def run(args) -> int:
             source.close()
             if rows is not None:
                 rows.close()
-        for _, why in engine.errors if batched else ():    # the batch's stream that failed (said, not raised)
+        for _, why in engine.errors:               # the stream left early (a model's non-finite answer)
             print(f"error: {why}", file=sys.stderr)
             code = 1
         stats = source.stats
@@ -171,7 +168,7 @@ def run(args) -> int:
             print(f"# verdict over {source.name}, per model (the genre most often on top):\n"
                   + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)
         return code
-    except (AudioError, CheckpointError, NonFiniteOutputError, OnnxModelError) as e:
+    except (AudioError, CheckpointError, OnnxModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
@@ -206,21 +203,21 @@ def run_streams(args) -> int:
     from app.runtime.csv_rows import CsvRows
     from app.runtime.frontend_args import frontend_from_args
     from app.runtime.lineup import default_lineup
+    from app.runtime.engine import Engine
     from app.runtime.records import csv_row, human
-    from app.runtime.streams import StreamsEngine
     from app.runtime.verdict import Tally
 
-    if args.mic or args.realtime or args.loop or args.onnx:
+    if args.mic or args.realtime or args.loop:
         raise SystemExit("classify: several streams run from files or --demo N, as fast as they "
-                         "decode, with torch models (not --mic, --realtime, --loop, --onnx)")
+                         "decode (not --mic, --realtime, --loop)")
     sources, failed = stream_sources(args)
     if not sources:
         return 1
     device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
     frontend = frontend_from_args(args, device)
-    entries = default_lineup(frontend, device, checkpoints=args.checkpoint, variants=args.variant,
+    entries = default_lineup(frontend, device, checkpoints=args.checkpoint, onnx=args.onnx, variants=args.variant,
                              layers=args.layers, window=args.window, landmarks=args.landmarks, seed=args.seed)
-    engine = StreamsEngine(frontend, entries, capacity=len(sources))
+    engine = Engine(frontend, entries, capacity=len(sources))
     engine.warm()
     print(f"# {len(sources)} streams in one engine; front end: {frontend.description}; models: "
           + ", ".join(e.name + ("" if e.trained else "*") for e in entries), file=sys.stderr)

@@ -75,7 +75,7 @@ def _predictions(path, frontend, entries, Engine, FileSource, torch) -> dict[str
                 engine.add_model(f"{e.name} | {feed}", copy.deepcopy(e.model), trained=True,
                                  spacing=spacing, frontend=e.frontend, classes=e.classes)
         last = None
-        for r in engine.run(FileSource(path)):
+        for r in engine.run([FileSource(path)]):
             last = r
         if last is None:
             return {SKIPPED: f"{path} gave no hop of audio"}

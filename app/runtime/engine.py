@@ -1,163 +1,231 @@
-"""The streaming engine: source -> front end token (once per hop) -> every model's step.
+"""The streaming engine: every source (a file, the microphone, a network client, the demo) is a
+stream in a slot of batched state, and one stream is simply a batch of one. A hop runs the front
+end and every model once for all streams that have audio (app/runtime/shard.py), and each
+stream's records equal what it gets alone. A plain Python object (no Qt): `classify`, `serve`,
+the window's engine process, the benches and the tests drive it the same way.
 
-A plain Python object (no Qt): the CLI, the GUI and the tests drive it the same way. Each hop gives
-one ``StepResult`` (app/runtime/records.py) with every model's probabilities, FLOPs, latency and
-state memory.
+The streams may be spread over shards (``shards=``; `serve` does it on the CPU:
+``default_shards``), each a batched engine of its own (its own front-end and model slots, the
+weights shared). ``hop()`` steps them one after another; a server steps each shard in a loop and
+a thread of its own (app/serve/hub.py's lanes), so that a shard that the event loop's thread
+holds up delays only its own streams. A stream joins the shard with the fewest streams (or the
+one it is given); its records do not depend on which.
 
-Models can be added, removed, reset and switched between continual and fixed landmarks while the
-stream runs: the control methods are safe to call from any thread and are applied in call order by
-the processing thread between hops (so the hot path needs no locks). Control has a budget, so that
-it never makes a live stream drop a hop: the heavy part of a request (building a model's slot, the
-k-means fit of live landmarks, 0.2-0.7 s for a paper-sized model) runs on a control thread while hops go on, and the
-requests applied before one hop take at most ``CONTROL_BUDGET_MS`` (the rest wait for the next
-hop). A stream that is not live (a file read as fast as possible) applies every request before
-the next hop. The engine never blocks the capture thread: sources drop whole hops when processing
-falls behind (counted in ``source.stats.dropped``, reported in every StepResult).
+Live control: models are added, removed, reset and switched between continual and fixed
+landmarks while streams run, each for all its streams. The control methods are safe to call
+from any thread and are applied in call order between hops (so the hot path needs no locks).
+Control has a budget, so that it never makes a live stream drop a hop: the heavy part of a
+request (building and warming a model's batches, the k-means fit of live landmarks, 0.2-0.7 s
+for a paper-sized model) runs on a control thread while hops go on, and the requests applied
+before one hop take at most ``CONTROL_BUDGET_MS`` (the rest wait for the next hop). Streams that
+are not live (files read as fast as possible) apply every request before the next hop. The
+engine never blocks a capture thread: sources drop whole hops when processing falls behind
+(``source.stats.dropped``, in every StepResult).
 """
 from __future__ import annotations
 
-import itertools
-import math
 import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import torch
 
 from audio.errors import FrontEndMismatchError
-from audio.frontends import FrontEnd, as_frontend
+from audio.frontends import as_frontend
 from audio.gtzan import GENRES
-from audio.tokens.stream import TokenStream
-from models.fused import default_fused
-from models.interleaved import InterleavedStreams
 from models.landmarks import fit_fixed_landmarks
 from models.sda import LANDMARK_MODES
 from models.transformer import build_model
 
-from .lineup import ModelSpec
-from .records import ModelStep, StepResult, rounded
+from .lineup import Entry, ModelSpec
+from .records import StepResult
+from .shard import Stream, StreamsShard, check_frontend, warm_model
 
 CONTROL_BUDGET_MS = 20.0      # control requests applied before one live hop (of 250 ms) take at most this
-
-
-def device_of(model) -> torch.device:
-    """Where ``model`` computes: its first parameter's or buffer's device (the CPU for an
-    exported step, app/runtime/onnx_step.py)."""
-    for t in itertools.chain(model.parameters(), model.buffers()):     # the first one only
-        return t.device
-    return torch.device("cpu")
-
-
-@dataclass
-class Slot:
-    model: torch.nn.Module       # a GenreTransformer, or InterleavedStreams of one
-    trained: bool                # weights from a trained checkpoint
-    spacing: int = 1             # hops between the tokens the model is fed
-    classes: tuple[str, ...] = GENRES   # class names (a checkpoint's own)
-    device: torch.device = torch.device("cpu")   # where the model computes (its tokens go there)
-
-
-class NonFiniteOutputError(ArithmeticError):
-    """A model answered NaN or infinity: an error, never a record (its weights or input are broken)."""
+STREAMS_PER_SHARD = 4         # of capacity, at least, for each shard on the CPU
 
 
 class EngineError(ValueError):
     """A control request that cannot be honoured (unknown model, no landmarks, ...)."""
 
 
+def default_shards(device: torch.device, capacity: int) -> int:
+    """A server's shards (app/serve/hub.py). CPU: one per thread torch may use
+    (``torch.get_num_threads()``), at most one per STREAMS_PER_SHARD streams of capacity (with 2
+    or 4 streams one engine was faster alone: 30-48 against 34-55 ms a hop); CUDA: one (the
+    device does the work)."""
+    if device.type != "cpu":
+        return 1
+    return max(1, min(torch.get_num_threads(), capacity // STREAMS_PER_SHARD))
+
+
 class Engine:
-    """Runs every model on the tokens of one source and one front end (computed once per hop).
+    """Every model of ``entries`` (app/runtime/lineup.py Entry objects) over up to ``capacity``
+    streams of one front end, spread over ``shards`` (default one). ``run(sources)`` yields one
+    StepResult per stream per hop, streams in joining order; ``errors`` lists the streams that
+    left early, with why. ``clock``: the seconds clock that the control budget is counted on
+    (tests inject one); each StepResult's ``stages['control']`` is the milliseconds spent
+    applying control before its hop."""
 
-    ``frontend``: a FrontEnd (or a VGGish Embedder); ``models``: name -> GenreTransformer;
-    ``trained``: name -> bool; ``spacing``: name -> hops between the tokens the model was trained
-    on (default 1), fed as interleaved streams; ``fused``: step continual models in the compiled
-    CPU kernel (default; False: the torch reference path); ``frontends``: name -> the front-end name a model
-    was trained on (a mismatch is refused); ``classes``: name -> its class names (default GTZAN);
-    ``clock``: the seconds clock that the control budget is counted on.
-
-    Each StepResult's ``stages['control']`` is the engine's own record of the milliseconds spent
-    applying control requests before that hop (on ``clock``).
-    """
-
-    def __init__(self, frontend: FrontEnd, models: dict | None = None,
-                 trained: dict[str, bool] | None = None, *, spacing: dict[str, int] | None = None,
-                 frontends: dict[str, str] | None = None, classes: dict | None = None,
-                 recent_tokens: int = 480, fused: bool = True, clock=time.perf_counter):
-        self.clock = clock      # seconds; the control budget's clock (tests inject one)
+    def __init__(self, frontend, entries: Iterable[Entry] = (), capacity: int = 1, *, shards: int = 1,
+                 clock=time.perf_counter, recent_tokens: int = 480):
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.frontend = as_frontend(frontend)
-        self.fused = fused      # the compiled CPU step where it applies (models/fused/)
-        self.slots: dict[str, Slot] = {}
-        for name, model in (models or {}).items():
-            self.slots[name] = self._slot(name, model, (trained or {}).get(name, False),
-                                          (spacing or {}).get(name, 1), (frontends or {}).get(name),
-                                          (classes or {}).get(name))
-        self._ops: queue.SimpleQueue = queue.SimpleQueue()   # control requests, in call order
-        self._job: Future | None = None     # a request's heavy part, on the control thread
+        entries = list(entries)
+        for e in entries:
+            self._check(e)
+        k = max(1, min(int(shards), capacity))
+        self.errors: list[tuple[Stream, str]] = []
+        self.shards = [StreamsShard(self.frontend, entries, capacity // k + (i < capacity % k), self.errors)
+                       for i in range(k)]
+        self.entries = {e.name: e for e in entries}
+        self.device, self.capacity = self.shards[0].device, capacity
+        self._joined, self._numbering = 0, threading.Lock()
+        self.clock = clock
+        self._ops: queue.SimpleQueue = queue.SimpleQueue()     # control requests, in call order
+        self._job: Future | None = None                         # a request's heavy part, on the control thread
         self._control = ThreadPoolExecutor(1, thread_name_prefix="engine-control")
-        self._recent: deque = deque(maxlen=recent_tokens)   # recent tokens, for live-fitted landmarks
+        self._recent: deque = deque(maxlen=recent_tokens)       # recent tokens, for live-fitted landmarks
         self._stop = threading.Event()
-        self.control_ms = 0.0       # time the last apply_pending took (ms, on ``clock``)
+        self.control_ms = 0.0                                   # what the last apply_pending took (ms)
+
+    @classmethod
+    def from_lineup(cls, frontend, entries: Iterable[Entry]) -> "Engine":
+        """An engine for one stream of ``entries`` (what the window and ``classify FILE`` run)."""
+        return cls(frontend, entries)
 
     @property
     def models(self) -> dict:
-        return {name: s.model for name, s in self.slots.items()}
+        return {name: e.model for name, e in self.entries.items()}
 
-    @classmethod
-    def from_lineup(cls, frontend: FrontEnd, entries) -> "Engine":
-        """An engine running ``entries`` (app/runtime/lineup.py Entry objects)."""
-        return cls(frontend, {e.name: e.model for e in entries}, {e.name: e.trained for e in entries},
-                   spacing={e.name: e.spacing for e in entries},
-                   frontends={e.name: e.frontend for e in entries if e.frontend},
-                   classes={e.name: e.classes for e in entries})
+    def _check(self, entry: Entry) -> None:
+        check_frontend(entry, self.frontend)
+        if not isinstance(entry.spacing, int) or entry.spacing < 1:
+            raise EngineError(f"{entry.name}: spacing must be >= 1 hop, got {entry.spacing!r}")
+        if len(entry.classes) != entry.model.cfg.num_classes:
+            raise EngineError(f"{entry.name} has {entry.model.cfg.num_classes} outputs but "
+                              f"{len(entry.classes)} class names")
 
-    def _slot(self, name: str, model, trained: bool, spacing: int, frontend: str | None,
-              classes=None) -> Slot:
-        fe = self.frontend
-        if (frontend is not None and frontend != fe.name) or model.cfg.in_dim != fe.token_dim:
-            raise FrontEndMismatchError(
-                f"{name} was trained on {frontend or f'{model.cfg.in_dim}-d'} tokens but this stream's "
-                f"front end is {fe.name} ({fe.token_dim}-d); choose the front end it was trained on")
-        classes = tuple(classes or GENRES)
-        if len(classes) != model.cfg.num_classes:
-            raise EngineError(f"{name} has {model.cfg.num_classes} outputs but {len(classes)} class names")
-        if spacing > 1:
-            model = InterleavedStreams(model, spacing)
-        device = device_of(model)
-        model.use_fused(self.fused and default_fused(device))
-        return Slot(model.eval(), trained, spacing, classes, device)
+    def warm(self) -> None:
+        """Each shard ready to serve (``StreamsShard.warm``): before the first hop, what compiles
+        on first use has compiled (or loaded from numba's cache)."""
+        for shard in self.shards:
+            shard.warm()
+
+    # ------------------------------------------------------------------ streams
+    @property
+    def streams(self) -> list[Stream]:
+        """The streams, in joining order."""
+        if len(self.shards) == 1:
+            return self.shards[0].streams
+        return sorted((s for shard in self.shards for s in shard.streams), key=lambda s: s.number)
+
+    def place(self, load: list[int] | None = None) -> int:
+        """The shard a new stream joins: the one with the fewest streams (``load``: the caller's
+        count of each shard's streams, joins in flight included); ValueError when every slot is
+        taken."""
+        load = [len(shard.streams) for shard in self.shards] if load is None else load
+        room = [i for i, shard in enumerate(self.shards) if load[i] < shard.capacity]
+        if not room:
+            raise ValueError(f"all {self.capacity} streams are taken")
+        return min(room, key=lambda i: load[i])
+
+    def join(self, source, shard: int | None = None) -> Stream:
+        """A new stream of ``source`` in ``shard`` (default ``place()``); ValueError when it
+        is full. Streams of different shards may join from different threads (a server's lanes)."""
+        i = self.place() if shard is None else shard
+        with self._numbering:
+            number = self._joined
+            self._joined += 1
+        stream = self.shards[i].join(source, number)
+        stream.shard = i
+        return stream
+
+    def leave(self, stream: Stream, error: str | None = None) -> None:
+        self.shards[stream.shard].leave(stream, error)
+
+    def run(self, sources: Iterable, *, more: Iterator | None = None, warm: bool = False) -> Iterator[StepResult]:
+        """Every source (or one) as a stream, all at once, until they end or ``stop()``; records in hop
+        order, streams in joining order. Control requests are applied before every hop (within
+        the budget when a source is live). ``more``: sources to join as others leave, one each
+        (bounded work over many files). ``warm``: ``warm()`` before the first hop (after the
+        models queued so far are added)."""
+        self._stop.clear()
+        sources = [sources] if hasattr(sources, "stats") else list(sources)     # one source, or many
+        live = any(getattr(s, "realtime", True) for s in sources)
+        events = self.apply_pending()
+        control_ms = self.control_ms
+        if warm:
+            self.warm()
+        for source in sources:
+            self.join(source)
+        while self.streams and not self._stop.is_set():
+            records = self.hop()
+            if records:
+                tokens = getattr(self.shards[0], "last_tokens", None)
+                if tokens is not None and len(tokens):
+                    self._recent.append(tokens[0].detach().cpu())
+                for r in records:
+                    r.events, r.stages["control"] = events, control_ms
+                events, control_ms = [], 0.0
+                yield from records
+            if more is not None:
+                while len(self.streams) < self.capacity:
+                    source = next(more, None)
+                    if source is None:
+                        more = None
+                        break
+                    self.join(source)
+            events += self.apply_pending(wait=not live)
+            control_ms += self.control_ms
+
+    def hop(self) -> list[StepResult]:
+        """One hop of every active stream that has one, shard after shard; the records in
+        joining order."""
+        if len(self.shards) == 1:
+            return self.shards[0].hop()
+        numbered = []
+        for shard in self.shards:
+            if shard.streams:
+                records = shard.hop()
+                numbered += zip(shard.numbers, records)
+        numbered.sort(key=lambda x: x[0])
+        return [r for _, r in numbered]
 
     # ------------------------------------------------------------------ control (any thread)
     def add_model(self, name: str, model, trained: bool = False, *, spacing: int | None = 1,
                   frontend: str | None = None, classes=None) -> None:
-        """Start running ``model`` from the next hop (its window fills from there). ``model``: a
-        GenreTransformer, or a ModelSpec built on the control thread; ``spacing`` None: the front
-        end's native spacing."""
+        """Start running ``model`` for every stream from the next hop (its windows fill from
+        there). ``model``: a GenreTransformer, or a ModelSpec built on the control thread;
+        ``spacing`` None: the front end's native spacing."""
         self._ops.put(("add", name, (model, trained, spacing, frontend, classes)))
 
     def remove_model(self, name: str) -> None:
         self._ops.put(("remove", name, None))
 
     def reset_model(self, name: str | None = None) -> None:
-        """Empty the streaming state of one model (or all with None)."""
+        """Empty the streaming state of one model (or all with None) for every stream."""
         self._ops.put(("reset", name, None))
 
     def set_landmark_mode(self, name: str, mode: str) -> None:
-        """'continual' or 'fixed', live. An untrained model gets fixed landmarks by k-means of
-        its Q/K on the recent stream tokens (the paper's phase-2 fit, without fine-tuning)."""
+        """'continual' or 'fixed', live, for all of the model's streams. An untrained model gets
+        fixed landmarks by k-means of its Q/K on the recent stream tokens (the paper's phase-2
+        fit, without fine-tuning)."""
         self._ops.put(("mode", name, mode))
 
     def use_fixed_landmarks(self, on: bool) -> None:
         """Switch every Nyström model (those added before this call included) to fixed landmarks,
         or back to the mode it came with (a trained fixed-landmark model stays fixed; others
-        return to their variant's default, 'continual' / 'segment'), live."""
+        return to their variant's default), live."""
         self._ops.put(("fixed_all", None, on))
 
     def stop(self) -> None:
-        """End ``run`` after the hop in progress (close the source too, to stop waiting on it)."""
+        """End ``run`` after the hop in progress (close a live source too, to stop waiting on it)."""
         self._stop.set()
 
     def apply_pending(self, wait: bool = True) -> list[str]:
@@ -212,29 +280,31 @@ class Engine:
 
     def _apply(self, op: str, name: str | None, arg) -> list[str] | Future:
         if op == "add":
-            if name in self.slots:
+            if name in self.entries:
                 raise EngineError(f"a model named {name!r} is already running")
-            return self._off_thread(lambda: self._ready_slot(name, arg), lambda slot: self._install(name, slot))
-        if name is not None and name not in self.slots:
+            return self._off_thread(lambda: self._ready(name, arg), lambda ready: self._install(name, *ready))
+        if name is not None and name not in self.entries:
             raise EngineError(f"no model named {name!r}")
         if op == "remove":
-            del self.slots[name]
+            del self.entries[name]
+            for shard in self.shards:
+                shard.remove_model(name)
             return [f"removed {name}"]
         if op == "reset":
-            for n in ([name] if name else list(self.slots)):
-                self.slots[n].model.reset(1)
+            for n in ([name] if name else list(self.entries)):
+                for shard in self.shards:
+                    shard.reset_model(n)
             return [f"reset {name or 'all models'}"]
         if op == "fixed_all":
-            targets = {n: "fixed" if arg else slot.model.cfg.home_landmark_mode
-                       for n, slot in self.slots.items()
-                       if slot.model.cfg.nystrom and getattr(slot.model, "switchable", True)}
+            targets = {n: "fixed" if arg else e.model.cfg.home_landmark_mode for n, e in self.entries.items()
+                       if e.model.cfg.nystrom and getattr(e.model, "switchable", True)}
             if not targets:
                 return ["no Nyström model to switch"]
         else:
-            self._check_mode(name, self.slots[name].model, arg)
+            self._check_mode(name, self.entries[name].model, arg)
             targets = {name: arg}
-        to_fit = {n: self.slots[n].model for n, mode in targets.items()
-                  if mode == "fixed" and not self.slots[n].model.has_fixed_landmarks}
+        to_fit = {n: self.entries[n].model for n, mode in targets.items()
+                  if mode == "fixed" and not self.entries[n].model.has_fixed_landmarks}
         if not to_fit:
             return [self._switch(n, mode) for n, mode in targets.items()]
         recent = list(self._recent)
@@ -246,24 +316,29 @@ class Engine:
                     if len(recent) >= model.cfg.num_landmarks}
         return self._off_thread(fits, lambda fitted: self._install_landmarks(targets, to_fit, fitted, len(recent)))
 
-    def _ready_slot(self, name: str, arg) -> Slot:
-        """(control thread) The slot of a model to add, reset for a new stream."""
+    def _ready(self, name: str, arg) -> tuple[Entry, list]:
+        """(control thread) The entry of a model to add and its batch for every shard, warmed."""
         model, trained, spacing, frontend, classes = arg
         if isinstance(model, ModelSpec):
             model = model.build(self.frontend.name)      # CheckpointError is a ValueError: said
         if spacing is None:
             spacing = self.frontend.native_spacing
+        entry = Entry(name, model.eval(), trained, spacing, frontend, classes=tuple(classes or GENRES))
         try:
-            slot = self._slot(name, model, trained, spacing, frontend, classes)
+            self._check(entry)
+            batches = [shard.batches_for(entry) for shard in self.shards]
         except FrontEndMismatchError as e:
             raise EngineError(str(e)) from e
-        slot.model.reset(1)
-        return slot
+        if self.streams:                                 # streams run: it compiles here, not in their hops
+            warm_model(model, self.device)
+        return entry, batches
 
-    def _install(self, name: str, slot: Slot) -> list[str]:
-        if name in self.slots:
+    def _install(self, name: str, entry: Entry, batches: list) -> list[str]:
+        if name in self.entries:
             raise EngineError(f"a model named {name!r} is already running")
-        self.slots[name] = slot
+        self.entries[name] = entry
+        for shard, batch in zip(self.shards, batches):
+            shard.add_model(entry, batch)
         return [f"added {name}"]
 
     def _check_mode(self, name: str, model, mode: str) -> None:
@@ -277,23 +352,25 @@ class Engine:
             raise EngineError(f"landmark mode {mode!r} is not one of {LANDMARK_MODES[cfg.variant]}")
 
     def _switch(self, name: str, mode: str, note: str = "") -> str:
-        self.slots[name].model.set_landmark_mode(mode)
+        self.entries[name].model.set_landmark_mode(mode)
+        for shard in self.shards:
+            shard.set_landmark_mode(name)
         return f"{name}: {mode} landmarks{note}"
 
     def _install_landmarks(self, targets: dict, to_fit: dict, fitted: dict, tokens: int) -> list[str]:
         """(processing thread) Install fitted landmarks, then switch every target's mode."""
         lines = []
         for n, mode in targets.items():
-            slot = self.slots.get(n)
-            if slot is None or (n in to_fit and slot.model is not to_fit[n]):
+            entry = self.entries.get(n)
+            if entry is None or (n in to_fit and entry.model is not to_fit[n]):
                 lines.append(f"error: {n} was removed before its landmarks were fitted")
                 continue
             note = ""
             if n in to_fit:
                 if n not in fitted:
-                    lines.append(f"error: {self._too_few(slot.model)}")
+                    lines.append(f"error: {self._too_few(entry.model)}")
                     continue
-                for block, (q, k) in zip(getattr(slot.model, "primary", slot.model).blocks, fitted[n]):
+                for block, (q, k) in zip(entry.model.blocks, fitted[n]):
                     block.attn.set_fixed_landmarks(q, k)
                 note = f" (landmarks fitted by k-means on the last {tokens} stream tokens)"
             lines.append(self._switch(n, mode, note))
@@ -308,62 +385,13 @@ class Engine:
     def _fit_live(model, recent: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(control thread) k-means landmarks of ``model`` on the ``recent`` tokens, per block
         (q, k) each (heads, m, d_head), fitted on a copy: the live model keeps streaming."""
-        primary = getattr(model, "primary", model)
-        device = device_of(primary)
-        twin = build_model(primary.cfg).to(device)
-        twin.load_state_dict(primary.state_dict())
-        n = primary.cfg.window
+        device = model.embed.weight.device
+        twin = build_model(model.cfg).to(device)
+        twin.load_state_dict(model.state_dict())
+        n = model.cfg.window
         tokens = torch.stack(recent).to(device)                              # (R, in_dim)
         chunks = [tokens[i:i + n] for i in range(0, len(tokens), n)]
         groups = [torch.stack(chunks[:-1])] if len(chunks) > 1 else []
         groups.append(chunks[-1][None])
         fit_fixed_landmarks(twin, groups, seed=0)
         return [(b.attn.fixed_q_land.clone(), b.attn.fixed_k_land.clone()) for b in twin.blocks]
-
-    # ------------------------------------------------------------------ streaming
-    def run(self, source):
-        """Yield one StepResult per hop of ``source`` until it ends or ``stop()``."""
-        self._stop.clear()
-        live = getattr(source, "realtime", True)      # a live source drops hops if we fall behind
-        events = self.apply_pending()
-        for slot in self.slots.values():
-            slot.model.eval()
-            slot.model.reset(1)
-        control_ms = self.control_ms
-        for item in TokenStream(source, self.frontend):
-            events += self.apply_pending(wait=not live)
-            control_ms += self.control_ms
-            if self._stop.is_set():
-                return
-            token = item.token.detach().cpu()
-            self._recent.append(token[0])
-            result = self._step(item, token, source, events, control_ms)
-            events, control_ms = [], 0.0
-            yield result
-
-    def _step(self, item, token, source, events, control_ms: float) -> StepResult:
-        models = {}
-        for name, slot in self.slots.items():
-            model = slot.model
-            t0 = time.perf_counter()
-            logits = model.step(token.to(slot.device))
-            p = torch.softmax(logits[0].float(), dim=-1).cpu()      # .cpu() waits for CUDA
-            latency = (time.perf_counter() - t0) * 1e3
-            probabilities = rounded(p.numpy())
-            if not all(map(math.isfinite, probabilities)):
-                raise NonFiniteOutputError(f"{name} answered non-finite probabilities at hop {item.index} "
-                                           f"({item.audio_time:.2f} s); processing stopped")
-            cfg = model.cfg
-            models[name] = ModelStep(
-                probabilities=probabilities, classes=list(slot.classes),
-                flops=model.step_flops(), latency_ms=latency, state_bytes=model.state_nbytes(),
-                trained=slot.trained, landmark_mode=model.landmark_mode,
-                landmark_update=model.landmark_updated(), warm=model.window_full(), spacing=slot.spacing,
-                variant=cfg.variant, layers=cfg.layers, window=cfg.window)
-        return StepResult(item.index, item.audio_time, source.name, self.frontend.description, models,
-                          {"frontend": item.mel_ms + item.network_ms, "mel": item.mel_ms,
-                           "network": item.network_ms, "control": control_ms},
-                          frontend_flops=item.flops, dropped_hops=source.stats.dropped,
-                          input_rate=int(getattr(source, "input_rate", 0) or 0),
-                          ready_time=item.ready_time, done_time=time.monotonic(), events=events,
-                          mel=item.mel)

@@ -198,7 +198,8 @@ class Outbox:
 
 
 class Run:
-    """One run in the engine process: the front end, the Engine, the source, the processing thread."""
+    """One run in the engine process: the front end, the Engine (its one stream: the source), the
+    processing thread."""
 
     def __init__(self, run_id: int, frontend, source: SourceSpec, engine, outbox: Outbox):
         self.run_id, self.spec, self.engine, self.outbox = run_id, source, engine, outbox
@@ -214,12 +215,15 @@ class Run:
             self.source = self.spec.open()
             if self.stopping:
                 return
-            for r in self.engine.run(self.source):
+            for r in self.engine.run([self.source], warm=True):
                 seen = len(self.codec.kinds)
                 packed = self.codec.pack(r)
                 self.outbox.put(("step", self.run_id, self.codec.kinds[seen:], packed, r.mel))
                 if self.stopping:
                     break
+            for _, why in self.engine.errors:        # the stream left early (a model's non-finite answer)
+                if not self.stopping:
+                    self.outbox.put(("error", self.run_id, why))
         except AudioError as e:
             if not self.stopping:
                 self.outbox.put(("error", self.run_id, with_hint(e)))

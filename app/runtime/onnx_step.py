@@ -3,8 +3,8 @@ with the streaming interface of GenreTransformer (reset / step / step_flops / st
 landmark_mode / landmark_updated / window_full), so that the engine, `classify --onnx` and the
 window run it beside the torch models. One intra-op thread, the CPU execution provider, batch 1.
 
-The state lives here as the graph's own numpy arrays, fed back each step; a deep copy (one
-stream per interleaved phase, models/interleaved.py) shares the session and has its own state.
+The state lives here as the graph's own numpy arrays, fed back each step; a deep copy shares the
+session and has its own state (``OnnxBatch``: a copy per stream of the engine).
 """
 from __future__ import annotations
 
@@ -238,6 +238,10 @@ class OnnxStep(nn.Module):
     def use_fused(self, on: bool = True) -> "OnnxStep":
         return self
 
+    def batch(self, capacity: int) -> "OnnxBatch":
+        """Slots for ``capacity`` streams (the engine's, app/runtime/shard.py)."""
+        return OnnxBatch(self, capacity)
+
     @property
     def landmark_mode(self) -> str | None:
         return self.kind.split("/")[1] if "/" in self.kind else None
@@ -266,3 +270,52 @@ class OnnxStep(nn.Module):
         """The FLOPs of the step just taken, by the step's formulas (models/flops.py) for the
         events the graph reported."""
         return F.graph_step(self.cfg, self.landmark_mode, self._t, self._events)
+
+
+class OnnxBatch:
+    """Slots of an exported step, with the interface of models/stream/batch.StreamBatch: each
+    stream its own copy of the step (its own state, the session shared), stepped one after
+    another (the graph takes one stream)."""
+
+    def __init__(self, step: OnnxStep, capacity: int):
+        self.model, self.cfg, self.capacity = step, step.cfg, capacity
+        self.copies: list[OnnxStep | None] = [None] * capacity
+        self.taken = [False] * capacity
+        self.mode = step.landmark_mode
+        self.slot_nbytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for _, shape, dtype in step.specs)
+        self._last: list[int] = []
+
+    def join(self) -> int:
+        try:
+            slot = self.taken.index(False)
+        except ValueError:
+            raise ValueError(f"all {self.capacity} slots hold a stream") from None
+        self.taken[slot] = True
+        if self.copies[slot] is None:
+            self.copies[slot] = copy.deepcopy(self.model)
+        self.copies[slot].reset(1)
+        return slot
+
+    def leave(self, slot: int) -> None:
+        self.taken[slot] = False
+
+    @property
+    def streams(self) -> int:
+        return sum(self.taken)
+
+    def step(self, slots, tokens: Tensor) -> Tensor:
+        self._last = list(slots.tolist() if isinstance(slots, Tensor) else slots)
+        tokens = tokens.detach().cpu()
+        return torch.cat([self.copies[slot].step(tokens[i:i + 1]) for i, slot in enumerate(self._last)])
+
+    def steps_flops(self) -> list[dict[str, int]]:
+        return [self.copies[slot].step_flops() for slot in self._last]
+
+    def landmark_updates(self) -> list[bool]:
+        return [self.copies[slot].landmark_updated() for slot in self._last]
+
+    def windows_full(self) -> list[bool]:
+        return [self.copies[slot].window_full() for slot in self._last]
+
+    def set_landmark_mode(self, mode: str) -> None:
+        self.model.set_landmark_mode(mode)            # refused: an exported graph keeps its landmarks

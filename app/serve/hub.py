@@ -1,4 +1,4 @@
-"""The server's engine loop: one StreamsEngine (app/runtime/streams.py) whose streams are network
+"""The server's engine loop: one Engine (app/runtime/engine.py) whose streams are network
 connections. On the CPU its shards (one per core) are lanes: each lane is stepped by a thread of
 its own, in a loop of its own, whenever one of its streams has a whole hop, and waits for no
 other lane (a lane that the event loop's thread holds up delays only its own streams). On CUDA
@@ -24,7 +24,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from app.runtime.streams import StreamsEngine, default_shards
+from app.runtime.engine import Engine, default_shards
 from app.runtime.verdict import Tally
 from audio.melspec import HOP, HOP_SECONDS
 
@@ -127,7 +127,7 @@ class Hub:
         shards = default_shards(torch.device(device), capacity)
         if shards > 1:                                   # each lane's thread gets an even share of torch's (process-wide)
             torch.set_num_threads(max(1, torch.get_num_threads() // shards))
-        self.engine = StreamsEngine(frontend, entries, capacity, shards=shards)
+        self.engine = Engine(frontend, entries, capacity, shards=shards)
         self.engine.warm()                               # compiled before the first client, not in its hops
         self.capacity, self.limits, self.device = capacity, limits, device
         self.batch_delay = batch_delay                   # seconds a ready hop may wait for its lane's others

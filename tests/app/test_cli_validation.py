@@ -12,7 +12,7 @@ import torch
 from tiny import tiny_model
 
 from app.cli import build_parser
-from app.runtime.engine import Engine, NonFiniteOutputError
+from engine_helpers import engine_of
 from audio.frontends import build_frontend
 from audio.sources import DemoSource
 from audio.tokens.cache import pack, save_tokens
@@ -85,18 +85,19 @@ def test_a_broken_checkpoint_is_one_line_in_classify_evaluate_and_train(tmp_path
             out.stderr[-800:]
 
 
-def test_a_model_that_answers_nan_stops_the_run():
+def test_a_model_that_answers_nan_stops_its_stream():
     model = tiny_model("continual", n=8, in_dim=50)
     with torch.no_grad():
         model.head.bias[3] = math.nan
-    engine = Engine(build_frontend("musicnn"), {"broken": model})
-    with pytest.raises(NonFiniteOutputError, match="broken answered non-finite probabilities at hop 0"):
-        list(engine.run(DemoSource(seconds=2)))
+    engine = engine_of(build_frontend("musicnn"), {"broken": model})
+    assert list(engine.run([DemoSource(seconds=2)])) == []                 # no record with a NaN in it
+    assert [why for _, why in engine.errors] == ["broken answered non-finite probabilities at hop 0; "
+                                                 "this stream stopped"]
 
 
 def test_json_lines_are_standard_json():
-    engine = Engine(build_frontend("musicnn"), {"continual": tiny_model("continual", n=8, in_dim=50)})
-    r = next(iter(engine.run(DemoSource(seconds=1))))
+    engine = engine_of(build_frontend("musicnn"), {"continual": tiny_model("continual", n=8, in_dim=50)})
+    r = next(iter(engine.run([DemoSource(seconds=1)])))
 
     def refuse(constant):
         raise ValueError(f"non-standard JSON constant {constant}")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from app.runtime.engine import CONTROL_BUDGET_MS, Engine
+from engine_helpers import engine_of
 from audio.sources import DemoSource
 from audio.vggish import build_embedder
 from models.landmarks import fit_fixed_landmarks
@@ -62,7 +63,7 @@ def engine_with_ticks(embedder, fitted=True):
     if fitted:
         fit_fixed_landmarks(cn, torch.randn(6, 8, 128, generator=torch.Generator().manual_seed(0)))
         cn.set_landmark_mode("continual")
-    return Engine(embedder, {"continual": small("continual"), "cn": cn}, clock=Ticks())
+    return engine_of(embedder, {"continual": small("continual"), "cn": cn}, clock=Ticks())
 
 
 def switch_calls(engine, count):
@@ -76,7 +77,7 @@ def switch_calls(engine, count):
 def test_each_hop_starts_no_request_after_the_budget_and_records_its_control_time(embedder):
     engine = engine_with_ticks(embedder)
     results = []
-    for r in engine.run(LiveDemo(seconds=5)):
+    for r in engine.run([LiveDemo(seconds=5)]):
         results.append(r)
         if r.step == 2:
             expected = switch_calls(engine, 2 * PER_HOP + 2)
@@ -93,7 +94,7 @@ def test_each_hop_starts_no_request_after_the_budget_and_records_its_control_tim
 def test_a_stream_that_is_not_live_applies_every_request_before_the_next_hop(embedder):
     engine = engine_with_ticks(embedder)
     seen = []
-    for r in engine.run(DemoSource(seconds=3)):
+    for r in engine.run([DemoSource(seconds=3)]):
         seen.append(r)
         if r.step == 2:
             expected = switch_calls(engine, 10 * PER_HOP)
@@ -113,7 +114,7 @@ def test_a_heavy_fit_runs_on_the_control_thread_and_holds_back_later_requests(em
     monkeypatch.setattr(Engine, "_fit_live", staticmethod(held_fit))
     engine = engine_with_ticks(embedder, fitted=False)
     results = []
-    for r in engine.run(LiveDemo(seconds=4)):
+    for r in engine.run([LiveDemo(seconds=4)]):
         results.append(r)
         if r.step == 3:
             engine.set_landmark_mode("cn", "fixed")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny import tiny_model
 
-from app.runtime.engine import Engine
+from engine_helpers import engine_of
 from audio.gtzan import GENRES
 from audio.sources import DemoSource
 from audio.tokens.stream import TokenStream
@@ -38,8 +38,8 @@ def reference_logits(model, tokens):
 def test_results_match_a_fresh_stream_and_carry_every_field(errors):
     embedder = build_embedder(random_seed=0)
     tokens = torch.cat([item.token for item in TokenStream(DemoSource(seconds=3), embedder)])
-    engine = Engine(embedder, {"continual": small("continual"), "continual_nystrom": small("continual_nystrom")})
-    results = list(engine.run(DemoSource(seconds=3)))
+    engine = engine_of(embedder, {"continual": small("continual"), "continual_nystrom": small("continual_nystrom")})
+    results = list(engine.run([DemoSource(seconds=3)]))
     assert [r.step for r in results] == list(range(12))
     for name in ("continual", "continual_nystrom"):
         ref = reference_logits(small(name), tokens)
@@ -60,9 +60,9 @@ def test_results_match_a_fresh_stream_and_carry_every_field(errors):
 def test_models_are_added_removed_reset_and_switched_mid_stream(errors):
     embedder = build_embedder(random_seed=0)
     tokens = torch.cat([item.token for item in TokenStream(DemoSource(seconds=6), embedder)])
-    engine = Engine(embedder, {"regular": small("regular")})
+    engine = engine_of(embedder, {"regular": small("regular")})
     seen = []
-    for r in engine.run(DemoSource(seconds=6)):
+    for r in engine.run([DemoSource(seconds=6)]):
         seen.append(r)
         if r.step == 3:
             engine.add_model("continual", small("continual"))
@@ -88,9 +88,10 @@ def test_models_are_added_removed_reset_and_switched_mid_stream(errors):
     for r, p in zip(seen[13:], ref):
         close(errors, r.models["continual"].probabilities, p)
     # after the live switch the stream equals the batch forward with the fitted fixed landmarks
-    cn = engine.slots["cn"].model
+    cn = engine.entries["cn"].model
     window = tokens[len(tokens) - 8:][None]
-    close(errors, seen[-1].models["cn"].probabilities, torch.softmax(cn(window, start=cn.window_start())[0], -1),
+    start = (len(tokens) - 4 - 8) % cn.cfg.period              # cn's stream began at hop 4
+    close(errors, seen[-1].models["cn"].probabilities, torch.softmax(cn(window, start=start)[0], -1),
           "engine probabilities vs the batch forward")
     fixed_flops = {r.models["cn"].flops["sda"] for r in seen[14:]}
     assert max(fixed_flops) < max(r.models["cn"].flops["sda"] for r in seen[4:10])   # no landmark updates
@@ -98,10 +99,10 @@ def test_models_are_added_removed_reset_and_switched_mid_stream(errors):
 
 @pytest.mark.slow
 def test_a_slow_consumer_makes_the_source_drop_whole_hops():
-    engine = Engine(build_embedder(random_seed=0), {"continual": small("continual")})
+    engine = engine_of(build_embedder(random_seed=0), {"continual": small("continual")})
     source = DemoSource(realtime=True, seconds=6)
     steps = []
-    for r in engine.run(source):
+    for r in engine.run([source]):
         steps.append(r)
         if r.step == 1:
             time.sleep(2.5)                 # 10 hops behind: more than the 4 hops of slack

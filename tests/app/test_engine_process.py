@@ -66,7 +66,7 @@ def test_the_engine_process_streams_exactly_what_the_in_process_engine_computes(
     oracle = Engine(FrontEndSpec("musicnn").build())
     for name, spec, kwargs in models():
         oracle.add_model(name, spec, **kwargs)
-    local = list(oracle.run(source.open()))
+    local = list(oracle.run([source.open()], warm=True))
     assert len(remote) == len(local) == 24
     for a, b in zip(remote, local):
         assert (a.step, a.audio_time, a.frontend, a.frontend_flops) == (b.step, b.audio_time, b.frontend, b.frontend_flops)

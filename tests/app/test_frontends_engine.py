@@ -1,53 +1,27 @@
 """Pluggable front ends in the engine: one front-end computation per hop whatever the number of
-models, interleaved streams at a model's token spacing, front-end mismatches refused, and the
-trained models shipped in assets/."""
-import copy
+models, a model fed at its token spacing (a slot per phase), front-end mismatches refused, and
+the trained models shipped in assets/."""
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from error_model import EPS32
 from tiny import tiny_model
 
-from app.runtime.engine import Engine, EngineError
+from app.runtime.engine import EngineError
 from app.runtime.lineup import ASSETS, shipped_checkpoints
 from audio.errors import FrontEndMismatchError
 from audio.frontends import MusicnnFrontEnd, build_frontend
 from audio.sources import DemoSource
 from audio.tokens.stream import TokenStream
 from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from models.interleaved import InterleavedStreams
+from engine_helpers import engine_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def small(variant="continual_nystrom", in_dim=50, n=6, **kw):
     return tiny_model(variant, n=n, in_dim=in_dim, **kw)
-
-
-@pytest.mark.parametrize("variant", ["regular", "continual", "continual_nystrom"])
-def test_interleaved_streams_equal_the_batch_forward_of_each_subsequence(variant, errors):
-    """Hop t is answered by replica t mod s, which has seen exactly the tokens of hops
-    t mod s, t mod s + s, ..., t: equal to the batch forward on the last n of them (with the
-    replica's own stream-aligned landmarks, for continual Nyström)."""
-    spacing, n = 3, 6
-    model = small(variant, n=n)
-    ref = copy.deepcopy(model)
-    wrapper = InterleavedStreams(model, spacing)
-    wrapper.reset(1)
-    tokens = torch.randn(40, 1, 50)
-    for t in range(40):
-        got = wrapper.step(tokens[t])
-        seen = tokens[t % spacing:t + 1:spacing, 0]
-        window = seen[-n:]
-        start = (len(seen) - len(window)) % ref.cfg.period
-        want = ref(window[None], start=start, landmarks=wrapper.landmarks())
-        # two float32 paths of a tiny model, each within 6 EPS32 (1 + S) sqrt(n) of float64
-        # (tests/error_model.py; randn tokens give S < 1 (0.81 over 20 seeds): 3.5e-6 each)
-        errors("interleaved replicas vs the batch forward (logits)", (got - want).abs().max().item(),
-               2 * 6 * EPS32 * (1 + 1) * n ** 0.5)
-    assert wrapper.state_nbytes() == sum(r.state_nbytes() for r in wrapper.replicas)
 
 
 def test_engine_computes_the_front_end_once_per_hop_for_any_number_of_models():
@@ -62,8 +36,8 @@ def test_engine_computes_the_front_end_once_per_hop_for_any_number_of_models():
         return state
     fe.stream = counting_stream
     models = {f"m{i}": small(n=6) for i in range(5)}
-    engine = Engine(fe, models, spacing={f"m{i}": 1 + i % 4 for i in range(5)})
-    results = list(engine.run(DemoSource(seconds=3)))
+    engine = engine_of(fe, models, spacing={f"m{i}": 1 + i % 4 for i in range(5)})
+    results = list(engine.run([DemoSource(seconds=3)]))
     assert len(results) == 12 and len(pushes) == 12
     assert {n: m.spacing for n, m in results[-1].models.items()} == {f"m{i}": 1 + i % 4 for i in range(5)}
     assert results[-1].mel.shape[1] == 96 and results[-1].frontend_flops > 0
@@ -72,26 +46,27 @@ def test_engine_computes_the_front_end_once_per_hop_for_any_number_of_models():
 def test_engine_results_equal_a_model_fed_the_front_ends_tokens_at_its_spacing(errors):
     fe = build_frontend("musicnn")
     tokens = torch.cat([i.token for i in TokenStream(DemoSource(seconds=4), fe)])   # (16, 50)
-    engine = Engine(fe, {"cn": small()}, spacing={"cn": 4})
-    results = list(engine.run(DemoSource(seconds=4)))
-    oracle = InterleavedStreams(small(), 4)
-    oracle.reset(1)
-    for r, token in zip(results, tokens):
-        p = torch.softmax(oracle.step(token[None])[0], -1)
-        errors("engine probabilities vs interleaved replicas",           # as test_engine.PROB_TOL
+    engine = engine_of(fe, {"cn": small()}, spacing={"cn": 4})
+    results = list(engine.run([DemoSource(seconds=4)]))
+    phases = [small() for _ in range(4)]          # hop t answered by the phase fed hops t mod 4, t mod 4 + 4, ...
+    for model in phases:
+        model.reset(1)
+    for t, (r, token) in enumerate(zip(results, tokens)):
+        p = torch.softmax(phases[t % 4].step(token[None])[0], -1)
+        errors("engine probabilities vs a model fed each phase",         # as test_engine.PROB_TOL
                float(np.abs(np.array(r.models["cn"].probabilities) - p.numpy()).max()), 3e-6)
 
 
 def test_a_model_of_another_front_end_is_refused():
     vggish = build_frontend("vggish", random_vggish=0)
     with pytest.raises(FrontEndMismatchError, match="front end is vggish"):
-        Engine(vggish, {"m": small(in_dim=50)})
+        engine_of(vggish, {"m": small(in_dim=50)})
     with pytest.raises(FrontEndMismatchError, match="trained on musicnn"):
-        Engine(vggish, {"m": small(in_dim=128)}, frontends={"m": "musicnn"})
-    engine = Engine(vggish)
+        engine_of(vggish, {"m": small(in_dim=128)}, frontends={"m": "musicnn"})
+    engine = engine_of(vggish, {})
     engine.add_model("m", small(in_dim=50))
     assert any("front end is vggish" in e for e in engine.apply_pending())
-    assert "m" not in engine.slots
+    assert "m" not in engine.entries
 
 
 def test_checkpoints_record_their_front_end_and_refuse_another(tmp_path):
@@ -142,8 +117,8 @@ def test_shipped_models_reach_their_recorded_accuracy_on_the_evaluation_tracks(s
 
 
 def test_engine_error_for_unknown_spacing():
-    with pytest.raises(ValueError, match="spacing"):
-        InterleavedStreams(small(), 0)
+    with pytest.raises(EngineError, match="spacing"):
+        engine_of(build_frontend("musicnn"), {"m": small()}, spacing={"m": 0})
     assert issubclass(EngineError, ValueError)
 
 

@@ -192,12 +192,13 @@ def test_the_docs_example_streams_an_export_without_torch(tmp_path, capsys):
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     printed = [line.split() for line in r.stdout.splitlines()]
-    # the same hops through the app's interleaved ONNX step: the same genres
-    from models.interleaved import InterleavedStreams
+    # the same tokens through the app's ONNX step, a copy per phase as the engine feeds it: the same genres
     onnx = OnnxStep(tmp_path / "m.onnx")
-    app = InterleavedStreams(onnx, onnx.frontend["spacing_hops"])
-    app.reset(1)
-    genres = [onnx.classes[int(app.step(torch.from_numpy(x[None])).argmax())] for x in tokens]
+    spacing = onnx.frontend["spacing_hops"]
+    batch = onnx.batch(spacing)
+    phases = [batch.join() for _ in range(spacing)]
+    genres = [onnx.classes[int(batch.step([phases[t % spacing]], torch.from_numpy(x[None])).argmax())]
+              for t, x in enumerate(tokens)]
     assert [int(p[0]) for p in printed] == list(range(40)) and [p[1] for p in printed] == genres
 
 

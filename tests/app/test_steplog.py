@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tiny import tiny_model
 
-from app.runtime.engine import Engine
+from engine_helpers import engine_of
 from app.runtime.steplog import StepLog
 from audio.sources import DemoSource
 from audio.vggish import build_embedder
@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def engine_results(seconds=4):
-    engine = Engine(build_embedder(random_seed=0),
+    engine = engine_of(build_embedder(random_seed=0),
                     {"continual": tiny_model("continual", n=8), "continual_nystrom": tiny_model("continual_nystrom", n=8),
                      "nystrom": tiny_model("nystrom", n=8)})
-    results = list(engine.run(DemoSource(seconds=seconds)))
+    results = list(engine.run([DemoSource(seconds=seconds)]))
     engine.set_landmark_mode("continual_nystrom", "fixed")     # a landmark change and its event
-    results += list(engine.run(DemoSource(seconds=2)))
+    results += list(engine.run([DemoSource(seconds=2)]))
     return results
 
 
@@ -77,7 +77,7 @@ def test_the_mmap_threshold_is_fixed_on_linux_glibc():
 
 
 def test_a_many_streams_heap_is_set_on_linux_glibc():
-    """StreamsEngine.warm() (serve, classify FILE FILE ..., bench --streams) sets it; the hop time
+    """Engine.warm() (serve, classify FILE FILE ..., bench --streams) sets it; the hop time
     and memory it gives are measured in app/runtime/memory.py."""
     expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert heap_policy_in_a_fresh_process("many_streams_heap") == str(expected)

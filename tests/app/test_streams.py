@@ -1,7 +1,8 @@
-"""Many sources in one engine (app/runtime/streams.py) and `classify FILE FILE ...`: each stream's
-records equal the single-stream engine's for that source alone, whenever it joined, whatever else
-ran and whichever shard held it (on CUDA too, skipped without it: the batched front end and models
-against the CPU's single-stream engine); a stream that fails leaves alone."""
+"""Many sources in one engine (app/runtime/engine.py) and `classify FILE FILE ...`: each stream's
+records equal the engine's for that source alone (capacity 1: on the CPU the front end's
+one-stream path), whenever it joined, whatever else ran and whichever shard held it (on CUDA too,
+skipped without it: the batched front end and models against the CPU's engine alone); a stream
+that fails leaves alone."""
 import json
 
 import numpy as np
@@ -10,7 +11,6 @@ import torch
 
 from app.runtime.engine import Engine
 from app.runtime.lineup import Entry
-from app.runtime.streams import StreamsEngine
 from audio.frontends import build_frontend
 from audio.sources import DemoSource, FileSource
 from audio_helpers import tone, write
@@ -45,8 +45,8 @@ def entries(frontend: str = "musicnn", models=MODELS, device: str = "cpu"):
 
 def alone(frontend, source) -> list:
     es = entries(frontend.name, MODELS if frontend.name == "musicnn" else MODELS[1:2])
-    engine = Engine(frontend, {e.name: e.model for e in es}, spacing={e.name: e.spacing for e in es})
-    return list(engine.run(source))
+    engine = Engine(frontend, es, capacity=1)
+    return list(engine.run([source]))
 
 
 def same(errors, got: list, want: list) -> None:
@@ -75,7 +75,7 @@ def test_streams_joining_at_different_hops_each_equal_their_source_alone(fronten
     make = {"demo:0": lambda: named(DemoSource(seed=0, seconds=5), "demo:0"), "file:song.wav": lambda: FileSource(song),
             "demo:3": lambda: named(DemoSource(seed=3, seconds=2), "demo:3")}
     streams_frontend = frontend if device == "cpu" else build_frontend("musicnn", device=device)
-    engine = StreamsEngine(streams_frontend, entries(device=device), capacity=3, shards=shards)
+    engine = Engine(streams_frontend, entries(device=device), capacity=3, shards=shards)
     got = {name: [] for name in make}
     order = []
     held = [engine.join(make["demo:0"]()).shard, engine.join(make["file:song.wav"]()).shard]
@@ -96,7 +96,7 @@ def test_streams_joining_at_different_hops_each_equal_their_source_alone(fronten
 
 
 def test_a_server_on_the_cpu_takes_a_shard_per_thread_from_8_streams_on_and_on_cuda_one():
-    from app.runtime.streams import default_shards
+    from app.runtime.engine import default_shards
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -111,7 +111,7 @@ def test_a_server_on_the_cpu_takes_a_shard_per_thread_from_8_streams_on_and_on_c
 
 def test_a_full_engine_refuses_a_stream_and_a_leaver_frees_its_shard(frontend):
     """Streams join the shard with the fewest streams; with every slot taken, one line."""
-    engine = StreamsEngine(frontend, entries("musicnn", MODELS[1:2]), capacity=3, shards=2)
+    engine = Engine(frontend, entries("musicnn", MODELS[1:2]), capacity=3, shards=2)
     assert [s.capacity for s in engine.shards] == [2, 1]
     streams = [engine.join(DemoSource(seed=i, seconds=1)) for i in range(3)]
     assert [s.shard for s in streams] == [0, 1, 0] and [s.number for s in engine.streams] == [0, 1, 2]
@@ -123,7 +123,7 @@ def test_a_full_engine_refuses_a_stream_and_a_leaver_frees_its_shard(frontend):
 
 def test_vggish_streams_batched_equal_each_source_alone(errors):
     vggish = build_frontend("vggish", random_vggish=0)
-    engine = StreamsEngine(vggish, entries("vggish", MODELS[1:2]), capacity=2)
+    engine = Engine(vggish, entries("vggish", MODELS[1:2]), capacity=2)
     got = {"demo:0": [], "demo:1": []}
     engine.join(named(DemoSource(seed=0, seconds=2.5), "demo:0"))
     for hop in range(12):
@@ -138,7 +138,7 @@ def test_vggish_streams_batched_equal_each_source_alone(errors):
 @pytest.mark.parametrize("shards", [1, 2])
 def test_a_stream_whose_file_changes_leaves_and_the_others_run_to_their_end(frontend, shards, tmp_path, errors):
     victim = write(tmp_path / "v.wav", tone(6.0, 16000, 440.0), 16000)
-    engine = StreamsEngine(frontend, entries(), capacity=2, shards=shards)
+    engine = Engine(frontend, entries(), capacity=2, shards=shards)
     records = {"file:v.wav": [], "demo": []}
     engine.join(FileSource(victim))
     engine.join(DemoSource(seed=0, seconds=4))
@@ -157,7 +157,7 @@ def test_a_warmed_engine_gives_the_records_of_a_cold_one(frontend):
     hops of silence in a front-end slot) leaves nothing behind: the same records, bit for bit."""
     runs = []
     for warm in (False, True):
-        engine = StreamsEngine(frontend, entries(), capacity=2)
+        engine = Engine(frontend, entries(), capacity=2)
         if warm:
             engine.warm()
         for seed, seconds in ((0, 3), (1, 2)):
@@ -165,13 +165,6 @@ def test_a_warmed_engine_gives_the_records_of_a_cold_one(frontend):
         runs.append([(r.source, r.step, {n: m.probabilities for n, m in r.models.items()}, r.mel.tobytes())
                      for r in engine.run([])])
     assert runs[0] == runs[1] and len(runs[0]) == 12 + 8
-
-
-def test_exported_steps_are_refused_in_one_line(frontend, tmp_path):
-    class Exported:                           # what lineup gives for an .onnx file: no torch blocks
-        cfg = tiny_model("continual", n=8, in_dim=50).cfg
-    with pytest.raises(ValueError, match="exported step: it runs one stream"):
-        StreamsEngine(frontend, [Entry("onnx:x", Exported(), True, 4, "musicnn")], capacity=2)
 
 
 def classify(capsys, *args):

@@ -26,7 +26,7 @@ from audio.sources import FileSource
 TOKEN = "a-test-token-of-32-characters-ok"
 HELLO = {"sample_rate": 16000, "channels": 1, "format": "f32le"}
 # As tests/app/test_streams.py PROB_TOL (the same tiny models, the same front end): the server's
-# batched engine against classify's single-stream engine.
+# engine's many streams against the same engine running each source alone.
 PROB_TOL = 6e-6
 
 
@@ -139,7 +139,7 @@ def test_a_lane_held_up_delays_only_its_own_streams(files, capsys, errors, monke
     """Two lanes (as on a 2-core CPU), the first client's held in its hop: the second client,
     in the other lane, gets all of classify's records and its verdict meanwhile; then the first
     gets its own. Clients joining at once are spread over the lanes."""
-    from app.runtime.streams import StreamsShard
+    from app.runtime.shard import StreamsShard
     from app.serve import hub as hub_module
     monkeypatch.setattr(hub_module, "default_shards", lambda device, capacity: 2)
     checkpoints, songs = files

@@ -14,6 +14,7 @@ import threading
 import time
 
 from app.runtime.engine import CONTROL_BUDGET_MS, Engine
+from app.runtime.lineup import Entry
 from app.runtime.records import percentile
 from audio.frontends import build_frontend
 from audio.sources import DemoSource
@@ -49,7 +50,7 @@ def storm_call(engine: Engine, i: int) -> None:
 def control_storm(seconds: float, frontend: str = "musicnn") -> dict:
     """Run the storm for ``seconds`` of real-time audio; the numbers of the run."""
     fe = build_frontend(frontend, random_vggish=0 if frontend == "vggish" else None)
-    engine = Engine(fe, {v: paper_sized(v, fe.token_dim) for v in VARIANTS})
+    engine = Engine(fe, [Entry(v, paper_sized(v, fe.token_dim), False, 1, None) for v in VARIANTS])
     source = DemoSource(realtime=True, seconds=seconds)
     done, calls = threading.Event(), [0]
 
@@ -63,7 +64,7 @@ def control_storm(seconds: float, frontend: str = "musicnn") -> dict:
 
     thread, results = threading.Thread(target=controller, daemon=True), []
     try:
-        for r in engine.run(source):
+        for r in engine.run([source], warm=True):
             results.append(r)
             if r.step == 4:                                  # the live k-means needs m = 4 tokens
                 thread.start()

@@ -1,5 +1,5 @@
 """`bench --streams [--device cpu|cuda]`: S concurrent streams of the demo signal (seeds 0..S-1)
-in one engine (app/runtime/streams.py) with the musicnn front end and the five shipped models (or
+in one engine (app/runtime/engine.py) with the musicnn front end and the five shipped models (or
 those named: ``bench_setup``), for S = 1, 2, 4, ... (or from ``start``) until the hop's p95
 passes half a hop (125 ms): the hop's time (every
 stream's audio, front end and every model's batched step), FLOPs per stream-hop, GFLOP/s against
@@ -91,12 +91,12 @@ def steady_after(entries, every_hop: bool = False) -> int:
 def streams_row(device: str, streams: int, hops: int, warm: int, threads: int, models=None, tf32: bool = False) -> dict:
     """One row, in a fresh process (``streams_bench``): the engine's hop for ``streams`` demo
     streams, and the resident memory the engine and its streams added to the process."""
-    from app.runtime.streams import StreamsEngine
+    from app.runtime.engine import Engine
     torch.set_num_threads(threads)
     frontend, entries = bench_setup(device, models, tf32)
     release_free_heap()
     base = rss_mb()
-    engine = StreamsEngine(frontend, entries, capacity=streams)
+    engine = Engine(frontend, entries, capacity=streams)
     engine.warm()                                     # as serve readies its engine
     for i in range(streams):
         engine.join(demo_stream(i))
@@ -183,7 +183,7 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, m
     from audio.musicnn.batch import MusicnnBatch
     from models.stream.batch import StreamBatch
 
-    many_streams_heap()                               # as StreamsEngine.warm() sets it
+    many_streams_heap()                               # as Engine.warm() sets it
 
     frontend, entries = bench_setup(device, models, tf32)
     warm = steady_after(entries, every_hop=True) if warm is None else warm
@@ -244,7 +244,7 @@ def tf32_error(models=None, sources=None, streams: int = 64, seconds: float = 30
     genre differs, and the streams whose verdict (the genre most often on top) differs."""
     import numpy as np
 
-    from app.runtime.streams import StreamsEngine
+    from app.runtime.engine import Engine
     from app.runtime.verdict import Tally
     from audio.musicnn.batch import MusicnnBatch
     from audio.musicnn.mel import StreamingMel, log_mel_of_frames
@@ -264,7 +264,7 @@ def tf32_error(models=None, sources=None, streams: int = 64, seconds: float = 30
                 break
             out.append(net.push(list(range(streams)), [log_mel_of_frames(m.frames(x)) for m, x in zip(mels, step)]).cpu())
         taggrams[tf32] = torch.stack(out)                                       # (hops, S, 50)
-        engine = StreamsEngine(frontend, entries, capacity=streams)
+        engine = Engine(frontend, entries, capacity=streams)
         runs[tf32] = list(engine.run(sources(i) for i in range(streams)))
     by_stream = {tf32: {} for tf32 in runs}
     worst, differ, steps = 0.0, 0, 0

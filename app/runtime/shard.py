@@ -1,28 +1,20 @@
-"""Many sources in one engine: a stream object per source (its hops, its front-end state, its
-position, a slot per phase in every model's batch), and one hop of every active stream at a time,
-each model stepped once for all of them (models/stream/batch.py): sherpa-onnx's server loop.
+"""A shard of the engine (app/runtime/engine.py): up to ``capacity`` streams of one front end, each
+model in one batch (models/stream/batch.py) with a slot per stream (a slot per phase for a model
+fed every k-th hop), the front end in one batch too; ``hop()`` steps them all once
+(sherpa-onnx's server loop).
 
 A stream joins at any hop and leaves when its source ends or fails, or when a model answers it
 non-finite values: the others go on, and no stream's values depend on which others share the
-batch. Each stream's records equal what ``Engine`` gives it alone, within float32 rounding
-(tests/app/test_streams.py). The front end is batched too: musicnn takes every stream's new
-samples (on CUDA in one copy, framed in one gather there; on the CPU framed stream by stream),
-their log-mels in one call on the network's device (the host's values bit for bit,
-audio/musicnn/mel.py), then the network once for every stream of
-the hop (its continual caches in per-stream slots, audio/musicnn/batch.py); VGGish takes each
-stream's log-mel on the host. A hop's per-stream work on the host is its source's next hop and
-its record; the records are built from per-model arrays (the batch's FLOPs, landmark events and
-warm-up for all streams at once).
+batch. The front end takes every stream's new samples (musicnn: on CUDA in one copy, framed in
+one gather there; on the CPU framed stream by stream), their log-mels in one call on the
+network's device (the host's values bit for bit, audio/musicnn/mel.py), then the network once
+for every stream of the hop; VGGish takes each stream's log-mel on the host. A hop's per-stream
+host work is its source's next hop and its record; the records are built from per-model arrays
+(the batch's FLOPs, landmark events and warm-up for all streams at once).
 
-The streams may be spread over shards (``StreamsShard``, ``shards=``; `serve` does it on the CPU:
-``default_shards``), each a batched engine of its own (its own front-end and model slots, the
-weights shared). ``hop()`` steps them one after another; a server steps each shard in a loop and
-a thread of its own (app/serve/hub.py's lanes), so that a shard that the event loop's thread
-holds up delays only its own streams. `classify` and `bench --streams` keep one engine: stepped
-at once, each in its own thread, two shards gave 16 demo streams a p95 of 160-161 ms against
-141-143 ms for one engine on two threads, 8 streams 93-111 against 75-84 ms (the slower shard
-ended the hop; 2026-11-26, interleaved runs, AMD EPYC). A stream joins the shard with the fewest
-streams (or the one it is given); its records do not depend on which.
+Models are added, removed, reset and switched between landmark modes for all the shard's
+streams at once (the engine's control, between hops): an added model's window fills from its
+next hop, a reset one starts afresh, a switched one's state is rebuilt for the new landmarks.
 
 A record's ``latency_ms`` for a model is the batched step's time divided by the streams in it.
 On CUDA a hop waits for the device once, when it copies every model's probabilities back; the
@@ -32,9 +24,8 @@ them (the device's timeline, launch gaps included).
 from __future__ import annotations
 
 import gc
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,6 +40,21 @@ from .memory import many_streams_heap
 from .records import ModelStep, StepResult, rounded
 
 
+def batch_of(model, capacity: int):
+    """The slots of ``model`` for ``capacity`` streams: a StreamBatch, or for an exported step
+    (app/runtime/onnx_step.py) its OnnxBatch."""
+    make = getattr(model, "batch", None)
+    return make(capacity) if make is not None else StreamBatch(model.eval(), capacity)
+
+
+def check_frontend(entry, frontend) -> None:
+    """FrontEndMismatchError unless ``entry``'s model takes ``frontend``'s tokens."""
+    if (entry.frontend is not None and entry.frontend != frontend.name) or entry.model.cfg.in_dim != frontend.token_dim:
+        raise FrontEndMismatchError(
+            f"{entry.name} was trained on {entry.frontend or f'{entry.model.cfg.in_dim}-d'} tokens but the "
+            f"streams' front end is {frontend.name} ({frontend.token_dim}-d); choose the front end it was trained on")
+
+
 @dataclass
 class Stream:
     number: int                          # order of joining, 0-based
@@ -59,6 +65,7 @@ class Stream:
     step: int = 0                        # hops taken
     error: str | None = None             # why it left early
     shard: int = 0                       # which shard of the engine holds it
+    ready_time: float = 0.0              # time.monotonic() when its last hop's last sample was due
 
     @property
     def name(self) -> str:
@@ -73,22 +80,14 @@ class StreamsShard:
     def __init__(self, frontend, entries, capacity: int, errors: list | None = None):
         self.frontend = as_frontend(frontend)
         self.entries, self.batches = {}, {}
-        for e in entries:
-            if not hasattr(e.model, "state_dict") or not hasattr(e.model, "blocks"):
-                raise ValueError(f"{e.name} is an exported step: it runs one stream; classify its "
-                                 f"files one at a time")
-            fe = self.frontend
-            if (e.frontend is not None and e.frontend != fe.name) or e.model.cfg.in_dim != fe.token_dim:
-                raise FrontEndMismatchError(f"{e.name} was trained on {e.frontend} tokens but the streams' "
-                                            f"front end is {fe.name}; choose the front end it was trained on")
-            self.entries[e.name] = e
-            self.batches[e.name] = StreamBatch(e.model.eval(), capacity * e.spacing)
         self.capacity = capacity
-        self.frontend_batch = self.frontend.batch(capacity)
-        self.device = next((next(e.model.parameters()).device for e in entries), torch.device("cpu"))
         self.streams: list[Stream] = []
         self.errors: list[tuple[Stream, str]] = [] if errors is None else errors
         self.numbers: list[int] = []         # the joining numbers of the last hop's records, in order
+        self.frontend_batch = self.frontend.batch(capacity)
+        self.device = self.frontend.device
+        for e in entries:
+            self.add_model(e, self.batches_for(e))
 
     @torch.no_grad()
     def warm(self) -> None:
@@ -105,18 +104,43 @@ class StreamsShard:
         (app/runtime/memory.py: a hop's temporaries reuse memory, not fresh pages). Nothing of it
         stays in a stream."""
         many_streams_heap()
-        g = torch.Generator().manual_seed(0)
         for e in self.entries.values():
-            cfg = e.model.cfg
-            scratch = StreamBatch(e.model, 1, graphs=False)
-            slot = [scratch.join()]
-            for _ in range(steps_to_steady(cfg)):
-                scratch.step(slot, torch.rand(1, cfg.in_dim, generator=g).to(self.device))
+            warm_model(e.model, self.device)
         slot = self.frontend_batch.join()
         for _ in range(2):
             self.frontend_batch.push([slot], [np.zeros(HOP, np.float32)])
         self.frontend_batch.leave(slot)
         gc.freeze()
+
+    # ------------------------------------------------------------------ models, live
+    def batches_for(self, entry):
+        """The batch of ``entry``'s model for this shard (a slot per stream and phase); made
+        off the processing thread when a model is added live, then installed by ``add_model``."""
+        check_frontend(entry, self.frontend)
+        return batch_of(entry.model, self.capacity * entry.spacing)
+
+    def add_model(self, entry, batch) -> None:
+        """``entry`` runs from the next hop, every stream in slots of ``batch`` (its window fills from there)."""
+        self.entries[entry.name], self.batches[entry.name] = entry, batch
+        for stream in self.streams:
+            stream.slots[entry.name] = [batch.join() for _ in range(entry.spacing)]
+
+    def remove_model(self, name: str) -> None:
+        del self.entries[name], self.batches[name]
+        for stream in self.streams:
+            stream.slots.pop(name, None)
+
+    def reset_model(self, name: str) -> None:
+        """Every stream's state of model ``name`` starts afresh (from its next hop)."""
+        batch = self.batches[name]
+        for stream in self.streams:
+            for slot in stream.slots[name]:
+                batch.leave(slot)
+            stream.slots[name] = [batch.join() for _ in stream.slots[name]]
+
+    def set_landmark_mode(self, name: str) -> None:
+        """Model ``name``'s streams to the landmark mode its model is in now, live."""
+        self.batches[name].set_landmark_mode(self.entries[name].model.landmark_mode)
 
     # ------------------------------------------------------------------ streams
     def join(self, source, number: int) -> Stream:
@@ -160,18 +184,20 @@ class StreamsShard:
                 continue
             taken.append(stream)
             hops.append(hop)
+            stream.ready_time = getattr(stream.source, "last_ready", None) or time.monotonic()   # a paced source's clock
         self.numbers = []
         if not taken:
             return []
         tokens = self.frontend_batch.push([s.frontend_slot for s in taken], hops)     # HopTokens
         marks = [self._clock()]
-        x = tokens.tokens.to(self.device, non_blocking=True)                                  # (S, D)
+        x = self.last_tokens = tokens.tokens.to(self.device, non_blocking=True)               # (S, D)
         probabilities = []
         for name, e in self.entries.items():
             slots = [s.slots[name][s.step % e.spacing] for s in taken]
             probabilities.append(torch.softmax(self.batches[name].step(slots, x).float(), dim=-1))
             marks.append(self._clock())
-        host = torch.cat(probabilities, dim=1).cpu().numpy()         # the hop's one wait for the device
+        host = (torch.cat(probabilities, dim=1).cpu().numpy() if probabilities    # the hop's one wait for the device
+                else np.zeros((len(taken), 0), np.float32))
         start = getattr(self.frontend_batch, "network_start", None)
         if self.device.type == "cuda" and start is not None:         # the network's device time, shared
             tokens.network_ms = [self._ms(start, marks[0]) / len(taken)] * len(taken)
@@ -232,94 +258,21 @@ class StreamsShard:
                 {"frontend": mel_ms + network_ms, "mel": mel_ms, "network": network_ms, "control": 0.0},
                 frontend_flops=tokens.flops[i], dropped_hops=stats.dropped,
                 input_rate=int(getattr(stream.source, "input_rate", 0) or 0),
-                done_time=done, mel=tokens.mels[i]))
+                ready_time=stream.ready_time, done_time=done, mel=tokens.mels[i]))
             stream.step += 1
         return out
 
 
-STREAMS_PER_SHARD = 4       # of capacity, at least, for each shard on the CPU
-
-
-def default_shards(device: torch.device, capacity: int) -> int:
-    """A server's shards (app/serve/hub.py). CPU: one per thread torch may use
-    (``torch.get_num_threads()``), at most one per STREAMS_PER_SHARD streams of capacity (with 2
-    or 4 streams one engine was faster alone: 30-48 against 34-55 ms a hop); CUDA: one (the
-    device does the work)."""
-    if device.type != "cpu":
-        return 1
-    return max(1, min(torch.get_num_threads(), capacity // STREAMS_PER_SHARD))
-
-
-class StreamsEngine:
-    """Every model of ``entries`` (app/runtime/lineup.py) over up to ``capacity`` streams of one
-    front end, spread over ``shards`` (default one). ``run(sources)`` yields one
-    StepResult per stream per hop, streams in joining order; ``errors`` lists the streams that
-    left early, with why."""
-
-    def __init__(self, frontend, entries, capacity: int, *, shards: int = 1):
-        if capacity < 1:
-            raise ValueError(f"capacity must be at least 1, got {capacity}")
-        k = max(1, min(int(shards), capacity))
-        self.errors: list[tuple[Stream, str]] = []
-        self.shards = [StreamsShard(frontend, entries, capacity // k + (i < capacity % k), self.errors)
-                       for i in range(k)]
-        first = self.shards[0]
-        self.frontend, self.entries, self.device = first.frontend, first.entries, first.device
-        self.capacity = capacity
-        self._joined, self._numbering = 0, threading.Lock()
-
-    def warm(self) -> None:
-        """Each shard ready to serve (``StreamsShard.warm``)."""
-        for shard in self.shards:
-            shard.warm()
-
-    @property
-    def streams(self) -> list[Stream]:
-        """The streams, in joining order."""
-        if len(self.shards) == 1:
-            return self.shards[0].streams
-        return sorted((s for shard in self.shards for s in shard.streams), key=lambda s: s.number)
-
-    def place(self, load: list[int] | None = None) -> int:
-        """The shard a new stream joins: the one with the fewest streams (``load``: the caller's
-        count of each shard's streams, joins in flight included); ValueError when every slot is
-        taken."""
-        load = [len(shard.streams) for shard in self.shards] if load is None else load
-        room = [i for i, shard in enumerate(self.shards) if load[i] < shard.capacity]
-        if not room:
-            raise ValueError(f"all {self.capacity} streams are taken")
-        return min(room, key=lambda i: load[i])
-
-    def join(self, source, shard: int | None = None) -> Stream:
-        """A new stream of ``source`` in ``shard`` (default ``place()``); ValueError when it
-        is full. Streams of different shards may join from different threads (a server's lanes)."""
-        i = self.place() if shard is None else shard
-        with self._numbering:
-            number = self._joined
-            self._joined += 1
-        stream = self.shards[i].join(source, number)
-        stream.shard = i
-        return stream
-
-    def leave(self, stream: Stream, error: str | None = None) -> None:
-        self.shards[stream.shard].leave(stream, error)
-
-    def run(self, sources: Iterable) -> Iterator[StepResult]:
-        """Every source as a stream, all at once; records in hop order, streams in joining order."""
-        for source in sources:
-            self.join(source)
-        while self.streams:
-            yield from self.hop()
-
-    def hop(self) -> list[StepResult]:
-        """One hop of every active stream that has one, shard after shard; the records in
-        joining order."""
-        if len(self.shards) == 1:
-            return self.shards[0].hop()
-        numbered = []
-        for shard in self.shards:
-            if shard.streams:
-                records = shard.hop()
-                numbered += zip(shard.numbers, records)
-        numbered.sort(key=lambda x: x[0])
-        return [r for _, r in numbered]
+def warm_model(model, device) -> None:
+    """What compiles or initialises on first use runs now, not in a stream's hops: the model
+    steps a scratch stream of random tokens through its warm-up and one landmark segment (the
+    compiled backend's kernels compile there, or load from numba's cache)."""
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(0)
+    scratch = batch_of(model, 1)
+    if hasattr(scratch, "graphs"):
+        scratch.graphs = False
+    slot = [scratch.join()]
+    with torch.no_grad():
+        for _ in range(steps_to_steady(cfg)):
+            scratch.step(slot, torch.rand(1, cfg.in_dim, generator=g).to(device))
