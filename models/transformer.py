@@ -170,10 +170,9 @@ class GenreTransformer(nn.Module):
         """The compiled backend for this model's steady steps, where it takes them."""
         self._backend = None
         if self.fused:
-            from .fused.backend import backend, takes_model
-            step = self.stepper()
-            if takes_model(step):
-                self._backend = backend(step)
+            from .fused.backend import backend
+            self._backend = backend(self.stepper())
+            if self._backend is not None:
                 self._rows, self._positions = np.arange(self._batch), np.zeros(self._batch, np.int64)
 
     def step(self, token: Tensor) -> Tensor:

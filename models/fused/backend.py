@@ -22,6 +22,7 @@ from ..landmarks import aligned_segments
 from ..stream.segments import landmark_event
 from ..stream.sums import TAU
 from . import blocks as B
+from .pinv import pinv64
 from . import kernels as K
 
 
@@ -67,8 +68,15 @@ def takes_model(stepper) -> bool:
     return p.device.type == "cpu" and p.dtype == torch.float32 and stepper.stability.wide
 
 
-def backend(stepper) -> "Backend | TwoBlockBackend":
-    """The backend of ``stepper``'s model (``takes_model`` must hold)."""
+def backend(stepper) -> "Backend | TwoBlockBackend | None":
+    """The backend of ``stepper``'s model where ``takes_model`` holds, else None; either way the
+    stepper's eager steps (warm-up, landmark changes) take the compiled pseudo-inverse on the
+    CPU in float32 (the same arithmetic, pinv.pinv64)."""
+    p = stepper.embed.weight
+    if p.device.type == "cpu" and p.dtype == torch.float32 and stepper.events == "eager":
+        stepper.use_inverse(pinv64)
+    if not takes_model(stepper):
+        return None
     return TwoBlockBackend(stepper) if stepper.cfg.layers == 2 else Backend(stepper)
 
 

@@ -94,6 +94,24 @@ def landmark_pinv_arrays(q_land, k_land, iters, z64, z32):
                 z32[b, i, j] = z64[b, i, j]
 
 
+@njit(**JIT)
+def pinv_arrays(a, iters, z):
+    """z = pinv(a) for (B, m, m) float64 matrices."""
+    m = a.shape[1]
+    az, t, u = np.empty((m, m)), np.empty((m, m)), np.empty((m, m))
+    for b in range(a.shape[0]):
+        _pinv_one(a[b], iters, z[b], az, t, u)
+
+
+def pinv64(a: Tensor, iters: int) -> Tensor:
+    """models/sda/reference.pinv of (..., m, m) float64 CPU matrices, in one compiled call."""
+    m = a.shape[-1]
+    flat = a.detach().reshape(-1, m, m).contiguous().numpy()
+    z = np.empty_like(flat)
+    pinv_arrays(flat, int(iters), z)
+    return torch.from_numpy(z).view(a.shape)
+
+
 def landmark_pinv(q_land: Tensor, k_land: Tensor, iters: int) -> tuple[Tensor, Tensor]:
     """(B, m, d) float32 CPU landmarks -> (z float32, z64 float64), each (B, m, m)."""
     q = q_land.detach().contiguous().numpy()

@@ -101,8 +101,8 @@ class StreamBatch:
         self.backend = None
         if self._fused:
             from ..fused import available
-            from ..fused.backend import backend, takes_model
-            if available() and takes_model(self.stepper):
+            from ..fused.backend import backend
+            if available():
                 self.backend = backend(self.stepper)
 
     @property
@@ -209,7 +209,7 @@ class StreamBatch:
         if self.backend is not None:                           # the compiled backend's streams: code 3
             tokens = tokens.float().contiguous()
             codes = np.where(self.backend.steady(t), 3, codes)
-        kinds = np.unique(codes).tolist()
+        kinds = [int(codes[0])] if (codes == codes[0]).all() else np.unique(codes).tolist()
         if len(kinds) == 1:
             logits, self.events = self._steps(slots, tokens, t, kinds[0])
             return logits
@@ -225,17 +225,32 @@ class StreamBatch:
         """Streams that step alike: the compiled backend (code 3), or the step with what it
         does known from the positions (ModelStep.known)."""
         if code == 3:
-            self.t[torch.from_numpy(slots)] += 1
+            self.t.numpy()[slots] += 1                          # the backend is on the CPU
             return self.backend.step(tokens, slots, t, self.state)
         if self.graphs:
             return self._replay(slots, tokens, KNOWN[code])
+        first = int(slots[0])
+        if (np.diff(slots) == 1).all():                        # a range of slots (one stream, say)
+            return self._continual(None, tokens, KNOWN[code], slice(first, first + len(slots)))
         return self._continual(self._dev(slots), tokens, KNOWN[code])
 
     def _dev(self, a: np.ndarray) -> Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
 
-    def _continual(self, slots: Tensor, tokens: Tensor, known: str | None = None) -> tuple[Tensor, Tensor]:
+    def _continual(self, slots: Tensor, tokens: Tensor, known: str | None = None,
+                   run: slice | None = None) -> tuple[Tensor, Tensor]:
+        """``run``: the slots as a range, known on the host (then the state is read as views and
+        only the tensors the step changed are written back), else gathered by ``slots``."""
         self.stepper.known = known
+        if run is not None:
+            state = [s[run] for s in self.state]
+            t = self.t[run]
+            logits, events, *new = self.stepper(tokens, t, *state)
+            for whole, old, part in zip(self.state, state, new):
+                if part is not old:
+                    whole[run] = part
+            self.t[run] += 1
+            return logits, events
         state = [s.index_select(0, slots) for s in self.state]
         t = self.t.index_select(0, slots)
         logits, events, *state = self.stepper(tokens, t, *state)

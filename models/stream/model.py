@@ -104,6 +104,13 @@ class ModelStep(nn.Module):
                              "run models.landmarks.fit_fixed_landmarks first")
         return fixed_landmarks(attn.fixed_q_land.detach(), attn.fixed_k_land.detach(), attn.pinv_iters)
 
+    def use_inverse(self, inverse) -> "ModelStep":
+        """The landmarks' pseudo-inverse for eager steps (nystrom.install's ``inverse``)."""
+        for step in (self.nystrom, self.window):
+            if step is not None:
+                step.inverse = inverse
+        return self
+
     @property
     def known(self) -> str | None:
         return self.nystrom.known if self.nystrom is not None else None

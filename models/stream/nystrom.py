@@ -81,14 +81,16 @@ class Fixed(NamedTuple):
 
 # ----------------------------------------------------------------------------- landmarks
 
-def install(ql: Tensor, kl: Tensor, iters: int, present: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def install(ql: Tensor, kl: Tensor, iters: int, present: Tensor | None = None,
+            inverse=pinv) -> tuple[Tensor, Tensor, Tensor]:
     """Landmarks (S, H, m, dh) -> scaled q, scaled k transposed and the pseudo-inverse of
     s(Q~ K~^T / sqrt(dh)), formed and iterated in float64 (its rounding is what the inverse
     amplifies), rounded to float32 and kept in float64. ``present`` (S, m): the landmarks in use;
     the absent ones' columns are masked and their rows the identity's: pinv(blockdiag(A, I)) is
     blockdiag(pinv(A), I) through the same iteration on A (its scaling takes A's norms: A's rows
     sum to 1, its largest column sum is >= 1), with exact zeros off the block, so an output whose
-    softmax over landmarks masks the absent ones equals the one with the present ones alone."""
+    softmax over landmarks masks the absent ones equals the one with the present ones alone.
+    ``inverse``: reference.pinv, or the same arithmetic compiled (models/fused/pinv.pinv64)."""
     scale = 1.0 / math.sqrt(ql.shape[-1])
     logits = torch.matmul(ql.to(F64) * scale, kl.to(F64).transpose(-1, -2))          # (S, H, m, m)
     if present is not None:
@@ -97,7 +99,7 @@ def install(ql: Tensor, kl: Tensor, iters: int, present: Tensor | None = None) -
     if present is not None:
         eye = torch.eye(ql.shape[-2], dtype=F64, device=ql.device)
         kernel = torch.where(present.view(present.shape[0], 1, -1, 1), kernel, eye)
-    z = pinv(kernel, iters).to(ql.dtype)
+    z = inverse(kernel.contiguous(), iters).to(ql.dtype)
     return ql * scale, (kl * scale).transpose(-1, -2), z.to(F64)
 
 
@@ -149,6 +151,7 @@ class NystromStep(nn.Module):
         self.n, self.m, self.iters, self.mode = n, m, iters, mode
         self.retroactive, self.events, self.stability = retroactive, events, stability
         self.known: str | None = None
+        self.inverse = pinv                  # the landmarks' pseudo-inverse (ModelStep.use_inverse)
         self.register_buffer("slots", torch.arange(n))
         self.segments = Segments(n, m)
         self.fixed = None
@@ -263,7 +266,7 @@ class NystromStep(nn.Module):
         from_slots = (s.completed >= self.m).view(-1, 1, 1, 1)
         ql, kl = torch.where(from_slots, s.q_land, means_q), torch.where(from_slots, s.k_land, means_k)
         present = present | (s.completed >= self.m).view(-1, 1)
-        q_scaled, k_scaled_t, z64 = install(ql, kl, self.iters, present)
+        q_scaled, k_scaled_t, z64 = install(ql, kl, self.iters, present, self.inverse)
         scores = torch.matmul(q_scaled, k_ring.transpose(-1, -2))                          # (S, H, m, n)
         ref, den, num = fresh_rows(scores, valid, v_ring, s.ref.dtype)
         a, p = self._output(q, q_ring, p, here, k_scaled_t, z64, den, num,
@@ -299,7 +302,7 @@ class NystromStep(nn.Module):
     def replace(self, valid, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land, q_scaled,
                 k_scaled_t, z64, completed):
         """The landmark of the segment just completed: a new pseudo-inverse, its row over the window."""
-        q_scaled, k_scaled_t, z64 = install(q_land, k_land, self.iters)
+        q_scaled, k_scaled_t, z64 = install(q_land, k_land, self.iters, inverse=self.inverse)
         index = ((completed - 1) % self.m).view(-1, 1, 1, 1)
         mark = torch.gather(q_scaled, 2, index.expand(-1, q_scaled.shape[1], 1, q_scaled.shape[3]))   # (S, H, 1, dh)
         scores = torch.matmul(mark, k_ring.transpose(-1, -2))                                    # (S, H, 1, n)
@@ -320,7 +323,7 @@ class NystromStep(nn.Module):
         """The continual-landmark state after ``seen`` (S,) tokens, rebuilt from the window
         (segments.resume), its landmarks installed; rows: ``rows_from_scratch``."""
         s, ql, kl, present = resume(s, seen, self.n, self.m)
-        q_scaled, k_scaled_t, z64 = install(ql, kl, self.iters, present)
+        q_scaled, k_scaled_t, z64 = install(ql, kl, self.iters, present, self.inverse)
         return s._replace(q_scaled=q_scaled, k_scaled_t=k_scaled_t, z64=z64)
 
     def rows_from_scratch(self, t: Tensor, s: NystromState, p: Tensor | None, marks) -> tuple[NystromState, Tensor | None]:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as nnf
 
+from ..sda.reference import pinv
 from .nystrom import Fixed, Segments, install, masked
 from .ops import filled
 
@@ -33,6 +34,7 @@ class WindowStep(nn.Module):
     def __init__(self, attn, n: int, attention: str, *, m: int = 0, iters: int = 6, fixed: Fixed | None = None):
         super().__init__()
         self.attn, self.attention, self.iters = attn, attention, iters
+        self.inverse = pinv                  # the landmarks' pseudo-inverse (ModelStep.use_inverse)
         self.H, self.D = attn.heads, attn.d_model
         self.dh = self.D // self.H
         self.scale = self.dh ** -0.5
@@ -81,7 +83,7 @@ class WindowStep(nn.Module):
             qk = nnf.linear(means, self.attn.in_proj.weight[:2 * D], self.attn.in_proj.bias[:2 * D])
             ql = qk[..., :D].reshape(S, m, H, dh).transpose(1, 2)               # (S, H, m, dh)
             kl = qk[..., D:].reshape(S, m, H, dh).transpose(1, 2)
-            q_scaled, k_scaled_t, z64 = install(ql, kl, self.iters, present)
+            q_scaled, k_scaled_t, z64 = install(ql, kl, self.iters, present, self.inverse)
             z = z64.to(q.dtype)
             if not torch.compiler.is_compiling() and not torch.jit.is_tracing():
                 self.last = (ql, kl)
