@@ -274,9 +274,8 @@ class _MusicnnSlots(_Slots):
         super().__init__(capacity, net.input_bn.mean.device)
         self.net, self.continual = net, continual
         # CUDA: every slot's unframed samples on the device, all streams framed in one gather (the
-        # host does no per-stream work); CPU: each slot's StreamingMel (numpy; 0.36 against 3.5 ms
-        # a hop of 16 streams for the gather, 5.0 against 32.7 at 256; 2 threads, a one-off timing
-        # on a 2-core AMD EPYC, 2026-11-27)
+        # host does no per-stream work); CPU: each slot's StreamingMel (numpy: several times faster
+        # than the gather there; docs/benchmarks.md, design measurements)
         self.framing = musicnn_mel.SlotFrames(capacity, self.device) if self.device.type == "cuda" else None
         if continual:
             self.caches = MusicnnBatch(net, capacity)

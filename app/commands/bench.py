@@ -1,8 +1,8 @@
 """`python main.py bench`: per-step latency and FLOPs of every variant against torch's recompute
-(app/offline/bench/steps.py); `--gui` the live window (app/gui/bench.py); `--control` a control storm on a
-live stream (app/offline/bench/control.py); `--evaluate` evaluation speed; `--onnx` the exported
-step against the torch and fused steps (app/offline/bench/onnx.py); `--streams` many streams in one
-engine (app/offline/bench/streams.py)."""
+(app/bench/steps.py); `--gui` the live window (app/gui/bench.py); `--control` a control storm on a
+live stream (app/bench/control.py); `--evaluate` evaluation speed; `--onnx` the exported
+step against the torch and fused steps (app/bench/onnx.py); `--streams` many streams in one
+engine (app/bench/streams.py)."""
 from __future__ import annotations
 
 import sys
@@ -110,7 +110,7 @@ def soak_progress(seconds: float, rss: float, dropped: int) -> None:
 def run(args) -> int:
     def page(kind: str, data) -> None:
         if args.page:
-            from app.offline.bench.page import record
+            from app.bench.page import record
             record(kind, data)
     if args.evaluate:
         from app.offline.evaluate_speed import evaluate_speed
@@ -131,25 +131,25 @@ def run(args) -> int:
         print_soak(r)
         page("soak", r)
     if args.control:
-        from app.offline.bench.control import control_storm, print_control
+        from app.bench.control import control_storm, print_control
         r = control_storm(args.control, fe)
         print_control(r)
         page("control", r)
     if args.scale:
-        from app.offline.bench.scale import print_scale, scale
+        from app.bench.scale import print_scale, scale
         r = scale(args.scale, fe)
         print_scale(r)
         page("scale", r)
     if args.onnx:
-        from app.offline.bench.onnx import onnx_bench, print_onnx
+        from app.bench.onnx import onnx_bench, print_onnx
         r = onnx_bench(args.steps, args.budget, only=args.only)
         print_onnx(r)
         page("onnx", r)
     if args.streams:
         import torch
 
-        from app.offline.bench.frontend_modes import frontend_modes_bench
-        from app.offline.bench.streams import (UnknownModelError, print_streams, step_bench, streams_bench,
+        from app.bench.frontend_modes import frontend_modes_bench
+        from app.bench.streams import (UnknownModelError, print_streams, step_bench, streams_bench,
                                                streams_key, tensor_bench, tf32_error)
         if args.device == "cuda" and not torch.cuda.is_available():
             print("error: --device cuda: no CUDA device here", file=sys.stderr)
@@ -172,7 +172,7 @@ def run(args) -> int:
         print_streams(r)
         page(streams_key(args.device, args.models, args.tf32), r)
     if args.serve:
-        from app.offline.bench.serve import print_serve, serve_bench
+        from app.bench.serve import print_serve, serve_bench
         r = serve_bench(args.serve, args.serve_seconds, ray=args.ray, batch_delay_ms=args.batch_delay_ms,
                         workers=args.serve_workers)
         print_serve(r)
@@ -181,7 +181,7 @@ def run(args) -> int:
              + (f"-delay{args.batch_delay_ms:g}" if args.batch_delay_ms is not None else ""), r)
     if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams or args.serve:
         return 0
-    from app.offline.bench import steps as bench
+    from app.bench import steps as bench
     data = bench.run(args.windows, steps=args.steps, budget_s=args.budget,
                      out=args.out, threads=args.threads,
                      frontends=("musicnn", "vggish") if args.frontend == "all" else (args.frontend,),

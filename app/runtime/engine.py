@@ -55,9 +55,9 @@ class EngineError(ValueError):
 
 def default_shards(device: torch.device, capacity: int) -> int:
     """A server's shards (app/serve/hub.py). CPU: one per thread torch may use
-    (``torch.get_num_threads()``), at most one per STREAMS_PER_SHARD streams of capacity (with 2
-    or 4 streams one engine was faster alone: 30-48 against 34-55 ms a hop); CUDA: one (the
-    device does the work)."""
+    (``torch.get_num_threads()``), at most one per STREAMS_PER_SHARD streams of capacity (a few
+    streams run faster in one: docs/benchmarks.md, design measurements); CUDA: one (the device
+    does the work)."""
     if device.type != "cpu":
         return 1
     return max(1, min(torch.get_num_threads(), capacity // STREAMS_PER_SHARD))

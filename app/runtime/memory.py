@@ -2,13 +2,11 @@
 
 glibc raises its mmap threshold each time a large block (a decoded audio block, a tensor) is
 freed; later blocks of that size then come from the heap, whose fragments keep the process's
-resident memory high: a one-hour file classified with the default grew from 490 MB (hop 100) to
-732 MB (hop 1,000) and 765 MB (hops 2,000-3,000). A fixed threshold returns every large block to
-the system when it is freed: 481-484 MB at hops 100-1,000 (one-off runs, one each). Commands
-started from the command line set it (app/cli.py); a call of ``app.cli.main(argv)`` from Python
-leaves its process's allocator alone: page faults of fresh mapped blocks cost a heavy torch
-workload about a quarter of its time (the suite's musicnn-batch and attention-equality tests:
-101 s with it, 78 s without, one run each, 2026-11-26)."""
+resident memory high: a one-hour file classified with the default grows by half. A fixed threshold returns every large block to
+the system when it is freed, and memory stays flat. Commands started from the command line set
+it (app/cli.py); a call of ``app.cli.main(argv)`` from Python leaves its process's allocator
+alone: page faults of fresh mapped blocks cost a heavy torch workload about a quarter of its
+time. (The figures: docs/benchmarks.md, design measurements.)"""
 from __future__ import annotations
 
 import ctypes
@@ -41,10 +39,9 @@ def many_streams_heap() -> bool:
     """For a process that runs many streams in one engine (serve, ``classify FILE FILE ...``,
     ``bench --streams``): blocks up to 32 MB come from the heap and up to 64 MB of free heap is
     kept, so that each hop's large temporaries (the features and activations of every stream)
-    reuse the last hop's memory instead of fresh pages from the system. In a one-off run of 800
-    hops each (4 streams leaving and joining, 2 cores, 2026-11-26) a hop took 89 ms with the
-    fixed 128 KB threshold and 46 ms with this, resident memory 25 MB higher and flat (542-547
-    MB); `bench --streams` on the CPU is measured with it. True if set (Linux glibc only)."""
+    reuse the last hop's memory instead of fresh pages from the system: about half the hop time
+    of the fixed threshold, for slightly more resident memory, flat (docs/benchmarks.md, design
+    measurements); `bench --streams` on the CPU is measured with it. True if set (Linux glibc only)."""
     return (glibc_call("mallopt", M_MMAP_THRESHOLD, MANY_STREAMS_MMAP_BYTES) == 1
             and glibc_call("mallopt", M_TRIM_THRESHOLD, MANY_STREAMS_TRIM_BYTES) == 1)
 

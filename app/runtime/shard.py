@@ -97,10 +97,9 @@ class StreamsShard:
         each model steps a scratch stream of random tokens through its warm-up and one landmark
         segment, and the front end takes two hops of silence in a slot that is then free again.
         Then everything alive in the process leaves the cycle collector's view (``gc.freeze``): a
-        full collection walked some 400,000 such objects (130 ms on the CI host, one-off timing),
-        and the records of many streams set one off every few dozen hops (`bench --streams` on an
-        H200, 256 streams: p95 197 ms before, 75 ms after; the stored run is the after). Cyclic
-        garbage alive at the freeze is never collected. And the process's heap is set for many streams
+        full collection walks every such object, and the records of many streams set one off
+        every few dozen hops (docs/benchmarks.md, design measurements). Cyclic garbage alive at
+        the freeze is never collected. And the process's heap is set for many streams
         (app/runtime/memory.py: a hop's temporaries reuse memory, not fresh pages). Nothing of it
         stays in a stream."""
         many_streams_heap()

@@ -30,11 +30,8 @@ class ProtocolError(Exception):
 
 
 # A lane's ready hop waits at most this for its other streams' hops (app/serve/hub.py; `serve
-# --batch-delay-ms`). 40 ms against 10 ms, 24 clients of `bench --serve` on 2 cores (AMD EPYC,
-# speed index 1.7-2.6 ms), five turns each taken in turn, 2026-11-27, not stored: the server's
-# cores 1.35-1.57 (median 1.49) against 1.62-1.63, a lane's hop took 2.5-2.8 streams against
-# 2.0-2.4, latency p95 105-182 ms (median 126) against 121-158 (median 132). A stream costs a
-# lane's hop of 1 stream 17 ms, of 16 streams 10.5 ms (one thread, a one-off timing).
+# --batch-delay-ms`): longer waits batch more streams a hop, for fewer cores and no worse latency
+# (docs/benchmarks.md, design measurements).
 BATCH_DELAY_MS = 40.0
 SUMMED = ("active_streams", "capacity", "engine_hops", "stream_hops")     # /v1/health's sums over replicas or workers
 

@@ -194,9 +194,8 @@ class Musicnn(nn.Module):
 
     def mid_conv(self, x: Tensor, i: int) -> Tensor:
         """Mid-end convolution i on x (B, C, T) contiguous, 'same' zero padding by the convolution
-        itself: 10-15 % less time for the mid-end than padded copies of a transposed view (1, 8
-        and 16 patches, 2 threads, a one-off A/B taking turns in one process, 2026-11-26; the same
-        floats)."""
+        itself: less time than padded copies of a transposed view, the same floats (docs/benchmarks.md,
+        design measurements)."""
         return conv1d(x, self.mid[i].weight, self.mid[i].bias, padding=3)
 
     def head_after_conv(self, x: Tensor, z: Tensor) -> Tensor:

@@ -84,20 +84,15 @@ class MusicnnBatch:
     without them keeps only its features and recomputes the k + K - 1 rows a hop changes, by one
     convolution per end of the patch: no scattered adds, more multiply-accumulates (4.0x for
     K = 128, 2.2x for 64, 1.4x for 32, at 16 frames, the convolution's padding included). The
-    default on the CPU accumulates the K = 128 branch only: as fast as accumulating all three
-    at 8 and 16 streams, where recomputing all three took 14-15 % longer (`bench --streams`, its
-    front-end table); 3.0 MB of state per slot instead of 4.9. On CUDA in TF32 the same: on an
-    H100 the K = 128 branch alone took 38.9 and 145.9 ms a push of 1,024 and 4,096 streams,
-    every branch 42.9 and 163.8, none 40.9 and 155.0 (`bench --streams --device cuda --tf32`, its
-    front-end table, the ways one after another). On CUDA in float32 every branch.
-    A recomputing branch's convolution has TEMPORAL_CONV_CH = 56 output channels, its 51
-    filters and 5 of zeros: on the CPU, oneDNN's convolution took a third of the time for K = 64
-    and 0.7-0.8 of it for K = 32 (4 streams' rows of a hop, one process taking turns, 2 threads,
-    a 2-core AMD EPYC host, 2026-11-26), for 10 % more multiply-accumulates.
+    default on the CPU accumulates the K = 128 branch only: as fast as accumulating all three,
+    faster than recomputing all three, with less state per slot. On CUDA in TF32 the same; in
+    float32 every branch. A recomputing branch's convolution has TEMPORAL_CONV_CH = 56 output
+    channels, its 51 filters and 5 of zeros: oneDNN's convolution is faster so, for 10 % more
+    multiply-accumulates.
 
     ``chunk``: streams computed together (CPU: 8, so that a hop's temporaries stop growing with
-    the streams: 43 MB resident for 32 streams, 97 MB with all 32 at once, and no cost in time at
-    16 streams, in a one-off measurement, 2026-11-26; CUDA: all of them, in the fewest launches)."""
+    the streams, at no cost in time; CUDA: all of them, in the fewest launches). The figures
+    behind each choice: docs/benchmarks.md, design measurements."""
 
     def __init__(self, net: Musicnn, capacity: int, *, accumulate: bool | tuple | None = None,
                  chunk: int | None = None):

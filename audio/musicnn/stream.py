@@ -62,10 +62,8 @@ class TimbralCache:
     All the rows a hop needs go through one matrix product per branch (im2col), with each
     channel's weights negated where its batch-norm scale is negative (see SignedBN). The
     product has TIMBRAL_COLS = 208 columns, the 204 filters and 4 of zeros: with a multiple of
-    16 columns torch's CPU matrix product ran 1.3x faster for the same 204 useful ones (one
-    process taking turns, 2 threads, a 2-core AMD EPYC host, 2026-11-26: 10.8 against 8.0 ms
-    for 8 streams' 22 rows of the 38-wide branch, 8.9 against 6.9 ms for the 67-wide one), 2 %
-    more multiply-accumulates."""
+    16 columns torch's CPU matrix product runs faster for the same 204 useful ones, for 2 % more
+    multiply-accumulates (docs/benchmarks.md, design measurements)."""
     EDGE = 3
 
     def __init__(self, net: Musicnn):

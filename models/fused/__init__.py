@@ -2,8 +2,8 @@
 step of every stream in one call on the same state as the torch step (models/stream/), the
 model step built on them (backend.py), and the compiled pseudo-inverse (pinv.py).
 
-Why numba: at ~10k FLOPs a continual Nyström step is a few hundred tiny torch calls (~250 us of
-interpreter and dispatch); one compiled call does it in a few microseconds (measured in `bench`).
+Why numba: at ~10k FLOPs a continual Nyström step is a few hundred tiny torch calls, whose
+interpreter and dispatch cost far more than the arithmetic; one compiled call does it (`bench`).
 torch.compile was not chosen: its guards and graph breaks on the data-dependent events (rescale,
 refresh) cost more than the step. The torch step stays the definition and the CUDA path.
 """

@@ -41,7 +41,7 @@ def pack_parameters(tensors: list[Tensor]) -> tuple[np.ndarray, np.ndarray]:
     (64-byte aligned), so torch and the compiled step read and write the same memory. Returns
     (buffer (total,) float32, layout (N, 3) int64: offset, rows, cols; a vector has rows 1).
     Tensors already packed in this order keep their buffer. (One argument to unbox instead of
-    seventeen: about 1.8 us a call when timed during development.)"""
+    seventeen.)"""
     shapes = [(t.shape[0], t.shape[1]) if t.dim() == 2 else (1, t.numel()) for t in tensors]
     offsets, total = [], 0
     for rows, cols in shapes:

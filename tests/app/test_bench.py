@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from app.offline.bench import steps as bench
+from app.bench import steps as bench
 
 
 def test_bench_only_rows_fused_and_torch_paths_count_the_same_flops(tmp_path):
@@ -36,7 +36,7 @@ def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
     """`bench ... --page`: each run kind stored as JSON with its command, date, machine and the
     checkout's commit (git's own answer); the page is rendered from every stored run, a new run
     of a kind replacing its section."""
-    from app.offline.bench import page as bench_page
+    from app.bench import page as bench_page
     data = bench.run(windows=(12,), steps=10, budget_s=0.2, out=tmp_path / "b.md", only="SDA continual (")
     store, page = tmp_path / "runs", tmp_path / "benchmarks.md"
     bench_page.record("attention", data, ["bench", "--windows", "12", "--page"], store=store, page=page)
@@ -64,8 +64,8 @@ def test_every_stored_streams_run_reaches_the_page_cpu_first(tmp_path):
     """Runs of `bench --streams` are stored by device, models and precision
     (streams-DEVICE[-MODEL...][-tf32]); the page shows every one of them, the CPU's first, and
     a TF32 run its error against float32 and the front end's default way as the code has it."""
-    from app.offline.bench import page as bench_page
-    from app.offline.bench.streams import streams_key
+    from app.bench import page as bench_page
+    from app.bench.streams import streams_key
     stored = bench_page.ROOT / "docs" / "benchmarks"
     store = tmp_path / "runs"
     store.mkdir()
@@ -83,8 +83,8 @@ def test_every_stored_streams_run_reaches_the_page_cpu_first(tmp_path):
 
 
 def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_path):
-    from app.offline.bench import page as bench_page
-    from app.offline.bench.onnx import onnx_bench
+    from app.bench import page as bench_page
+    from app.bench.onnx import onnx_bench
     r = onnx_bench(steps=20, budget_s=0.2, only="musicnn-continual (")
     (row,) = r["rows"]
     assert row["model"] == "musicnn-continual (trained, n = 29)" and row["bytes"] > 1e6
@@ -102,7 +102,7 @@ def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_
 
 def test_paired_medians_time_each_function_in_alternating_blocks():
     import time
-    from app.offline.bench.timing import paired_medians
+    from app.bench.timing import paired_medians
     calls = []
 
     def fast():
@@ -124,7 +124,7 @@ def test_streams_search_doubles_then_halves_to_the_capacity(capacity, start):
     over) until a p95 passes 125 ms, then halves the gap: against a host whose p95 passes 125 ms
     beyond ``capacity`` streams, the search's capacity is within 1/8 below the true one (exact
     below 16 streams), timing no S twice, and it stops at ``max_streams``."""
-    from app.offline.bench.streams import REAL_TIME_MS, next_streams
+    from app.bench.streams import REAL_TIME_MS, next_streams
     rows = []
     while (s := next_streams(rows, max_streams=1 << 16, start=start)) is not None:
         assert s not in [r["streams"] for r in rows]
@@ -142,7 +142,7 @@ def test_memory_per_stream_is_the_median_slope_over_the_top_rows():
     median of the slopes between every two rows recovers b exactly, ignores the small-S rows
     below that, and stays b when one of five rows is off by 100 MB (a heap grown unlike the
     others), where a least-squares slope would not."""
-    from app.offline.bench.streams import per_stream_mb
+    from app.bench.streams import per_stream_mb
     rows = [{"streams": s, "rss_mb": (50.0 if s < 8 else 10.0 + 4.5 * s)} for s in (1, 2, 4, 8, 16, 12, 10, 11)]
     assert per_stream_mb(rows) == pytest.approx(4.5, rel=1e-12)
     for odd in (8, 11, 16):
@@ -157,7 +157,7 @@ def test_streams_bench_rows_memory_and_capacity_follow_from_its_hops(capsys):
     stream is the last doubling's, of the memory held once the free heap is given back (at most
     what was resident before); the capacity the largest row within half a hop; the last line
     says it."""
-    from app.offline.bench.streams import REAL_TIME_MS, print_streams, streams_bench, streams_table
+    from app.bench.streams import REAL_TIME_MS, print_streams, streams_bench, streams_table
     r = streams_bench("cpu", hops=3, warm=2, max_streams=2)
     rows = r["rows"]
     assert [x["streams"] for x in rows][:1] == [1] and len(r["models"]) == 5
@@ -179,7 +179,7 @@ def test_frontend_modes_table_compares_the_three_ways_on_the_same_pushes():
     the temporal branches, the CPU's default marked; accumulators trade state (K - 1 edge rows of
     51 x 96 floats for a branch of K taps) for multiply-accumulates, so every branch's has the
     fewest MFLOPs and the most state, none the reverse."""
-    from app.offline.bench.frontend_modes import MODES, frontend_modes_bench, modes_table
+    from app.bench.frontend_modes import MODES, frontend_modes_bench, modes_table
     rows = frontend_modes_bench("cpu", sizes=(2,), hops=2, warm=1)
     by = {r["mode"]: r for r in rows}
     assert list(by) == list(MODES) and all(r["streams"] == 2 and r["push_ms_median"] > 0 for r in rows)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from app.offline.bench.serve import role_of, roles_line, serve_bench
+from app.bench.serve import role_of, roles_line, serve_bench
 
 
 def test_the_serve_bench_counts_every_hop_and_splits_the_cores_by_process():

@@ -121,7 +121,7 @@ def first_token_seconds() -> float:
             "t0 = time.perf_counter(); next(iter(TokenStream(DemoSource(realtime=True), e)));"
             "print(time.perf_counter() - t0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=str(Path(__file__).resolve().parents[3]))
+                         cwd=str(Path(__file__).resolve().parents[2]))
     return float(out.stdout.strip().splitlines()[-1])
 
 

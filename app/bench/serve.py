@@ -36,7 +36,7 @@ from app.runtime.records import percentile
 from audio.melspec import HOP_SECONDS
 
 GOAL_P95_MS = 150.0
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def audio_for(clients: int, seconds: float) -> tuple[list[list[np.ndarray]], str]:

@@ -14,7 +14,7 @@ from app.runtime.onnx_step import OnnxStep
 from models.checkpoint import load_checkpoint
 from audio.assets import assets_dir
 from models.landmarks import fit_fixed_landmarks
-from ..onnx_export import export_onnx
+from app.offline.onnx_export import export_onnx
 from models.transformer import ModelConfig, build_model
 
 from .timing import time_steps

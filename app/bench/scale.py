@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..extract import extract_gtzan
-from ..ray.extract import FrontEndSpec, RayJob
+from app.offline.extract import extract_gtzan
+from app.offline.ray.extract import FrontEndSpec, RayJob
 
 
 def worker_peak_mb(stop: threading.Event, fragment: str = "TrackTokens") -> list[float]:
@@ -43,7 +43,7 @@ def scale(folder: str | Path, frontend: str = "musicnn") -> dict:
         one = extract_gtzan(folder, work / "one.npz", fe, log=quiet)
         rows = [{"run": "one process", "workers": 0, "seconds": time.monotonic() - t0}]
         tracks = len(one.labels)
-        from ..ray.cluster import ray_session
+        from app.offline.ray.cluster import ray_session
         t0 = time.monotonic()
         with ray_session(num_cpus=os.cpu_count()):
             startup = time.monotonic() - t0

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 STORE = ROOT / "docs" / "benchmarks"
 PAGE = ROOT / "docs" / "benchmarks.md"
 
@@ -27,8 +27,8 @@ def speed_index_ms() -> float:
     """Median ms of torch's 1-layer encoder step at n = 120 on one torch thread, timed in a fresh
     process (nothing a benchmark left running in this one takes part): the machine's speed index."""
     code = ("import torch; torch.set_num_threads(1)\n"
-            "from app.offline.bench.attention import torch_encoder\n"
-            "from app.offline.bench.timing import time_steps\n"
+            "from app.bench.attention import torch_encoder\n"
+            "from app.bench.timing import time_steps\n"
             "print(time_steps(torch_encoder(120, 1), 400, 2.0)[0] / 1e3)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
@@ -107,6 +107,9 @@ def render(store: Path = STORE) -> str:
             continue
         parts.append(f"## {title}\n\n{intro}\n")
         parts.append(body({k: runs[k] for k in present}))
+    design = store / "design.md"                       # one-off timings behind choices in the code
+    if design.exists():
+        parts.append("\n" + design.read_text())
     return "\n".join(parts).rstrip() + "\n"
 
 
