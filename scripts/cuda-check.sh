@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU and torch: the CUDA tests (they skip elsewhere), then the CUDA
-# benchmarks (`bench --streams --device cuda ... --page`: docs/benchmarks/streams-cuda*.json and the
-# page): musicnn in TF32 with the continual Nystrom model (the fast path; about 5 minutes on an
-# H100), then in float32 with the five shipped models.
+# On a machine with a CUDA GPU and torch: every CUDA test (they skip elsewhere), then the CUDA
+# benchmarks at batch 1 and small batches (`bench --streams --device cuda --streams-to S --page`:
+# one stream's hop of musicnn and the 1-block continual Nystrom model, and every shipped model's
+# step with and without its CUDA graph; docs/benchmarks/streams-cuda*-to*.json and the page).
+# `--full` adds the capacity runs (musicnn in TF32 with the continual Nystrom model from 256
+# streams, about 5 minutes on an H100, then float32 with the five shipped models from 64).
 # A bare GPU image without librosa, soundfile or soxr takes their wheels from .whl/ (git-ignored),
 # fetched beforehand on a machine with PyPI, for that machine's Python (here 3.12):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -16,8 +18,13 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/nystream-site
 fi
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device here')"
+python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))"
 python3 -m pytest -q -p no:cacheprovider -k cuda \
     tests/models/test_stream_batch.py tests/audio/test_musicnn_batch.py tests/app/test_streams.py \
     tests/audio/test_audio_musicnn.py
-python3 main.py bench --streams --device cuda --models continual_nystrom --tf32 --streams-from 256 --page
-python3 main.py bench --streams --device cuda --streams-from 64 --page
+python3 main.py bench --streams --device cuda --models continual_nystrom --streams-to 4 --page
+python3 main.py bench --streams --device cuda --streams-to 16 --page
+if [[ "${1:-}" == "--full" ]]; then
+    python3 main.py bench --streams --device cuda --models continual_nystrom --tf32 --streams-from 256 --page
+    python3 main.py bench --streams --device cuda --streams-from 64 --page
+fi

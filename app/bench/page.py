@@ -238,7 +238,7 @@ def onnx_body(runs: dict) -> str:
 
 def streams_body(runs: dict) -> str:
     from .frontend_modes import modes_table
-    from .streams import step_table, streams_table, streams_why, tensor_table
+    from .streams import capacity_text, step_table, streams_table, streams_why, tensor_table
     out = []
     for kind, e in runs.items():
         r = e["data"]
@@ -249,14 +249,14 @@ def streams_body(runs: dict) -> str:
                 + "; matmul peak "
                 f"{r['peak_gflops']:.1f} GFLOP/s; resident memory per added stream {r['mb_per_stream']:.1f} MB ({r.get('mb_per_stream_from', 'between the last two rows')}; "
                 f"{'each row in a fresh process' if r.get('fresh_processes') else 'the rows one after another in one process'}).", ""]
-        out += streams_table(r) + ["", f"Real-time capacity: **{r['capacity']} streams** ({r['device']}). "
+        out += streams_table(r) + ["", f"Real-time capacity: **{capacity_text(r)}** ({r['device']}). "
                                    + (streams_why(r) if "frontend_flops_per_stream_hop" in r["rows"][-1] else ""), ""]
         if "tensor" in r:
             models = "the model's step" if len(r["models"]) == 1 else f"the {len(r['models'])} models' steps"
             out += ["The hop's batched tensor work alone (the musicnn network's push of 15 or 16 log-mel "
                     f"frames per stream, {models}, the probabilities copied back; no audio, "
                     "log-mel or records):", ""] + tensor_table(r) + [
-                    "", f"Tensor work within 125 ms: **{r['tensor']['capacity']} streams** ({r['device']}).", ""]
+                    "", f"Tensor work within 125 ms: **{capacity_text(r['tensor'])}** ({r['device']}).", ""]
         if "tf32_error" in r:
             e = r["tf32_error"]
             out += [f"TF32 against float32 (the same {e['streams']} demo streams through both, "

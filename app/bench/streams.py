@@ -330,8 +330,14 @@ def print_streams(r: dict) -> None:
           f"{len(r['models'])} models, {r['hops']} timed hops each; matmul peak {r['peak_gflops']:.1f} GFLOP/s; "
           f"resident memory per added stream {r['mb_per_stream']:.1f} MB")
     if "tensor" in r:
-        print(f"tensor work alone: {r['tensor']['capacity']} streams within 125 ms ({r['device']})")
-    print(f"real-time capacity: {r['capacity']} streams ({r['device']})")
+        print(f"tensor work alone: {capacity_text(r['tensor'])} within 125 ms ({r['device']})")
+    print(f"real-time capacity: {capacity_text(r)} ({r['device']})")
+
+
+def capacity_text(r: dict) -> str:
+    """'S streams', or 'at least S streams' where the run stopped at its cap within real time."""
+    capped = r.get("capped_at") and r["capacity"] == max(row["streams"] for row in r["rows"])
+    return f"at least {r['capacity']} streams (the run stopped at {r['capped_at']})" if capped else f"{r['capacity']} streams"
 
 
 def streams_why(r: dict) -> str:

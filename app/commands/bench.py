@@ -41,6 +41,9 @@ def add_arguments(p) -> None:
                    help="with --streams: only these shipped models, e.g. 'continual_nystrom' (default: all five)")
     p.add_argument("--streams-from", type=POSITIVE, default=1, metavar="S",
                    help="with --streams: double from S streams, not 1 (a large device's small rows take long and say little)")
+    p.add_argument("--streams-to", type=POSITIVE, default=None, metavar="S",
+                   help="with --streams: stop doubling past S streams (a quick look at small batches: "
+                        "no front-end ways table; stored apart, as streams-...-toS)")
     p.add_argument("--tf32", action="store_true",
                    help="with --streams --device cuda: musicnn's network in TF32, and its error against float32")
     p.add_argument("--serve", type=POSITIVE, metavar="N",
@@ -160,17 +163,21 @@ def run(args) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         try:                                               # a model that is not shipped: said before any row
-            r = streams_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from)
+            cap = dict(max_streams=args.streams_to) if args.streams_to else {}
+            r = streams_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from, **cap)
         except UnknownModelError as e:
             print(f"error: --models: {e}", file=sys.stderr)
             return 1
-        r["tensor"] = tensor_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from)
+        r["tensor"] = tensor_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from, **cap)
         if args.tf32:
             r["tf32_error"] = tf32_error(models=args.models)
-        r["frontend_modes"] = frontend_modes_bench(args.device, tf32=args.tf32)
+        if cap:
+            r["capped_at"] = r["tensor"]["capped_at"] = args.streams_to
+        else:
+            r["frontend_modes"] = frontend_modes_bench(args.device, tf32=args.tf32)
         r["steps"] = step_bench(args.device, models=args.models)
         print_streams(r)
-        page(streams_key(args.device, args.models, args.tf32), r)
+        page(streams_key(args.device, args.models, args.tf32) + (f"-to{args.streams_to}" if cap else ""), r)
     if args.serve:
         from app.bench.serve import print_serve, serve_bench
         r = serve_bench(args.serve, args.serve_seconds, ray=args.ray, batch_delay_ms=args.batch_delay_ms,

@@ -63,9 +63,12 @@ class SlotsFull(RuntimeError):
 class StreamBatch:
     """C slots of one model (a GenreTransformer in eval mode; its weights are shared, not copied).
     ``graphs``: replay captured CUDA graphs (default: on CUDA). ``fused``: steady steps in the
-    compiled backend where it takes the model (default: as the model's own setting says)."""
+    compiled backend where it takes the model (default: as the model's own setting says).
+    ``events``: how the step branches (default: "eager" on the CPU, "masked" elsewhere; "masked"
+    on the CPU runs the CUDA path's step there)."""
 
-    def __init__(self, model, capacity: int, *, graphs: bool | None = None, fused: bool | None = None):
+    def __init__(self, model, capacity: int, *, graphs: bool | None = None, fused: bool | None = None,
+                 events: str | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.model, self.cfg, self.capacity = model, model.cfg, capacity
@@ -79,6 +82,7 @@ class StreamBatch:
         self.backend = None
         self._last = np.zeros(0, np.int64)                      # (S,) the slots of the last step
         self.mode = model.landmark_mode
+        self.events_mode = events or ("eager" if device.type == "cpu" else "masked")
         if self.continual:
             self._make_stepper()
             self.state = self.stepper.initial(rows, device)
@@ -96,8 +100,7 @@ class StreamBatch:
 
     def _make_stepper(self) -> None:
         """The step for the current landmark mode, and the compiled backend where it applies."""
-        events = "eager" if self.device.type == "cpu" else "masked"
-        self.stepper = ModelStep(self.model, self.mode, events=events).eval().to(self.device)
+        self.stepper = ModelStep(self.model, self.mode, events=self.events_mode).eval().to(self.device)
         self.backend = None
         if self._fused:
             from ..fused import available

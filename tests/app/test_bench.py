@@ -194,3 +194,15 @@ def test_frontend_modes_table_compares_the_three_ways_on_the_same_pushes():
     assert len(table) == 2 + len(rows) and [("(default)" in line) for line in table[2:]] == [False, True, False]
     on_cuda = [("(default)" in line) for line in modes_table(rows, "cuda", tf32=False)[2:]]
     assert on_cuda == [True, False, False]                  # CUDA in float32: every branch's accumulators
+
+
+def test_a_capped_run_says_its_capacity_is_at_least_its_last_row():
+    """`bench --streams --streams-to S` stops at S: within real time there, the capacity is only
+    known to be at least S, and the text says so; a row past real time below the cap is the
+    capacity as usual."""
+    from app.bench.streams import REAL_TIME_MS, capacity_text
+    rows = [{"streams": s, "hop_ms_p95": REAL_TIME_MS / 2} for s in (1, 2, 4)]
+    assert capacity_text({"rows": rows, "capacity": 4, "capped_at": 4}) == "at least 4 streams (the run stopped at 4)"
+    assert capacity_text({"rows": rows, "capacity": 4}) == "4 streams"
+    over = rows[:2] + [{"streams": 4, "hop_ms_p95": 2 * REAL_TIME_MS}]
+    assert capacity_text({"rows": over, "capacity": 2, "capped_at": 4}) == "2 streams"

@@ -38,14 +38,18 @@ def model_of(variant: str, mode: str | None, layers: int, seed: int = 0):
     return model.use_fused(False)
 
 
-@pytest.mark.parametrize("device", DEVICES + ["cpu-fused"])
+@pytest.mark.parametrize("device", DEVICES + ["cpu-fused", "cpu-masked"])
 @pytest.mark.parametrize("variant, mode, layers", CASES)
 def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(variant, mode, layers, device, errors, seed):
     """cpu-fused: the CPU's default for a model that the compiled backend takes (its steady
-    streams stepped by it, the others by the torch step, on the same slots); the other devices
-    step the model's explicit-state step (models/stream/model.py)."""
+    streams stepped by it, the others by the torch step, on the same slots); cpu-masked: the
+    CUDA path's step (every event a mask, no host branch) on the CPU; the other devices step the
+    model's explicit-state step (models/stream/model.py) as their default."""
     model = model_of(variant, mode, layers, seed)
-    if device == "cpu-fused":
+    if device == "cpu-masked":
+        batch = StreamBatch(copy.deepcopy(model), capacity=4, events="masked")
+        assert not batch.fused and (not batch.continual or batch.stepper.events == "masked")
+    elif device == "cpu-fused":
         batch = StreamBatch(copy.deepcopy(model).use_fused(True), capacity=4)
         if not batch.fused:
             pytest.skip(f"{variant} with {layers} block(s) has no compiled step")
