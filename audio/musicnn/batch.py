@@ -115,7 +115,8 @@ class MusicnnBatch:
         w = net.mid[0].weight                                                         # (64, 561, 7)
         self.mid_timbral = w[:, :TIMBRAL_FEATS].contiguous()
         self.mid_temporal = w[:, TIMBRAL_FEATS:].contiguous()
-        self.template = self._state_of(one)
+        with precision(net.tf32, self.device):          # the silence's caches as every push computes
+            self.template = self._state_of(one)
         self.state = {name: t.new_zeros((capacity, *t.shape)) for name, t in self.template.items()}
         self.start = np.zeros(capacity, np.int64)        # rows moved since the slot's reset (ring origin)
         self.macs = np.zeros(capacity, np.int64)          # multiply-accumulates of each slot's last push

@@ -208,11 +208,15 @@ class MusicnnStream:
 
     @torch.no_grad()
     def reset(self) -> None:
-        silence = torch.zeros(1, PATCH_FRAMES, BANDS, device=self.device)
-        self.patch = self.net.normalize(silence)[0]                       # (187, 96) normalised
-        self.timbral.reset(self.patch)
-        for acc in self.temporal:
-            acc.reset(self.patch)
+        """The caches of a patch of silence, computed in the network's precision like every push
+        (on CUDA outside it, cuDNN's TF32 convolutions would put every taggram whose patch
+        still holds that silence past the float32 error bound)."""
+        with precision(self.net.tf32, self.device):
+            silence = torch.zeros(1, PATCH_FRAMES, BANDS, device=self.device)
+            self.patch = self.net.normalize(silence)[0]                   # (187, 96) normalised
+            self.timbral.reset(self.patch)
+            for acc in self.temporal:
+                acc.reset(self.patch)
         self.last_macs = 0
 
     @torch.no_grad()

@@ -44,15 +44,21 @@ class Segments(nn.Module):
     def means(self, x: Tensor, seen: Tensor) -> tuple[Tensor, Tensor]:
         """x (S, H, n, dh) or (S, n, D) in ring order -> the segment means (S, H, m, dh) or
         (S, m, D), zeros for landmarks not there yet (fewer than m tokens), and present (S, m).
-        Sums by scatter: n_t additions of a row each, no products."""
+        Sums by scatter: n_t additions of a row each (as models/flops.py counts them). On CUDA,
+        whose scatter adds atomically in any order (a stream's bits would change from run to
+        run), by a product with the (S, m, n) 0/1 membership instead: the same sums, deterministic."""
         ids = self.ids(seen)                                                      # (S, n)
-        axis = x.dim() - 2
-        index = ids.view(ids.shape[0], *([1] * (axis - 1)), -1, 1).expand(*x.shape)
-        sums = x.new_zeros(*x.shape[:axis], self.m + 1, x.shape[-1]).scatter_add(axis, index, x)
-        count = torch.zeros(ids.shape[0], self.m + 1, dtype=x.dtype, device=x.device).scatter_add(
-            1, ids, torch.ones_like(ids, dtype=x.dtype))[:, :self.m]               # (S, m)
-        shape = (count.shape[0], *([1] * (axis - 1)), self.m, 1)
-        return sums.narrow(axis, 0, self.m) / torch.clamp(count, min=1).view(shape), count > 0
+        member = (ids.unsqueeze(1) == self.marks.view(1, -1, 1)).to(x.dtype)      # (S, m, n)
+        count = member.sum(dim=-1)                                                # (S, m)
+        shape = (count.shape[0], *([1] * (x.dim() - 3)), self.m, 1)
+        if x.is_cuda:
+            sums = torch.matmul(member.unsqueeze(1) if x.dim() == 4 else member, x)   # (S, [H,] m, dh)
+        else:
+            axis = x.dim() - 2
+            index = ids.view(ids.shape[0], *([1] * (axis - 1)), -1, 1).expand(*x.shape)
+            sums = x.new_zeros(*x.shape[:axis], self.m + 1, x.shape[-1]).scatter_add(axis, index, x)
+            sums = sums.narrow(axis, 0, self.m)
+        return sums / torch.clamp(count, min=1).view(shape), count > 0
 
 
 def stream_order(q_land: Tensor, k_land: Tensor, completed: int, m: int) -> tuple[Tensor, Tensor]:

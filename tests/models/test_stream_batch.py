@@ -89,18 +89,20 @@ def test_each_stream_equals_its_own_float64_step_as_streams_join_and_leave(varia
     errors(f"stream batch {variant}/{mode} {layers} block(s) on {device} vs float64", *worst)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES + ["cpu-masked"])
 @pytest.mark.parametrize("variant, mode, layers", [c for c in CASES if c[2] == 1] + [("continual_nystrom", "continual", 2)])
 def test_a_streams_nan_tokens_and_events_change_no_other_stream(variant, mode, layers, device):
     """Three streams at different positions (so at different events: warm-up, landmark
     replacement, steady): the first two give the same bits whether the third is fed NaN, huge
-    or ordinary tokens."""
+    or ordinary tokens (cpu-masked: the CUDA path's masked step, on the CPU)."""
+    masked = device == "cpu-masked"
+    device = "cpu" if masked else device
     model = model_of(variant, mode, layers).to(device)
     g = torch.Generator().manual_seed(1)
     tokens = torch.rand(40, 3, D, generator=g)
     runs = []
     for third in ("ordinary", "nan", "huge"):
-        batch = StreamBatch(model, capacity=3)
+        batch = StreamBatch(model, capacity=3, events="masked" if masked else None)
         outs = []
         for hop in range(40):
             if hop in (0, 5, 13):                                   # joins at different hops
