@@ -97,7 +97,7 @@ def test_fixed_landmark_step_cost_does_not_grow_with_n():
     bounded by O(m d), also independent of n."""
     g = torch.Generator().manual_seed(0)
     plain, worst = [], []
-    for n in (30, 120, 480):
+    for n in (30, 120, 240):
         s = streaming_sda("continual_nystrom", n, num_landmarks=4, landmark_mode="fixed",
                          fixed_landmarks=(torch.randn(4, 192, generator=g), torch.randn(4, 192, generator=g)))
         s.reset(1)
@@ -110,3 +110,33 @@ def test_fixed_landmark_step_cost_does_not_grow_with_n():
         worst.append(max(costs[-40:]))
     assert plain[0] == plain[1] == plain[2]
     assert max(worst) - plain[0] <= 2 * (4 * 192 + 16)
+
+
+def test_a_fixed_landmark_step_does_the_same_operations_at_every_window_size():
+    """With fixed landmarks a steady continual Nyström step's work does not grow with n (the
+    paper's O(dm) step): the torch step runs the same aten operations, as many, at n = 30, 120
+    and 240 (a TorchDispatchMode sees every one)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    seen = {}
+    for n in (30, 120, 240):
+        g = torch.Generator().manual_seed(0)
+        fixed = (torch.randn(16, 4, 12, generator=g), torch.randn(16, 4, 12, generator=g))
+        s = streaming_sda("continual_nystrom", n, num_landmarks=4, landmark_mode="fixed", fixed_landmarks=fixed)
+        s.reset(16)
+        xs = torch.randn(n + 2, 3, 16, 12, generator=g)
+        for i in range(n + 1):
+            s.step(xs[i, 0], xs[i, 1], xs[i, 2])
+        with Ops() as counter:
+            s.step(xs[n + 1, 0], xs[n + 1, 1], xs[n + 1, 2])
+        seen[n] = counter.ops
+    assert seen[30] == seen[120] == seen[240]

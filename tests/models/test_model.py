@@ -249,3 +249,23 @@ def test_fixed_config_starts_fixed_and_needs_its_landmarks():
     assert_step_equals_forward(model, torch.randn(1, 20, 16))
     model.set_landmark_mode("continual")                # a live switch is state, not identity
     assert model.landmark_mode == "continual" and model.cfg.landmark_mode == "fixed"
+
+
+def test_absent_landmarks_leave_the_present_ones_pseudo_inverse_and_exact_zeros_off_it():
+    """The warm-up with fewer landmarks than m (models/stream/nystrom.install with ``present``):
+    absent landmarks padded as the identity leave the present ones' pseudo-inverse as it is."""
+    from models.sda.reference import landmark_pinv
+    from models.stream.nystrom import install
+    g = torch.Generator().manual_seed(0)
+    H, m, dh = 4, 5, 12
+    for c in range(1, m + 1):
+        ql, kl = (torch.randn(1, H, m, dh, generator=g) * 3 for _ in range(2))
+        ql[:, :, c:], kl[:, :, c:] = 0, 0                         # as the warm-up pads them
+        z = install(ql, kl, 6, (torch.arange(m) < c).view(1, m))[2][0]       # (H, m, m) float64
+        want = landmark_pinv(ql[0, :, :c], kl[0, :, :c], 6).double()
+        # the same float64 iteration on the same block, rounded to float32: the block may
+        # differ only by the summation order of the padded products (an ulp of float64)
+        torch.testing.assert_close(z[:, :c, :c], want, rtol=0, atol=4 * torch.finfo(torch.float32).eps * want.abs().max().item())
+        assert (z[:, :c, c:] == 0).all() and (z[:, c:, :c] == 0).all()
+        if c == m:                                          # all present: landmark_pinv itself
+            torch.testing.assert_close(z, want, rtol=0, atol=4 * torch.finfo(torch.float32).eps * want.abs().max().item())
