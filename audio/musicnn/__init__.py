@@ -74,10 +74,9 @@ class BatchNorm(nn.Module):
 def precision(tf32: bool, device: torch.device | str):
     """The network's arithmetic on CUDA. Default float32, within the error model of float32 dot
     products as on the CPU: TF32 off (torch allows it in cuDNN by default) and cuDNN off. cuDNN
-    picks each convolution's algorithm by timing, and the fastest (transform-based, for the
-    mid-end) rounded the taggrams 2.5x past that model on an H100 (2.2e-4 against a bound of
-    8.6e-5, tests/audio/test_musicnn_batch.py; within it with cuDNN off), and a stream's values
-    then depended on the batch it ran in. Without cuDNN, ``conv1d`` (the mid-end) is one batched
+    picks each convolution's algorithm by timing (transform-based ones among them), so a
+    stream's values would depend on the batch it ran in. Every computation of the network runs
+    inside this, a new slot's silence caches included. Without cuDNN, ``conv1d`` (the mid-end) is one batched
     matrix product per tap; other convolutions are ATen's own, one product per batch row (so the
     batched front end keeps every temporal branch's accumulators in float32; `--recompute-frontend`
     convolves its temporal branches).
