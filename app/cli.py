@@ -1,11 +1,11 @@
-"""Command line: `python main.py [gui|classify|serve|listen|extract|train|evaluate|accuracy|bench|demo] ...`.
-The subcommands register themselves in app/commands/."""
+"""Command line: `nystream COMMAND ...` (or `python main.py COMMAND ...`): live music-genre
+classification with continual (Nyström) transformers. The subcommands live in app/commands/."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from app.commands import load_all
+from app.commands import HELP, load
 from app.runtime.faults import (exit_code, hold_signals, resource_message, restore, signal_name,
                                 stop_on_signals, stdout_gone, stop_received, take_held_signals)
 from app.runtime.memory import fixed_mmap_threshold
@@ -17,20 +17,42 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     none to state (None, an empty list or string, a flag's False)."""
 
     def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or action.default in (None, [], "", False, argparse.SUPPRESS):
-            return text
-        return f"{text} (default: %(default)s)"
+        text, default = action.help or "", action.default
+        if "default" in text or default is None or default is False or default in ([], "", argparse.SUPPRESS):
+            return text               # (`is`: a default of 0 is stated, though 0 == False)
+        if isinstance(default, (tuple, list)):
+            default = ",".join(map(str, default))       # as the option takes it: 1,2
+        return f"{text} (default: {str(default).replace('%', '%%')})"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="main.py", description=__doc__.splitlines()[0],
-                                formatter_class=HelpFormatter)
-    sub = p.add_subparsers(dest="command")
-    for c in load_all().values():
-        s = sub.add_parser(c.name, help=c.help, description=c.help, formatter_class=HelpFormatter)
-        c.add_arguments(s)
-        s.set_defaults(run=c.run)
+def version() -> str:
+    """The installed package's version, else the checkout's pyproject.toml's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+    try:
+        return installed("nystream")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+        with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+            return tomllib.load(f)["project"]["version"]
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser. Given ``argv``, only its command's arguments are built (its module alone is
+    imported: `nystream --help` loads no torch); without, every command's."""
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    p = argparse.ArgumentParser(prog="nystream", formatter_class=HelpFormatter,
+                                description="live music-genre classification with continual (Nyström) transformers; "
+                                            "`nystream COMMAND --help` for a command's options (docs/commands.md)")
+    p.add_argument("--version", action="version", version=f"nystream {version()}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, text in HELP.items():
+        s = sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
+        if chosen is None or chosen == name:
+            c = load(name)
+            c.add_arguments(s)
+            s.set_defaults(run=c.run)
     return p
 
 
@@ -38,10 +60,11 @@ def default_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """The default run: the window with every variant, or the terminal without a display."""
     from app.gui.launch import has_display
     if has_display():
-        return parser.parse_args(["gui"])
+        return build_parser(["gui"]).parse_args(["gui"])
     print("# no display (DISPLAY/WAYLAND_DISPLAY unset): classifying the demo signal in the "
           "terminal instead of opening the window", file=sys.stderr)
-    return parser.parse_args(["classify", "--demo", "--realtime", "--fallback-random-vggish"])
+    argv = ["classify", "--demo", "--pace", "realtime", "--fallback-random-vggish"]
+    return build_parser(argv).parse_args(argv)
 
 
 def output_of(args) -> str | None:
@@ -65,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     handlers, args = stop_on_signals(), None
     try:
         try:
-            parser = build_parser()    # the commands' modules: an extension module's init that a
+            parser = build_parser(sys.argv[1:] if argv is None else argv)   # the command's module: an extension module's init that a
         finally:                       # signal interrupts can abort the process (torch's did)
             take_held_signals()
         args = parser.parse_args(argv)

@@ -24,7 +24,7 @@ from . import melspec
 from .musicnn import mel as musicnn_mel
 from .musicnn.batch import MusicnnBatch
 
-FRONTENDS = ("musicnn", "vggish")
+from .frontend_names import FRONTENDS
 DEFAULT_FRONTEND = "musicnn"
 
 

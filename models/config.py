@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
-from .sda import LANDMARK_MODES, VARIANTS
+from .variants import LANDMARK_MODES, VARIANTS
 
 MAX_WINDOW = 8192              # tokens (34 min of 0.25 s hops): larger is refused, not allocated
 MAX_PARAMETERS = 50_000_000    # 200 MB of float32 weights
@@ -120,3 +120,18 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 1e-5               # the paper's defaults
+    weight_decay: float = 1e-4
+    batch_size: int = 32
+    epochs: int = 50               # per phase, the most
+    patience: int = 10             # early stopping: epochs without a better validation score
+    seed: int = 0                  # weights, batch order, start indices
+    data_seed: int = 0             # split
+    kmeans_tokens: int = 20000     # Q/K tokens per head given to k-means (a random subset)
+    crop_min: int = 0              # > 0: each batch is a random contiguous crop of >= this many
+                                   # tokens (models that must answer from partial windows)
+    device: str = "cpu"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,22 +17,8 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from .landmarks import fit_fixed_landmarks
+from .config import TrainConfig  # noqa: F401  (training's settings, torch-free for the command line)
 from .transformer import GenreTransformer, ModelConfig, build_model
-
-
-@dataclass
-class TrainConfig:
-    lr: float = 1e-5               # the paper's defaults
-    weight_decay: float = 1e-4
-    batch_size: int = 32
-    epochs: int = 50               # per phase, the most
-    patience: int = 10             # early stopping: epochs without a better validation score
-    seed: int = 0                  # weights, batch order, start indices
-    data_seed: int = 0             # split
-    kmeans_tokens: int = 20000     # Q/K tokens per head given to k-means (a random subset)
-    crop_min: int = 0              # > 0: each batch is a random contiguous crop of >= this many
-                                   # tokens (models that must answer from partial windows)
-    device: str = "cpu"
 
 
 def length_groups(lengths: np.ndarray, idx: np.ndarray) -> dict[int, np.ndarray]:

@@ -19,8 +19,8 @@ from app.runtime.records import percentile
 from audio.frontends import build_frontend
 from audio.sources import DemoSource
 from models.transformer import ModelConfig, build_model
+from models.variants import VARIANTS
 
-VARIANTS = ("regular", "continual", "nystrom", "continual_nystrom")
 CALLS_PER_S = 100
 CYCLE = 400                 # calls per add / fit / remove cycle (4 s)
 

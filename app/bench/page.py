@@ -348,7 +348,7 @@ SECTIONS = [
      "audio and sample frames, their log-mels in one call on the network's device (audio/musicnn/mel.py), the "
      "musicnn network once for all streams (audio/musicnn/batch.py, each stream's continual caches in a slot), "
      "then each of the five shipped models (or those named) stepped once for all streams (models/stream/batch.py; on the CPU the "
-     "continual ones step each stream by their compiled step, on a per-slot clone). FLOPs per stream-hop: the front end's and the five models' "
+     "continual ones step their steady streams in one call of the compiled backend). FLOPs per stream-hop: the front end's and the five models' "
      "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
      "the CPU, 2 x 8192^3 on CUDA, TF32 off also for a `--tf32` run). A row's resident memory is what the engine and its streams added to the "
      "process; a run that says *held* reads it after the heap's free memory is given back to the system "
@@ -361,9 +361,9 @@ SECTIONS = [
      "(on CUDA: the batch's step for one stream, without and with its CUDA graph).",
      streams_body),
     ("Serving clients over WebSocket", "serve-",
-     "`bench --serve N [--serve-workers K] [--ray K] [--batch-delay-ms D]`: the real `serve` command (musicnn "
+     "`bench --serve N [--serve-processes K] [--replicas K] [--batch-delay-ms D]`: the real `serve` command (musicnn "
      "and the five shipped models, the server's batch delay as each run says; on the CPU its "
-     "engine in lanes, one per core, or with `--serve-workers K` as `serve --workers K`, K one-lane processes "
+     "engine in lanes, one per core, or with `--serve-processes K` as `serve --processes K`, K one-lane processes "
      "behind one socket: docs/serve.md) in its own "
      "process, and N WebSocket clients on loopback in the bench's process, each streaming real audio "
      "(the shared GTZAN excerpts) in real time, one 0.25 s hop per message. Latency: from a hop's last "
@@ -371,7 +371,7 @@ SECTIONS = [
      "server's cores by process (its workers, or its Ray Serve replicas, proxy, controller and Ray's own servers), the "
      "clients' (the bench's process), the streams an engine hop took, and how the streams were split over "
      "the lanes, workers or replicas at the busiest moment (the server's health), where a run has them. The clients "
-     "run on the same cores as the server. With `--ray K`, the same clients and audio "
+     "run on the same cores as the server. With `--replicas K`, the same clients and audio "
      "then against `serve --ray local --replicas K`, a fresh local Ray (the edge spreads the streams over "
      "the K replicas' own ports; each replica may take every client). The server takes up to N streams "
      "from one address. CPU and memory are summed over the server's process tree.",

@@ -118,7 +118,7 @@ def run_server(audio, clients: int, ray: int | None, batch_delay_ms: float | Non
                "--max-streams-per-address", str(clients)]          # every client is on 127.0.0.1
     command += ["--ray", "local", "--replicas", str(ray), "--port", str(free_port())] if ray else ["--port", "0"]
     command += ["--batch-delay-ms", f"{batch_delay_ms:g}"] if batch_delay_ms is not None else []
-    command += ["--workers", str(workers)] if workers > 1 and not ray else []
+    command += ["--processes", str(workers)] if workers > 1 and not ray else []
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()

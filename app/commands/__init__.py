@@ -1,19 +1,33 @@
-"""Subcommands of `python main.py`. Each module here registers its own with ``@command``: name,
-help, argument builder and run function live together in that one module; app/cli.py builds the
-parser from the registry."""
+"""Subcommands of `nystream` (`python main.py`): their names and one-line help here, in the order
+`--help` lists them; each module registers its argument builder and run function with
+``@command`` (name, arguments and run live together in that one module). A module is imported
+only when its command is used (or every one, for a parser of them all), so `nystream --help`
+loads no torch."""
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-MODULES = ("gui", "classify", "serve", "listen", "extract", "train", "evaluate", "sweep", "export", "accuracy", "bench", "demo")
+HELP = {
+    "gui": "the desktop window (the default command)",
+    "classify": "classify files, folders, the microphone or the demo signal",
+    "serve": "classify live audio from WebSocket clients (protocol v1, docs/serve.md)",
+    "listen": "stream a file, the demo or the microphone to a serve server",
+    "extract": "GTZAN audio (or musicnn taggrams) -> a token file",
+    "train": "train one variant on a token file (two phases for fixed landmarks)",
+    "evaluate": "stream test sequences through checkpoints; write a report",
+    "sweep": "train and evaluate a grid of variants x blocks x windows x seeds; one report",
+    "export": "export a checkpoint's streaming step to ONNX (explicit state)",
+    "accuracy": "genre accuracy from audio files through the live path",
+    "bench": "measure: per-step latency of every variant, the window, many streams, the service (docs/benchmarks.md)",
+    "demo": "stream synthetic tokens through every variant (terminal)",
+}
 
 
 @dataclass(frozen=True)
 class Command:
     name: str
-    help: str
     add_arguments: Callable     # (argparse parser) -> None
     run: Callable               # (argparse Namespace) -> exit code
 
@@ -21,16 +35,15 @@ class Command:
 COMMANDS: dict[str, Command] = {}
 
 
-def command(name: str, help: str, add_arguments: Callable):
+def command(name: str, add_arguments: Callable):
     """Register the decorated ``run(args) -> int`` as subcommand ``name``."""
     def register(run: Callable) -> Callable:
-        COMMANDS[name] = Command(name, help, add_arguments, run)
+        COMMANDS[name] = Command(name, add_arguments, run)
         return run
     return register
 
 
-def load_all() -> dict[str, Command]:
-    """Import every command module (each registers itself), in the order `--help` lists them."""
-    for name in MODULES:
-        importlib.import_module(f"{__name__}.{name}")
-    return {n: COMMANDS[n] for n in MODULES}
+def load(name: str) -> Command:
+    """The command ``name``, its module imported (it registers itself)."""
+    importlib.import_module(f"{__name__}.{name}")
+    return COMMANDS[name]

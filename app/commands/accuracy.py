@@ -19,16 +19,17 @@ def add_arguments(p) -> None:
     p.add_argument("--audio", required=True, metavar="DIR", help="folder of <genre>.<nnnnn>.wav files")
     p.add_argument("--frontend", default="musicnn", choices=("musicnn", "vggish"),
                    help="front end that turns the audio into tokens (its shipped models are scored)")
-    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
-                   help="models to score (default: the shipped ones for the front end)")
-    p.add_argument("--out", default="docs/audio_accuracy", type=writable_dir, help="folder for accuracy.md/.json/confusion.png")
+    p.add_argument("--checkpoint", action="append", default=[], metavar="FILE",
+                   help="a model to score instead of the shipped ones for the front end; repeat for more")
+    p.add_argument("--out", default="audio_accuracy", type=writable_dir,
+                   help="folder for accuracy.md/.json/confusion.png (`make accuracy`: docs/audio_accuracy)")
     p.add_argument("--limit", type=POSITIVE, default=None, help="only the first N files (for a quick check)")
     p.add_argument("--threads", type=POSITIVE, default=None, help="torch CPU threads")
     p.add_argument("--command-line", default=None, help="command to print in the report")
     add_ray_arguments(p)
 
 
-@command("accuracy", "genre accuracy from audio files through the live path", add_arguments)
+@command("accuracy", add_arguments)
 def run(args) -> int:
     import torch
 

@@ -121,3 +121,32 @@ def window_list(text: str) -> tuple[int, ...]:
 WINDOW = integer(1, MAX_WINDOW)       # tokens
 POSITIVE = integer(1)
 SECONDS = number(above=0)
+
+
+def add_device_arguments(p, what: str = "where the front end and models run", tf32: bool = True) -> None:
+    """--device cpu|cuda (compute, the same name in every command) and, if asked, --tf32."""
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=what)
+    if tf32:
+        p.add_argument("--tf32", action="store_true",
+                       help="with --device cuda: musicnn's network in TF32 with cuDNN (its error: docs/front-ends.md)")
+
+
+def compute_device(args, command: str) -> str:
+    """``args.device``, checked: CUDA asked for where there is none is an error (exit 1), never
+    a run on the CPU; --tf32 needs --device cuda."""
+    import torch
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"{command}: --device cuda: no CUDA device here (torch {torch.__version__}"
+                         f"{', a CPU-only build' if torch.version.cuda is None else ''})")
+    if getattr(args, "tf32", False) and args.device != "cuda":
+        raise SystemExit(f"{command}: --tf32 is for --device cuda (the CPU has no TF32)")
+    return args.device
+
+
+def device_text(device: str, tf32: bool = False) -> str:
+    """What runs where, for a run's header: 'device cpu, float32' or the GPU's name."""
+    if device != "cuda":
+        return "device cpu, float32"
+    import torch
+    return (f"device cuda ({torch.cuda.get_device_name()}), float32"
+            + (", musicnn's network in TF32" if tf32 else ""))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from . import command
-from .argtypes import POSITIVE, SECONDS, integer, number, window_list, writable_path
+from .argtypes import POSITIVE, SECONDS, compute_device, integer, number, window_list, writable_path
 
 
 def add_arguments(p) -> None:
@@ -50,13 +50,13 @@ def add_arguments(p) -> None:
                    help="instead: N WebSocket clients streaming real audio in real time to `serve` on "
                         "loopback; latency, dropped hops, server CPU and memory per stream")
     p.add_argument("--serve-seconds", type=SECONDS, default=20.0, help="with --serve: audio per client")
-    p.add_argument("--ray", type=POSITIVE, metavar="K",
+    p.add_argument("--replicas", type=POSITIVE, metavar="K",
                    help="with --serve: then the same clients against K replicas on a local Ray Serve, "
                         "their results compared with the one server's")
     p.add_argument("--batch-delay-ms", type=number(0, 1000), default=None, metavar="MS",
                    help="with --serve: the server's `serve --batch-delay-ms` (default: serve's own)")
-    p.add_argument("--serve-workers", type=POSITIVE, default=1, metavar="K",
-                   help="with --serve: the server as `serve --workers K` (default: 1, one process)")
+    p.add_argument("--serve-processes", type=POSITIVE, default=1, metavar="K",
+                   help="with --serve: the server as `serve --processes K` (default: 1, one process)")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -109,7 +109,7 @@ def soak_progress(seconds: float, rss: float, dropped: int) -> None:
         print(f"  {seconds / 60:5.1f} min: {rss:.0f} MB resident, {dropped} hops dropped", flush=True)
 
 
-@command("bench", "per-step latency of every variant vs torch recompute", add_arguments)
+@command("bench", add_arguments)
 def run(args) -> int:
     def page(kind: str, data) -> None:
         if args.page:
@@ -154,12 +154,7 @@ def run(args) -> int:
         from app.bench.frontend_modes import frontend_modes_bench
         from app.bench.streams import (UnknownModelError, print_streams, step_bench, streams_bench,
                                                streams_key, tensor_bench, tf32_error)
-        if args.device == "cuda" and not torch.cuda.is_available():
-            print("error: --device cuda: no CUDA device here", file=sys.stderr)
-            return 1
-        if args.tf32 and args.device != "cuda":
-            print("error: --tf32 is for --device cuda (the CPU has no TF32)", file=sys.stderr)
-            return 1
+        compute_device(args, "bench")
         if args.threads:
             torch.set_num_threads(args.threads)
         try:                                               # a model that is not shipped: said before any row
@@ -180,11 +175,11 @@ def run(args) -> int:
         page(streams_key(args.device, args.models, args.tf32) + (f"-to{args.streams_to}" if cap else ""), r)
     if args.serve:
         from app.bench.serve import print_serve, serve_bench
-        r = serve_bench(args.serve, args.serve_seconds, ray=args.ray, batch_delay_ms=args.batch_delay_ms,
-                        workers=args.serve_workers)
+        r = serve_bench(args.serve, args.serve_seconds, ray=args.replicas, batch_delay_ms=args.batch_delay_ms,
+                        workers=args.serve_processes)
         print_serve(r)
-        page(f"serve-{args.serve}" + (f"-workers{args.serve_workers}" if args.serve_workers > 1 else "")
-             + (f"-ray{args.ray}" if args.ray else "")
+        page(f"serve-{args.serve}" + (f"-workers{args.serve_processes}" if args.serve_processes > 1 else "")
+             + (f"-ray{args.replicas}" if args.replicas else "")
              + (f"-delay{args.batch_delay_ms:g}" if args.batch_delay_ms is not None else ""), r)
     if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams or args.serve:
         return 0

@@ -1,68 +1,62 @@
-"""`python main.py classify`: one record per 0.25 s hop, per model, from a file, mic or demo;
-several files (or ``--demo N``) run as concurrent streams of the engine (app/runtime/engine.py),
-one source as its one stream."""
+"""`nystream classify`: one record per 0.25 s hop, per model, from files, folders, the microphone
+or the demo signal. Every source is a stream of one engine (app/runtime/engine.py); files run at
+most ``--streams`` at a time, a new file joining as another ends, and each stream ends with its
+verdict (a ``{"verdict": ...}`` record with --jsonl, a table on stderr, rows of --summary)."""
 from __future__ import annotations
 
+import os
 import sys
+from itertools import islice
 
-import torch
-
-from app.runtime.frontend_args import add_frontend_arguments
-from app.runtime.onnx_step import OnnxModelError
-from audio.errors import AudioError
-from audio.melspec import HOP_SECONDS
-from models.checkpoint import CheckpointError
-from models.sda import VARIANTS
+from models.variants import VARIANTS
 
 from . import command
-from .argtypes import POSITIVE, SECONDS, WINDOW, writable_file
+from .argtypes import (POSITIVE, SECONDS, WINDOW, add_device_arguments, compute_device, device_text, number,
+                       writable_file)
+
+STREAMS = {"cpu": 16, "cuda": 64}          # default --streams: files classified at once
 
 
 def add_arguments(p) -> None:
+    from app.runtime.frontend_args import add_frontend_arguments
     src = p.add_argument_group("source (one of)")
-    src.add_argument("path", nargs="*", help="audio files (any format soundfile/librosa decodes); "
-                                             "several run as concurrent streams of one engine")
+    src.add_argument("path", nargs="*", help="audio files or folders (searched recursively for audio files); "
+                                             "each file is a stream of one engine")
     src.add_argument("--mic", action="store_true", help="capture from an input device")
     src.add_argument("--demo", nargs="?", const=1, type=POSITIVE, metavar="N",
                      help="the built-in synthetic music signal (N streams with seeds 0..N-1)")
-    p.add_argument("--device", help="input device index or (partial) name, with --mic")
+    p.add_argument("--input-device", metavar="DEVICE", help="input device index or (partial) name, with --mic")
     p.add_argument("--list-devices", action="store_true", help="list input devices and exit")
-    p.add_argument("--seconds", type=SECONDS, help="stop after this much audio (> 0)")
-    p.add_argument("--realtime", action="store_true", help="pace a file/demo in real time")
+    p.add_argument("--seconds", type=SECONDS, help="stop each stream after this much audio (> 0)")
+    p.add_argument("--pace", choices=("fast", "realtime"), default="fast",
+                   help="a file or the demo as fast as it decodes, or paced like a sound card (one source)")
     p.add_argument("--loop", action="store_true", help="loop a file")
+    p.add_argument("--streams", type=POSITIVE, metavar="N",
+                   help=f"files classified at once (default: {STREAMS['cpu']} on the CPU, {STREAMS['cuda']} on CUDA)")
     add_frontend_arguments(p, fallback=True, recompute=True)
-    p.add_argument("--variant", nargs="+", choices=VARIANTS,
-                   help="add untrained models of these variants (default: none when trained "
-                        "models exist, else all)")
-    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
-                   help="trained models (default: the shipped ones in assets/models/ for the "
-                        "front end)")
-    p.add_argument("--onnx", nargs="+", default=[], metavar="FILE",
-                   help="exported streaming steps (python main.py export) run by ONNX Runtime, "
-                        "named onnx:<variant> in the records, beside the other models")
+    p.add_argument("--variant", action="append", choices=VARIANTS, metavar="VARIANT",
+                   help=f"add an untrained model of VARIANT ({', '.join(VARIANTS)}); repeat for more "
+                        "(default: none when trained models exist, else all)")
+    p.add_argument("--checkpoint", action="append", default=[], metavar="FILE",
+                   help="run this trained model instead of the shipped ones; repeat for more")
+    p.add_argument("--onnx", action="append", default=[], metavar="FILE",
+                   help="an exported streaming step (nystream export) run by ONNX Runtime beside the other "
+                        "models, named onnx:<variant>; repeat for more")
     p.add_argument("--layers", type=int, choices=(1, 2), default=1, help="blocks of untrained models")
     p.add_argument("--window", type=WINDOW, default=None,
                    help="window n of untrained models in tokens (default 29 musicnn, 120 vggish)")
     p.add_argument("--landmarks", type=POSITIVE, default=4, help="Nyström landmarks m of untrained models")
     p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
-    p.add_argument("--cuda", action="store_true", help="run the front end and models on CUDA if available")
-    p.add_argument("--tf32", action="store_true",
-                   help="with --cuda: musicnn's network in TF32 with cuDNN (its error: docs/front-ends.md)")
+    add_device_arguments(p)
+    p.add_argument("--smooth", type=number(lo=0), default=0.0, metavar="SECONDS",
+                   help="also give each model's smoothed top genre (the window's reading: probabilities "
+                        "averaged with this time constant; the window uses 5); 0: off")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
+    out.add_argument("--jsonl", action="store_true",
+                     help="JSON lines on stdout: a record per hop, then a verdict record per stream")
     out.add_argument("--csv", metavar="FILE", type=writable_file, help="write records to a CSV file")
-
-
-def source_spec(args):
-    from app.runtime.sources import SourceKind, SourceSpec
-    chosen = [bool(args.path), args.mic, bool(args.demo)]
-    if sum(chosen) != 1:
-        raise SystemExit("classify: give exactly one source: PATH, --mic or --demo")
-    if args.mic:
-        return SourceSpec(SourceKind.MIC, args.device or "")
-    if args.demo:
-        return SourceSpec(SourceKind.DEMO, realtime=args.realtime, seconds=args.seconds)
-    return SourceSpec(SourceKind.FILE, args.path[0], realtime=args.realtime, loop=args.loop)
+    p.add_argument("--summary", metavar="FILE", type=writable_file,
+                   help="write one CSV row per file and model: file, model, genre, share, confidence, hops, error")
 
 
 def list_devices() -> int:
@@ -73,183 +67,263 @@ def list_devices() -> int:
     return 0
 
 
-def csv_progress(args, source, limit: int | None):
-    """With --csv nothing else shows the run's progress: a bar (or on a pipe a line every tenth
-    of the file, with the time left); the total is the file's hops, up to --seconds."""
-    from app.offline.progress import Progress
-    total = source.hops() if hasattr(source, "hops") and not getattr(source, "loop", False) else None
-    if limit is not None:
-        total = limit if total is None else min(total, limit)
-    p = Progress(total if args.csv else 0, "classify", "hop", lambda line: print(line, file=sys.stderr))
-    p.every = max(1, (total or 400) // 10)
-    return p
+class Sources:
+    """The run's sources, opened one at a time as the engine takes them: a file that cannot be
+    opened is one line (and a --summary row), and the next one is opened instead."""
+
+    def __init__(self, args):
+        from app.runtime.sources import audio_paths
+        self.args, self.failed, self.skipped, self.live = args, 0, 0, args.mic or args.pace == "realtime"
+        self.paths: list[tuple[str, str]] = []
+        if args.path:
+            self.paths, self.skipped = audio_paths(args.path)
+        self.count = len(self.paths) if args.path else (args.demo or 1)
+        self.on_failure = None           # (path, name, error) -> None
+
+    def __iter__(self):
+        from audio.errors import AudioError
+        from audio.sources import DemoSource, FileSource, MicrophoneSource
+        args = self.args
+        if args.mic:
+            yield MicrophoneSource(args.input_device or None)
+            return
+        if args.demo:
+            for i in range(args.demo):
+                source = DemoSource(seed=i, realtime=self.live, seconds=args.seconds)
+                source.name = "demo" if args.demo == 1 else f"demo:{i}"
+                yield source
+            return
+        for path, name in self.paths:
+            try:
+                source = FileSource(path, realtime=self.live, loop=args.loop)
+            except AudioError as e:
+                self.failed += 1
+                if self.on_failure is not None:
+                    self.on_failure(path, name, str(e))
+                continue
+            source.name = name
+            source.path = path
+            yield source
 
 
-@command("classify", "classify a file, the microphone or the demo signal", add_arguments)
+def check_sources(args) -> None:
+    chosen = [bool(args.path), args.mic, bool(args.demo)]
+    if sum(chosen) != 1:
+        raise SystemExit("classify: give exactly one kind of source: PATH..., --mic or --demo [N]")
+    many = (args.demo or 0) > 1 or len(args.path) > 1 or any(os.path.isdir(p) for p in args.path)
+    if many and (args.pace == "realtime" or args.loop):
+        raise SystemExit("classify: several streams run as fast as their files decode (not --pace realtime, --loop)")
+    if args.mic and args.loop:
+        raise SystemExit("classify: --loop is for a file")
+    if args.input_device is not None and not args.mic:
+        raise SystemExit("classify: --input-device is for --mic")
+
+
+class Report:
+    """What the run writes besides its records: per stream, when it ends, its counts, its
+    verdict (a JSON record with --jsonl, a table on stderr) and its --summary rows; progress
+    over the files with the time left."""
+
+    def __init__(self, args, sources: Sources):
+        from app.offline.progress import Progress
+        from app.runtime.csv_rows import CsvRows
+        self.args, self.sources = args, sources
+        self.summary = CsvRows(args.summary) if args.summary else None
+        self.tallies: dict[str, object] = {}         # the streams still running: name -> Tally
+        self.smoothers: dict[str, object] = {}
+        many = sources.count > 1
+        self.progress = Progress(sources.count if many and not sources.live else 0, "classify", "file",
+                                 lambda line: print(line, file=sys.stderr))
+        self.progress.every = max(1, sources.count // 10)
+        self.ended = 0
+
+    def say(self, text: str) -> None:
+        self.progress.say(text)
+
+    def record(self, r) -> None:
+        from app.runtime.verdict import Smoother, Tally, top_k
+        tally = self.tallies.get(r.source)
+        if tally is None:
+            tally = self.tallies[r.source] = Tally()
+            self.smoothers[r.source] = Smoother(self.args.smooth)
+        tally.add(r)
+        if self.args.smooth > 0:
+            smoother = self.smoothers[r.source]
+            for name, m in r.models.items():
+                m.smoothed_top = top_k(m.classes, smoother.update(name, m.probabilities), 1)[0]
+
+    def failed(self, path: str, name: str, error: str) -> None:
+        """A file that could not be opened: its line and summary row, and one step of progress."""
+        from audio.errors import printable
+        self.say(f"error: {error}")
+        self._write_summary(printable(path), {"verdict": {}, "hops": 0, "error": error})
+        self._ended()
+
+    def left(self, stream) -> None:
+        """A stream that ended (its source done, stopped, or failed): its counts and verdict."""
+        from app.runtime.verdict import Tally, verdict_message
+        from audio.errors import printable
+        tally = self.tallies.pop(stream.name, None) or Tally()
+        self.smoothers.pop(stream.name, None)
+        source, stats = stream.source, stream.source.stats
+        message = verdict_message(tally, source, stream.error)
+        if stream.error is not None:
+            self.say(f"error: {stream.name}: {stream.error}")
+        self.say(f"# {stream.name}: {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input "
+                 f"overflows, {stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped")
+        if tally.tops:
+            self.say(f"# verdict over {stream.name}, per model (the genre most often on top):\n"
+                     + "\n".join(f"#   {line}" for line in tally.table().splitlines()))
+        if self.args.jsonl:
+            import json
+            print(json.dumps(message, allow_nan=False), flush=True)
+        self._write_summary(printable(getattr(source, "path", stream.name)), message)
+        self._ended()
+
+    def _write_summary(self, file: str, message: dict) -> None:
+        from app.runtime.verdict import summary_rows
+        if self.summary is not None:
+            for row in summary_rows(file, message):
+                self.summary.write(row)
+
+    def _ended(self) -> None:
+        self.ended += 1
+        every = self.progress.every
+        self.progress.step(f"# {self.ended} of {self.sources.count} files done"
+                           if self.ended % every == 0 or self.ended == self.sources.count else "")
+
+    def close(self) -> None:
+        self.progress.close()
+        if self.summary is not None:
+            self.summary.close()
+            self.say(f"# {self.summary.rows} rows in {self.args.summary}")
+
+
+@command("classify", add_arguments)
 def run(args) -> int:
+    from app.runtime.onnx_step import OnnxModelError
+    from audio.errors import AudioError
+    from models.checkpoint import CheckpointError
+    try:
+        if args.list_devices:
+            return list_devices()
+        check_sources(args)
+        device = compute_device(args, "classify")
+        return classify(args, device)
+    except (AudioError, CheckpointError, OnnxModelError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def classify(args, device: str) -> int:
     from app.runtime.csv_rows import CsvRows
     from app.runtime.engine import Engine
     from app.runtime.faults import exit_code, resource_message, signal_name, stdout_gone
     from app.runtime.frontend_args import frontend_from_args
     from app.runtime.lineup import default_lineup
     from app.runtime.records import csv_row, human
-    from app.runtime.verdict import Tally
+    from audio.errors import AudioError
 
-    if args.tf32 and not args.cuda:
-        raise SystemExit("classify: --tf32 is for --cuda (the CPU has no TF32)")
+    sources = Sources(args)
+    if args.path and not sources.paths:
+        raise SystemExit(f"classify: no audio files in {', '.join(args.path)} ({sources.skipped} other files)")
+    opened = iter(sources)
+    report = Report(args, sources)
+    sources.on_failure = report.failed
+    capacity = min(sources.count, args.streams or STREAMS[device])
+    first = []
     try:
-        if args.list_devices:
-            return list_devices()
-        if len(args.path) > 1 or (args.demo or 0) > 1:
-            return run_streams(args)
-        device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
-        source = source_spec(args).open(start=False)        # a bad file or device fails before the models load
-        try:
-            frontend = frontend_from_args(args, device)
-            entries = default_lineup(frontend, device, checkpoints=args.checkpoint, onnx=args.onnx,
-                                     variants=args.variant, layers=args.layers, window=args.window,
-                                     landmarks=args.landmarks, seed=args.seed)
-        except BaseException:
+        first = list(islice(opened, capacity))      # a bad file or device fails before the models load
+        if not first:                            # nothing could be opened: each said in one line
+            report.close()
+            return 1
+        frontend = frontend_from_args(args, device)
+        entries = default_lineup(frontend, device, checkpoints=args.checkpoint, onnx=args.onnx,
+                                 variants=args.variant, layers=args.layers, window=args.window,
+                                 landmarks=args.landmarks, seed=args.seed)
+        engine = Engine(frontend, entries, capacity=capacity)   # on CUDA each model step a replayed CUDA graph
+    except BaseException:
+        for source in first:
             source.close()
-            raise
-        engine = Engine(frontend, entries, capacity=1)     # on CUDA each model step a replayed CUDA graph
-        untrained = [e.name for e in entries if not e.trained]
-        trained = [f"{e.name} ({e.path})" for e in entries if e.trained]
-        print(f"# source {source.name}; front end: {frontend.description}"
-              + (f"; trained: {', '.join(trained)}" if trained else "")
-              + (f"; UNTRAINED models (random weights, seed {args.seed}), marked *: "
-                 f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)
-        rows, tally, code = CsvRows(args.csv) if args.csv else None, Tally(), 0
-        limit = None if args.seconds is None else int(args.seconds / HOP_SECONDS)
-        progress = csv_progress(args, source, limit)
-        try:
-            for r in engine.run([source], warm=True):
-                tally.add(r)
-                if args.jsonl:
-                    print(r.to_json(), flush=True)
-                elif rows is not None:
-                    rows.write(csv_row(r))
-                    progress.step(f"# {r.step + 1} steps written to {args.csv}"
-                                  if (r.step + 1) % progress.every == 0 else "")
-                else:
-                    print(human(r), flush=True)
-                if args.seconds is not None and r.audio_time >= args.seconds - 1e-9:
-                    break                          # audio gone by, dropped hops included
-        except KeyboardInterrupt as e:             # Ctrl+C, SIGTERM: a normal way to stop a live run
-            print(f"# stopped by {signal_name(e)}", file=sys.stderr)
-            code = exit_code(e)
-        except BrokenPipeError:                    # `classify ... | head`: the reader is gone
-            print("# stopped: the reader of the output closed it", file=sys.stderr)
-            code = stdout_gone()
-        except AudioError as e:                    # mid-stream: a device gone, a file changed
-            print(f"error: {e}", file=sys.stderr)   # the summary and verdict of what ran follow
-            code = 1
-        except OSError as e:
-            message = resource_message(e, args.csv)
-            if message is None:
-                raise
-            print(f"error: {message}; the CSV keeps its {rows.rows if rows else 0} complete rows",
-                  file=sys.stderr)
-            code = 1
-        finally:
-            progress.close()
-            source.close()
-            if rows is not None:
-                rows.close()
-        for _, why in engine.errors:               # the stream left early (a model's non-finite answer)
-            print(f"error: {why}", file=sys.stderr)
-            code = 1
-        stats = source.stats
-        print(f"# {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input overflows, "
-              f"{stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped"
-              + (f"; {rows.rows} rows in {args.csv}" if rows is not None and rows.created
-                 else f"; no rows, {args.csv} not written" if rows is not None else ""), file=sys.stderr)
-        if tally.tops:
-            print(f"# verdict over {source.name}, per model (the genre most often on top):\n"
-                  + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)
-        return code
-    except (AudioError, CheckpointError, OnnxModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-
-
-def stream_sources(args) -> tuple[list, int]:
-    """The sources of a many-stream run, and how many files could not be opened (each said in
-    one line); names made unique (a file given twice is two streams)."""
-    from audio.sources import DemoSource, FileSource
-    if args.demo:
-        sources = [DemoSource(seed=i, seconds=args.seconds) for i in range(args.demo)]
-        for i, s in enumerate(sources):
-            s.name = f"demo:{i}"
-        return sources, 0
-    sources, failed, seen = [], 0, {}
-    for path in args.path:
-        try:
-            source = FileSource(path)
-        except AudioError as e:
-            print(f"error: {e}", file=sys.stderr)
-            failed += 1
-            continue
-        seen[source.name] = seen.get(source.name, 0) + 1
-        if seen[source.name] > 1:
-            source.name += f"#{seen[source.name]}"
-        sources.append(source)
-    return sources, failed
-
-
-def run_streams(args) -> int:
-    """Every file (or demo) as a stream of one engine: the models step once per hop for all of
-    them; records carry their stream's ``source``; one verdict per stream."""
-    from app.runtime.csv_rows import CsvRows
-    from app.runtime.frontend_args import frontend_from_args
-    from app.runtime.lineup import default_lineup
-    from app.runtime.engine import Engine
-    from app.runtime.records import csv_row, human
-    from app.runtime.verdict import Tally
-
-    if args.mic or args.realtime or args.loop:
-        raise SystemExit("classify: several streams run from files or --demo N, as fast as they "
-                         "decode (not --mic, --realtime, --loop)")
-    sources, failed = stream_sources(args)
-    if not sources:
-        return 1
-    device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
-    frontend = frontend_from_args(args, device)
-    entries = default_lineup(frontend, device, checkpoints=args.checkpoint, onnx=args.onnx, variants=args.variant,
-                             layers=args.layers, window=args.window, landmarks=args.landmarks, seed=args.seed)
-    engine = Engine(frontend, entries, capacity=len(sources))
-    engine.warm()
-    print(f"# {len(sources)} streams in one engine; front end: {frontend.description}; models: "
-          + ", ".join(e.name + ("" if e.trained else "*") for e in entries), file=sys.stderr)
-    rows, tallies, said = CsvRows(args.csv) if args.csv else None, {s.name: Tally() for s in sources}, 0
+        report.close()
+        raise
+    untrained = [e.name for e in entries if not e.trained]
+    trained = [f"{e.name} ({e.path})" for e in entries if e.trained]
+    what = (f"{sources.count} files, {capacity} at a time" if args.path and sources.count > 1
+            else f"{args.demo} streams" if (args.demo or 0) > 1 else first[0].name)
+    print(f"# {device_text(device, args.tf32)}; source {what}; front end: {frontend.description}"
+          + (f"; trained: {', '.join(trained)}" if trained else "")
+          + (f"; UNTRAINED models (random weights, seed {args.seed}), marked *: "
+             f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)
+    if sources.skipped:
+        print(f"# {sources.skipped} files in the folders passed over (hidden, or not audio by their suffix)",
+              file=sys.stderr)
+    many = sources.count > 1
+    rows, code = CsvRows(args.csv) if args.csv else None, 0
+    hop_progress = None
+    if not many and args.csv:                # one source to a CSV: nothing else shows progress
+        hop_progress = hops_progress(args, first[0])
+    engine.on_leave = report.left
     try:
-        for r in engine.run(sources):
-            tallies[r.source].add(r)
+        for r in engine.run(first, more=opened, warm=True):
+            report.record(r)
             if args.jsonl:
                 print(r.to_json(), flush=True)
             elif rows is not None:
                 rows.write(csv_row(r))
+                if hop_progress is not None:
+                    hop_progress.step(f"# {r.step + 1} steps written to {args.csv}"
+                                      if (r.step + 1) % hop_progress.every == 0 else "")
             else:
-                print(f"{r.source}  {human(r)}", flush=True)
-            for stream, why in engine.errors[said:]:
-                print(f"error: {stream.name}: {why}", file=sys.stderr)
-            said = len(engine.errors)
+                print(f"{r.source}  {human(r)}" if many else human(r), flush=True)
             if args.seconds is not None and r.audio_time >= args.seconds - 1e-9:
                 stream = next(s for s in engine.streams if s.name == r.source)
-                engine.leave(stream)
+                engine.leave(stream)           # audio gone by, dropped hops included
+    except KeyboardInterrupt as e:             # Ctrl+C, SIGTERM: a normal way to stop a live run
+        print(f"# stopped by {signal_name(e)}", file=sys.stderr)
+        code = exit_code(e)
+    except BrokenPipeError:                    # `classify ... | head`: the reader is gone
+        print("# stopped: the reader of the output closed it", file=sys.stderr)
+        code = stdout_gone()
+    except AudioError as e:                    # mid-stream, outside a stream: a device gone
+        print(f"error: {e}", file=sys.stderr)
+        code = 1
+    except OSError as e:
+        message = resource_message(e, args.csv or args.summary)
+        if message is None:
+            raise
+        print(f"error: {message}" + (f"; the CSV keeps its {rows.rows} complete rows" if rows else ""),
+              file=sys.stderr)
+        code = 1
     finally:
+        if hop_progress is not None:
+            hop_progress.close()
+        for stream in list(engine.streams):    # stopped early: the verdicts of what ran follow
+            try:
+                engine.leave(stream)
+            except BrokenPipeError:
+                code = stdout_gone()
+        opened.close()                         # files not yet opened stay closed
         if rows is not None:
             rows.close()
-    for stream, why in engine.errors[said:]:
-        print(f"error: {stream.name}: {why}", file=sys.stderr)
-    for source in sources:
-        stats, tally = source.stats, tallies[source.name]
-        print(f"# {source.name}: {stats.hops} hops, {stats.nonfinite} non-finite samples zeroed, "
-              f"{stats.clipped} samples clipped", file=sys.stderr)
-        if tally.tops:
-            print(f"# verdict over {source.name}, per model:\n"
-                  + "\n".join(f"#   {line}" for line in tally.table().splitlines()), file=sys.stderr)
+        report.close()
     if rows is not None:
         print(f"# {rows.rows} rows in {args.csv}" if rows.created else f"# no rows, {args.csv} not written",
               file=sys.stderr)
-    return 1 if failed or engine.errors else 0
+    if sources.failed or engine.errors:
+        code = code or 1
+    return code
+
+
+def hops_progress(args, source):
+    """One file to a CSV: a bar (or on a pipe a line every tenth of the file, with the time left);
+    the total is the file's hops, up to --seconds."""
+    from app.offline.progress import Progress
+    from audio.melspec import HOP_SECONDS
+    total = source.hops() if hasattr(source, "hops") and not getattr(source, "loop", False) else None
+    if args.seconds is not None:
+        limit = int(args.seconds / HOP_SECONDS)
+        total = limit if total is None else min(total, limit)
+    p = Progress(total, "classify", "hop", lambda line: print(line, file=sys.stderr))
+    p.every = max(1, (total or 400) // 10)
+    return p

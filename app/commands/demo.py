@@ -12,7 +12,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the tokens and the (shared) weights")
 
 
-@command("demo", "stream synthetic tokens through every variant (terminal)", add_arguments)
+@command("demo", add_arguments)
 def run(args) -> int:
     from app.offline.demo import run as demo
     return demo(steps=args.steps, window=args.window, layers=args.layers, seed=args.seed)

@@ -25,7 +25,7 @@ def add_arguments(p) -> None:
     p.add_argument("--command-line", default=None, help="commands to print in the report")
 
 
-@command("evaluate", "stream test sequences through checkpoints; write a report", add_arguments)
+@command("evaluate", add_arguments)
 def run(args) -> int:
     from app.offline.report import write_report
     try:

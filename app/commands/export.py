@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
                         "to report their largest logit difference")
 
 
-@command("export", "export a checkpoint's streaming step to ONNX (explicit state)", add_arguments)
+@command("export", add_arguments)
 def run(args) -> int:
     import torch
 

@@ -15,7 +15,7 @@ from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
 from . import command
-from .argtypes import POSITIVE, writable_file
+from .argtypes import POSITIVE, add_device_arguments, compute_device, device_text, writable_file
 
 
 def add_arguments(p) -> None:
@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
                    help="overwrite an existing --out (an interrupted extraction resumes without it)")
     add_frontend_arguments(p)
     p.add_argument("--batch-size", type=POSITIVE, default=64, help="VGGish batch size")
-    p.add_argument("--cuda", action="store_true", help="run the front end on CUDA if available")
+    add_device_arguments(p, "where the front end runs", tf32=False)
     add_ray_arguments(p)
 
 
@@ -44,7 +44,7 @@ def ray_workers(ray, asked: int | None) -> int:
     return asked or max(1, int(ray.cluster_resources().get("CPU", 1)) - 1)
 
 
-@command("extract", "GTZAN audio (or musicnn taggrams) -> a token file", add_arguments)
+@command("extract", add_arguments)
 def run(args) -> int:
     from app.runtime.frontend_args import frontend_from_args, random_seed
     if Path(args.out).exists() and not args.force:
@@ -61,9 +61,9 @@ def run(args) -> int:
         if not args.gtzan:
             print("extract: give --gtzan DIR or --musicnn DIR", file=sys.stderr)
             return 2
-        import torch
-        device = "cuda" if args.cuda and torch.cuda.is_available() else "cpu"
+        device = compute_device(args, "extract")
         frontend = frontend_from_args(args, device)
+        print(f"# {device_text(device)}; front end: {frontend.description}", file=sys.stderr)
         with output_lock(args.out, "extract"):
             if not args.ray:
                 extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)

@@ -14,16 +14,18 @@ def add_arguments(p) -> None:
     src.add_argument("path", nargs="?", help="an audio file")
     src.add_argument("--mic", action="store_true", help="capture from an input device")
     src.add_argument("--demo", action="store_true", help="the built-in synthetic music signal")
-    p.add_argument("--device", help="input device index or (partial) name, with --mic")
+    p.add_argument("--input-device", metavar="DEVICE", help="input device index or (partial) name, with --mic")
     p.add_argument("--seconds", type=SECONDS, help="with --demo: stop after this much audio")
+    p.add_argument("--pace", choices=("realtime", "fast"), default="realtime",
+                   help="send a file or the demo paced like a sound card, or as fast as the server's credit allows")
     p.add_argument("--token-file", metavar="FILE", help="send 'Authorization: Bearer' + the token in FILE")
-    p.add_argument("--fast", action="store_true", help="send as fast as the server's credit allows (a file or the demo)")
     out = p.add_mutually_exclusive_group()
-    out.add_argument("--jsonl", action="store_true", help="JSON lines on stdout")
+    out.add_argument("--jsonl", action="store_true",
+                     help="JSON lines on stdout: a record per hop, then the server's verdict record")
     out.add_argument("--csv", metavar="FILE", type=writable_file, help="write records to a CSV file")
 
 
-@command("listen", "stream a file, the demo or the microphone to a serve server", add_arguments)
+@command("listen", add_arguments)
 def run(args) -> int:
     from app.runtime.csv_rows import CsvRows
     from app.serve.client import ListenError, Printer, listen
@@ -38,11 +40,11 @@ def run(args) -> int:
         raise SystemExit(f"listen: {e}") from None
     try:
         if args.mic:
-            source = MicrophoneSource(args.device).start()
+            source = MicrophoneSource(args.input_device).start()
         elif args.demo:
-            source = DemoSource(realtime=not args.fast, seconds=args.seconds)
+            source = DemoSource(realtime=args.pace == "realtime", seconds=args.seconds)
         else:
-            source = FileSource(args.path, realtime=not args.fast)
+            source = FileSource(args.path, realtime=args.pace == "realtime")
     except AudioError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -3,10 +3,10 @@ engine per connection (docs/serve.md); with ``--ray``, K replicas on Ray Serve."
 from __future__ import annotations
 
 from app.serve.protocol import Limits
-from models.sda import VARIANTS
+from models.variants import VARIANTS
 
 from . import command
-from .argtypes import POSITIVE, SECONDS, WINDOW, integer, number
+from .argtypes import POSITIVE, SECONDS, WINDOW, add_device_arguments, compute_device, integer, number
 
 
 def add_arguments(p) -> None:
@@ -18,20 +18,19 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-delay-ms", type=number(0, 1000), default=None, metavar="MS",
                    help="a ready hop waits at most this for the other streams of its lane, to step them "
                         "together (default 40; 0: at once)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the front end and models run")
-    p.add_argument("--tf32", action="store_true",
-                   help="with --device cuda: musicnn's network in TF32 with cuDNN (its error: docs/front-ends.md)")
+    add_device_arguments(p)
     add_frontend_arguments(p)
-    p.add_argument("--variant", nargs="+", choices=VARIANTS,
-                   help="add untrained models of these variants (default: none when trained models exist, else all)")
-    p.add_argument("--checkpoint", nargs="+", default=[], metavar="FILE",
-                   help="trained models (default: the shipped ones in assets/models/ for the front end)")
-    p.add_argument("--onnx", nargs="+", default=[], metavar="FILE", help="refused: an exported step runs one stream")
+    p.add_argument("--variant", action="append", choices=VARIANTS, metavar="VARIANT",
+                   help=f"add an untrained model of VARIANT ({', '.join(VARIANTS)}); repeat for more "
+                        "(default: none when trained models exist, else all)")
+    p.add_argument("--checkpoint", action="append", default=[], metavar="FILE",
+                   help="run this trained model instead of the shipped ones; repeat for more")
+    p.add_argument("--onnx", action="append", default=[], metavar="FILE", help="refused: an exported step runs one stream")
     p.add_argument("--layers", type=int, choices=(1, 2), default=1, help="blocks of untrained models")
     p.add_argument("--window", type=WINDOW, default=None, help="window n of untrained models in tokens")
     p.add_argument("--landmarks", type=POSITIVE, default=4, help="Nyström landmarks m of untrained models")
     p.add_argument("--seed", type=int, default=0, help="seed of the (untrained) model weights")
-    p.add_argument("--workers", type=POSITIVE, default=1,
+    p.add_argument("--processes", type=POSITIVE, default=1,
                    help="CPU: K engine processes of one lane each behind one socket, the streams spread over "
                         "them (default: 1, one process with a lane per core)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
@@ -66,11 +65,9 @@ def hub_spec(args):
                    tuple(args.variant) if args.variant else None, shape, limits, **delay)
 
 
-@command("serve", "classify live audio from WebSocket clients (protocol v1, docs/serve.md)", add_arguments)
+@command("serve", add_arguments)
 def run(args) -> int:
     from app.serve.server import ServeError, check_exposure, read_token
-    if args.tf32 and args.device != "cuda":
-        raise SystemExit("serve: --tf32 is for --device cuda (the CPU has no TF32)")
     if args.onnx:
         raise SystemExit("serve: --onnx is refused: an exported step holds one stream's state; "
                          "serve batches torch models (--checkpoint)")
@@ -79,12 +76,13 @@ def run(args) -> int:
         check_exposure(args.host, token)
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
-    if args.workers > 1 and (args.ray or args.device != "cpu"):
-        raise SystemExit("serve: --workers is for the plain server on the CPU "
+    if args.processes > 1 and (args.ray or args.device != "cpu"):
+        raise SystemExit("serve: --processes is for the plain server on the CPU "
                          "(with --ray: --replicas; on CUDA one process holds the device)")
-    if args.workers > 1:
+    compute_device(args, "serve")
+    if args.processes > 1:
         from app.serve.workers import serve_workers
-        return serve_workers(hub_spec(args), token, args.host, args.port, args.workers)
+        return serve_workers(hub_spec(args), token, args.host, args.port, args.processes)
     if args.ray:
         from app.serve.ray_serve import deploy
         return deploy(hub_spec(args), token, args.host, args.port, args.replicas, args.ray)

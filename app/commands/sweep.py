@@ -50,7 +50,7 @@ def add_arguments(p) -> None:
     add_ray_arguments(p)
 
 
-@command("sweep", "train and evaluate a grid of variants x blocks x windows x seeds; one report", add_arguments)
+@command("sweep", add_arguments)
 def run(args) -> int:
     from app.offline.evaluate import EvaluateError, evaluate
     from app.offline.ray.cluster import RayClusterError

@@ -5,22 +5,12 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
-from app.offline.train import TrainError, train
-from audio.checksums import file_sha256
-from audio.frontends import frontend_of_tokens
-from audio.tokens.cache import TokenFileError, load_tokens
-from models.checkpoint import CheckpointError, checkpoint_bytes, load_checkpoint, save_checkpoint
-from models.sda import LANDMARK_MODES, VARIANTS
-from models.training import TrainConfig
-from models.transformer import ModelConfig
-
-from app.runtime.faults import check_room, exit_code, signal_name
-from app.runtime.output_lock import output_lock
+from app.runtime.faults import exit_code, signal_name
+from models.config import TrainConfig
+from models.variants import LANDMARK_MODES, VARIANTS
 
 from . import command
-from .argtypes import POSITIVE, WINDOW, integer, number, writable_file
+from .argtypes import POSITIVE, WINDOW, compute_device, integer, number, writable_file
 
 
 def add_arguments(p) -> None:
@@ -55,11 +45,18 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train")
 
 
-@command("train", "train one variant on a token file (two phases for fixed landmarks)", add_arguments)
+@command("train", add_arguments)
 def run(args) -> int:
+    from app.offline.train import TrainError, train
+    from app.runtime.faults import check_room
+    from app.runtime.output_lock import output_lock
+    from audio.checksums import file_sha256
+    from audio.frontends import frontend_of_tokens
+    from audio.tokens.cache import TokenFileError, load_tokens
+    from models.checkpoint import CheckpointError, checkpoint_bytes, load_checkpoint, save_checkpoint
+    from models.transformer import ModelConfig
     try:
-        if args.device == "cuda" and not torch.cuda.is_available():
-            raise TrainError("--device cuda: CUDA is not available in this torch build/machine")
+        compute_device(args, "train")
         modes = LANDMARK_MODES[args.variant]
         if args.landmark_mode not in modes and args.landmark_mode is not None:
             raise TrainError(f"--landmark-mode {args.landmark_mode!r} is not valid for "

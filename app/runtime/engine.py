@@ -67,7 +67,8 @@ class Engine:
     """Every model of ``entries`` (app/runtime/lineup.py Entry objects) over up to ``capacity``
     streams of one front end, spread over ``shards`` (default one). ``run(sources)`` yields one
     StepResult per stream per hop, streams in joining order; ``errors`` lists the streams that
-    left early, with why. ``clock``: the seconds clock that the control budget is counted on
+    left early, with why; ``on_leave(stream)``, if set, hears each stream that leaves, after its
+    last record (its source closed, ``stream.error`` set if it left early). ``clock``: the seconds clock that the control budget is counted on
     (tests inject one); each StepResult's ``stages['control']`` is the milliseconds spent
     applying control before its hop."""
 
@@ -93,6 +94,15 @@ class Engine:
         self._recent: deque = deque(maxlen=recent_tokens)       # recent tokens, for live-fitted landmarks
         self._stop = threading.Event()
         self.control_ms = 0.0                                   # what the last apply_pending took (ms)
+
+    @property
+    def on_leave(self):
+        return self.shards[0].on_leave
+
+    @on_leave.setter
+    def on_leave(self, callback) -> None:
+        for shard in self.shards:
+            shard.on_leave = callback
 
     @classmethod
     def from_lineup(cls, frontend, entries: Iterable[Entry]) -> "Engine":

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from audio.errors import VGGishWeightsError
-from audio.frontends import FRONTENDS, build_frontend, resolve_name
+from audio.frontend_names import FRONTENDS
 
 
 def add_frontend_arguments(p, *, fallback: bool = False, recompute: bool = False) -> None:
@@ -40,6 +39,7 @@ def random_seed(args) -> int | None:
 
 
 def frontend_name(args) -> str:
+    from audio.frontends import resolve_name
     return resolve_name(args.frontend, args.vggish_weights, random_seed(args))
 
 
@@ -47,6 +47,8 @@ def frontend_or_random(name: str, *, device="cpu", vggish_weights=None, random_v
                        continual: bool = True, on_missing=None, allow_download: bool = True, tf32: bool = False):
     """``build_frontend``; if VGGish weights are missing and ``on_missing`` is given, it hears
     the VGGishWeightsError and a RANDOM VGGish (seed ``random_vggish`` or 0) is used instead."""
+    from audio.errors import VGGishWeightsError
+    from audio.frontends import build_frontend
     try:
         return build_frontend(name, device=device, vggish_weights=vggish_weights,
                               random_vggish=random_vggish, continual=continual,

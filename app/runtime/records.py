@@ -27,6 +27,8 @@ class ModelStep:
     layers: int
     window: int
     top: tuple[str, float] = field(init=False)   # (class, probability) of the most probable class
+    smoothed_top: tuple[str, float] | None = None   # (class, probability) of the smoothed probabilities
+                                                    # (classify --smooth, the window's reading); None: not smoothed
 
     def __post_init__(self):     # once here: the window reads it for every kept step each frame
         i = max(range(len(self.probabilities)), key=self.probabilities.__getitem__)
@@ -54,7 +56,9 @@ class StepResult:
         the record's own, not copies (``asdict`` deep-copies them, the log-mel frames included:
         5.4x as long for a record of five models, one-off timing)."""
         d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "mel"}
-        d["models"] = {name: {f.name: getattr(m, f.name) for f in fields(m)} for name, m in self.models.items()}
+        d["models"] = {name: {f.name: getattr(m, f.name) for f in fields(m)
+                              if f.name != "smoothed_top" or m.smoothed_top is not None}
+                       for name, m in self.models.items()}
         return d
 
     def to_json(self) -> str:
@@ -94,6 +98,8 @@ def csv_row(r: StepResult) -> dict:
            "dropped_hops": r.dropped_hops, "events": " | ".join(r.events)}
     for name, m in r.models.items():
         row[f"{name}.top"] = m.top[0]
+        if m.smoothed_top is not None:
+            row[f"{name}.smoothed_top"] = m.smoothed_top[0]
         row[f"{name}.untrained"] = not m.trained
         row[f"{name}.landmark_mode"] = m.landmark_mode or ""
         row[f"{name}.landmark_update"] = m.landmark_update
@@ -112,7 +118,8 @@ def human(r: StepResult) -> str:
     cells = []
     for name, m in r.models.items():
         genre, p = m.top
-        cells.append(f"{printable(name)}{'' if m.trained else '*'}: {printable(genre)} {p:.2f} "
+        smoothed = "" if m.smoothed_top is None else f", smoothed {printable(m.smoothed_top[0])} {m.smoothed_top[1]:.2f}"
+        cells.append(f"{printable(name)}{'' if m.trained else '*'}: {printable(genre)} {p:.2f}{smoothed} "
                      f"({m.flops['sda'] / 1e3:.1f}k SDA FLOPs, {m.latency_ms:.2f} ms)")
     return (f"[{r.step:4d}] {r.audio_time:7.2f}s  front end {r.stages['frontend']:.1f} ms, "
             f"{r.frontend_flops / 1e6:.0f}M FLOPs | " + " | ".join(cells))

@@ -83,6 +83,7 @@ class StreamsShard:
         self.capacity = capacity
         self.streams: list[Stream] = []
         self.errors: list[tuple[Stream, str]] = [] if errors is None else errors
+        self.on_leave = None                 # callback(stream) after a stream leaves (Engine.on_leave)
         self.numbers: list[int] = []         # the joining numbers of the last hop's records, in order
         self.frontend_batch = self.frontend.batch(capacity)
         self.device = self.frontend.device
@@ -164,6 +165,8 @@ class StreamsShard:
         if error is not None:
             stream.error = error
             self.errors.append((stream, error))
+        if self.on_leave is not None:
+            self.on_leave(stream)
 
     # ------------------------------------------------------------------ hops
     def hop(self) -> list[StepResult]:

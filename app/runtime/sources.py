@@ -56,3 +56,41 @@ class SourceSpec:
         if not self.arg:
             raise AudioFileError("no file chosen: open a file (or drop one on the window) first")
         return FileSource(self.arg, realtime=self.realtime, loop=self.loop)
+
+
+# what a folder's files must end with to be read as audio: soundfile's formats and the
+# containers librosa's fallback decoder reads (audio/decoding.py)
+AUDIO_SUFFIXES = frozenset(".wav .wave .flac .ogg .oga .opus .mp3 .aif .aiff .aifc .au .snd .caf .w64 .rf64 "
+                           ".m4a .aac .mp4 .wma .webm .mka".split())
+
+
+def audio_paths(paths) -> tuple[list[tuple[str, str]], int]:
+    """Files and folders -> [(path, stream name)] in a stable order, and how many files of the
+    folders were passed over (not audio by their suffix, or hidden). A file given by name is
+    taken whatever its suffix and named 'file:NAME'; a folder is searched recursively (links to
+    folders are not followed) and its files are named by their path inside it,
+    'file:FOLDER/SUB/NAME'. A name given twice gets '#2', '#3', ..."""
+    import os
+    from pathlib import Path
+
+    from audio.errors import printable
+    found, skipped, seen = [], 0, {}
+
+    def add(path: str, name: str) -> None:
+        seen[name] = seen.get(name, 0) + 1
+        found.append((path, name if seen[name] == 1 else f"{name}#{seen[name]}"))
+
+    for given in map(str, paths):
+        if not os.path.isdir(given):
+            add(given, f"file:{printable(Path(given).name)}")
+            continue
+        top = Path(given).resolve().name or given
+        for folder, subfolders, files in os.walk(given):
+            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
+            for f in sorted(files):
+                if f.startswith(".") or Path(f).suffix.lower() not in AUDIO_SUFFIXES:
+                    skipped += 1
+                    continue
+                path = os.path.join(folder, f)
+                add(path, f"file:{printable(str(Path(top) / os.path.relpath(path, given)))}")
+    return found, skipped

@@ -4,7 +4,7 @@ its mean probability). Qt-free: the window and `classify` both use it."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from audio.errors import printable
 from audio.melspec import HOP_SECONDS
@@ -85,6 +85,27 @@ class Tally:
     def table(self) -> str:
         """The verdicts as an aligned text table (one row per model)."""
         return verdict_table(self.verdicts())
+
+
+def verdict_message(tally: Tally, source, error: str | None = None) -> dict:
+    """A stream's verdict as data, the service's verdict message and ``classify --jsonl``'s last
+    record of a stream: {"verdict": {model: {genre, share, confidence, steps}}, "source", "hops",
+    "nonfinite_zeroed", "clipped", "error"}."""
+    return {"verdict": {v.name: {k: x for k, x in asdict(v).items() if k != "name"} for v in tally.verdicts()},
+            "source": source.name, "hops": source.stats.hops, "nonfinite_zeroed": source.stats.nonfinite,
+            "clipped": source.stats.clipped, "error": error}
+
+
+SUMMARY_FIELDS = ("file", "model", "genre", "share", "confidence", "hops", "error")
+
+
+def summary_rows(file: str, message: dict) -> list[dict]:
+    """``classify --summary``'s rows for one file from its verdict message: one per model, or one
+    with only the error when no model answered (a file that could not be read)."""
+    base = {"file": file, "hops": message.get("hops", 0), "error": message.get("error") or ""}
+    rows = [{**base, "model": name, "genre": v["genre"], "share": round(v["share"], 6),
+             "confidence": round(v["confidence"], 6)} for name, v in message["verdict"].items()]
+    return rows or [{**base, "model": "", "genre": "", "share": "", "confidence": ""}]
 
 
 def verdict_table(verdicts: list[Verdict]) -> str:

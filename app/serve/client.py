@@ -51,6 +51,10 @@ class Printer:
             print(f"{r.source}  {human(r)}", flush=True)
 
     def verdict(self, d: dict) -> None:
+        """The server's verdict message: on stdout as it came with --jsonl (classify's verdict
+        record), and as a table on stderr."""
+        if self.jsonl:
+            print(json.dumps(d), flush=True)
         verdicts = [Verdict(name, **v) for name, v in d["verdict"].items()]
         print(f"# {d['source']}: {d['hops']} hops, {d['nonfinite_zeroed']} non-finite samples zeroed, "
               f"{d['clipped']} samples clipped", file=sys.stderr)

@@ -19,13 +19,12 @@ import collections
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from app.runtime.engine import Engine, default_shards
-from app.runtime.verdict import Tally
+from app.runtime.verdict import Tally, verdict_message
 from audio.melspec import HOP, HOP_SECONDS
 
 from .protocol import (BATCH_DELAY_MS, GOING_AWAY, NORMAL, POLICY, SERVER_ERROR, Hello, Limits, PcmDecoder, ProtocolError,
@@ -111,11 +110,7 @@ class Connection:
             self.failure.set_result((code, reason))
 
     def verdict(self) -> dict:
-        return {"verdict": {v.name: {k: x for k, x in asdict(v).items() if k != "name"}
-                            for v in self.tally.verdicts()},
-                "source": self.source.name, "hops": self.source.stats.hops,
-                "nonfinite_zeroed": self.source.stats.nonfinite, "clipped": self.source.stats.clipped,
-                "error": self.error}
+        return verdict_message(self.tally, self.source, self.error)
 
 
 class Hub:

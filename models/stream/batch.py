@@ -12,7 +12,7 @@ group's call computes only its own branch (``ModelStep.known``): a steady step s
 and the pseudo-inverse.
 
 On the CPU the rare events branch on the host (a read costs nothing there), and a model that
-the compiled backend takes (models/fused/backend.py: 1-block continual and continual Nyström)
+the compiled backend takes (models/fused/backend.py: continual and continual Nyström, 1 and 2 blocks)
 has its steady streams stepped by it, all in one call on the same slots (``fused``, the default
 there): tens of microseconds a stream, where the torch step's few hundred small operations
 cost milliseconds a call.

@@ -21,8 +21,9 @@ def test_classify_file_jsonl(tmp_path):
     path = write(tmp_path / "a.wav", tone(2.2, 44100, 523.0, channels=2), 44100)
     r = classify(path, "--random-vggish", "--jsonl", "--window", "8")
     assert r.returncode == 0, r.stderr
-    records = [json.loads(line) for line in r.stdout.splitlines()]
+    *records, verdict = [json.loads(line) for line in r.stdout.splitlines()]
     assert [x["step"] for x in records] == list(range(8))
+    assert verdict["source"] == "file:a.wav" and verdict["hops"] == 8 and set(verdict["verdict"]) == set(records[0]["models"])
     first = records[0]
     models = first["models"]
     assert set(models) == {"regular", "continual", "nystrom", "continual_nystrom"}
@@ -39,7 +40,7 @@ def test_classify_file_jsonl(tmp_path):
 def test_classify_demo_csv(tmp_path):
     out = tmp_path / "steps.csv"
     r = classify("--demo", "--seconds", "1.5", "--random-vggish", "--variant", "continual",
-                 "continual_nystrom", "--csv", out)
+                 "--variant", "continual_nystrom", "--csv", out)
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 6 and rows[0]["continual.untrained"] == "True"
@@ -74,7 +75,7 @@ def test_classify_with_a_checkpoint_marks_it_trained(tmp_path):
     r = classify(path, "--random-vggish", "--jsonl", "--checkpoint", tmp_path / "c.pt",
                  "--variant", "regular")
     assert r.returncode == 0, r.stderr
-    rec = json.loads(r.stdout.splitlines()[-1])
+    rec = json.loads(r.stdout.splitlines()[-2])            # the last record; the verdict follows
     assert {n: not m["trained"] for n, m in rec["models"].items()} == {"continual": False, "regular": True}
     bad = classify(path, "--random-vggish", "--checkpoint", path)
     assert bad.returncode == 1 and "not a readable checkpoint" in bad.stderr
@@ -86,8 +87,8 @@ def test_classify_defaults_to_musicnn_and_the_shipped_trained_models(tmp_path):
     path = write(tmp_path / "a.wav", tone(3.0, 22050, 440.0), 22050)
     r = classify(path, "--jsonl")
     assert r.returncode == 0, r.stderr
-    records = [json.loads(line) for line in r.stdout.splitlines()]
-    assert len(records) == 12
+    *records, verdict = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(records) == 12 and verdict["hops"] == 12
     first = records[0]
     assert set(first["models"]) == {"regular", "continual", "nystrom", "continual_nystrom",
                                            "continual_nystrom/fixed"}
@@ -110,6 +111,8 @@ def test_classify_defaults_to_musicnn_and_the_shipped_trained_models(tmp_path):
         assert genre == max(set(tops), key=tops.count) and int(steps) == len(records)
         assert share == f"{100 * tops.count(genre) / len(tops):.0f}%"
         assert mean == f"{100 * sum(probs) / len(probs):.0f}%"
+        v = verdict["verdict"][name]                      # the same verdict as data
+        assert v["genre"] == genre and v["steps"] == len(records) and f"{100 * v['share']:.0f}%" == share
 
 
 def test_classify_refuses_a_checkpoint_of_another_front_end(tmp_path):

@@ -26,7 +26,8 @@ def test_every_option_has_help_and_states_its_default_once():
                 doubled.append(f"{name} {a.option_strings}: {text}")
             if re.search(r"\(default: (None|\[\]|False|)\)", text):
                 empty.append(f"{name} {a.option_strings}: {text}")
-            if a.default not in (None, [], "", False) and "default" not in text:
+            if a.default is not None and a.default is not False and a.default not in ([], "") \
+                    and "default" not in text:
                 missing.append(f"{name} {a.option_strings}: default {a.default!r} not stated")
     assert not missing and not doubled and not empty, (missing, doubled, empty)
 

@@ -45,9 +45,9 @@ def test_bad_arguments_are_usage_errors_at_parse_time(argv, words, capsys):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["classify", "--demo", "2", "--tf32"], "classify: --tf32 is for --cuda (the CPU has no TF32)"),
+    (["classify", "--demo", "2", "--tf32"], "classify: --tf32 is for --device cuda (the CPU has no TF32)"),
     (["serve", "--tf32"], "serve: --tf32 is for --device cuda (the CPU has no TF32)"),
-    (["bench", "--streams", "--tf32"], "error: --tf32 is for --device cuda (the CPU has no TF32)"),
+    (["bench", "--streams", "--tf32"], "bench: --tf32 is for --device cuda (the CPU has no TF32)"),
     (["bench", "--streams", "--models", "continual,bogus"],
      "error: --models: no shipped model bogus; shipped: regular, continual, nystrom, continual_nystrom"),
 ])
@@ -55,6 +55,17 @@ def test_tf32_without_cuda_and_unknown_models_are_one_line_errors_before_any_wor
     r = subprocess.run([sys.executable, "main.py", *argv], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith(words), r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
+@pytest.mark.parametrize("argv", [["classify", "--demo", "--seconds", "1"], ["extract", "--gtzan", ".", "--out", "t.npz"],
+                                  ["serve"], ["train", "--tokens", "t.npz", "--out", "m.pt"], ["bench", "--streams"]])
+def test_cuda_asked_for_without_cuda_is_a_one_line_error_never_a_cpu_run(argv, tmp_path, monkeypatch):
+    from app.cli import main
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--device", "cuda"])
+    assert str(e.value).startswith(f"{argv[0]}: --device cuda: no CUDA device here (torch {torch.__version__}")
 
 
 def test_good_arguments_parse_to_checked_values(tmp_path):

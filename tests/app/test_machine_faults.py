@@ -52,7 +52,7 @@ def test_classify_on_a_full_disk_says_so_and_keeps_only_whole_rows(tmp_path, sma
     rows = complete_rows(out)
     assert line == [f"error: no space left on the device: {out}; the CSV keeps its {len(rows)} complete rows"]
     assert 10 < len(rows) < 60 and [int(r[0]) for r in rows] == list(range(len(rows)))
-    assert f"; {len(rows)} rows in {out}" in err and "# verdict over file:song.wav" in err
+    assert f"# {len(rows)} rows in {out}" in err and "# verdict over file:song.wav" in err
 
 
 def test_extract_on_a_full_disk_names_the_resource_and_the_path(tmp_path, small_disk):
@@ -72,7 +72,7 @@ def test_extract_on_a_full_disk_names_the_resource_and_the_path(tmp_path, small_
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_mid_stream_flushes_the_rows_and_prints_the_summary_and_verdict(tmp_path, sig):
     out = tmp_path / "steps.csv"
-    p = main_py("classify", song(tmp_path, 60), "--realtime", "--csv", out)
+    p = main_py("classify", song(tmp_path, 60), "--pace", "realtime", "--csv", out)
     t0 = time.monotonic()
     while not (out.exists() and len(out.read_text().splitlines()) >= 5):   # header and 4 rows
         assert p.poll() is None and time.monotonic() - t0 < 120, p.communicate()[1][-2000:]
@@ -81,7 +81,7 @@ def test_a_signal_mid_stream_flushes_the_rows_and_prints_the_summary_and_verdict
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + sig and "Traceback" not in err, err[-2000:]
     rows = complete_rows(out)
-    assert f"# stopped by {signal.Signals(sig).name}" in err and f"; {len(rows)} rows in {out}" in err
+    assert f"# stopped by {signal.Signals(sig).name}" in err and f"# {len(rows)} rows in {out}" in err
     assert "# verdict over file:song.wav" in err and len(rows) >= 4
 
 
@@ -100,7 +100,7 @@ def test_a_stop_that_an_import_turns_into_another_error_still_ends_as_a_stop(mon
         assert stopped
         raise ImportError('PyCapsule_Import could not import module "datetime"')   # no __context__
     command = SimpleNamespace(command="starting", run=run)
-    monkeypatch.setattr(cli, "build_parser", lambda: SimpleNamespace(parse_args=lambda argv: command))
+    monkeypatch.setattr(cli, "build_parser", lambda argv=None: SimpleNamespace(parse_args=lambda argv: command))
     before = signal.getsignal(signal.SIGTERM)
     assert cli.main([]) == 143
     assert capsys.readouterr().err.strip().splitlines()[-1] == "# stopped by SIGTERM"

@@ -182,7 +182,11 @@ def test_classify_runs_several_files_as_streams_and_says_which_one_failed(tmp_pa
     assert code == 1
     assert [x for x in err.splitlines() if x.startswith("error:")] == [
         f"error: audio file not found: {tmp_path / 'missing.wav'}"]
-    records = [json.loads(x) for x in out.splitlines()]
+    lines = [json.loads(x) for x in out.splitlines()]
+    records = [x for x in lines if "verdict" not in x]
+    verdicts = [x for x in lines if "verdict" in x]          # one per stream, as it ends
+    assert sorted(v["source"] for v in verdicts) == ["file:a.wav", "file:a.wav#2", "file:b.flac"]
+    assert all(v["hops"] == sum(r["source"] == v["source"] for r in records) and v["error"] is None for v in verdicts)
     by_source = {}
     for x in records:
         by_source.setdefault(x["source"], []).append(x["step"])
@@ -202,16 +206,16 @@ def test_classify_demo_n_runs_n_streams(tmp_path, capsys):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_classify_one_file_on_cuda_steps_its_models_as_a_batch_of_one(tmp_path, capsys):
-    """`classify FILE --cuda`: the batched engine with one stream (each model step a replayed
+    """`classify FILE --device cuda`: the batched engine with one stream (each model step a replayed
     CUDA graph), the same records as on the CPU: steps, times, source, and each model's top
     genre wherever the CPU's top two are more than 1e-3 apart (the two paths differ by float32
     rounding, a few 1e-6 in these tests, so a top can only swap in a near tie)."""
     song = write(tmp_path / "song.wav", tone(6.0, 22050, 330.0, channels=2), 22050)
     runs = []
-    for flag in ([], ["--cuda"]):
+    for flag in ([], ["--device", "cuda"]):
         code, out, err = classify(capsys, song, "--jsonl", *flag)
         assert code == 0, err
-        runs.append([json.loads(x) for x in out.splitlines()])
+        runs.append([json.loads(x) for x in out.splitlines() if '"verdict"' not in x])
     cpu, cuda = runs
     assert [(r["step"], r["audio_time"], r["source"]) for r in cuda] == [(r["step"], r["audio_time"], r["source"]) for r in cpu]
     assert len(cuda) == 24

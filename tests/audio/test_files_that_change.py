@@ -90,7 +90,7 @@ def test_a_rename_or_delete_while_reading_reads_the_open_file_and_the_next_loop_
 
 def test_classify_on_a_file_overwritten_mid_stream_says_so_and_keeps_its_rows(song, tmp_path):
     out = tmp_path / "steps.csv"
-    p = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "classify", str(song), "--realtime",
+    p = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "classify", str(song), "--pace", "realtime",
                           "--csv", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
@@ -103,5 +103,5 @@ def test_classify_on_a_file_overwritten_mid_stream_says_so_and_keeps_its_rows(so
     errors = [x for x in err.splitlines() if x.startswith("error: ")]
     assert len(errors) == 1 and "changed while it was being read" in errors[0], err[-2000:]
     rows = out.read_text().splitlines()[1:]
-    assert out.read_text().endswith("\n") and f"; {len(rows)} rows in {out}" in err
+    assert out.read_text().endswith("\n") and f"# {len(rows)} rows in {out}" in err
     assert "# verdict over file:song.wav" in err and 2 <= len(rows) < 40   # 10 s: 40 hops

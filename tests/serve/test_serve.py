@@ -95,9 +95,23 @@ def stream(url, hops, *, wait=None, joined=None, token=TOKEN) -> tuple[list[dict
         return records, verdict, ws.close_code
 
 
-def classify_jsonl(capsys, path, checkpoints) -> list[dict]:
-    assert main(["classify", str(path), "--jsonl", "--checkpoint", *checkpoints]) == 0
-    return [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+def repeated(option: str, values) -> list[str]:
+    """A repeatable option once per value: --checkpoint a --checkpoint b."""
+    return [x for v in values for x in (option, str(v))]
+
+
+def records_and_verdict(text: str) -> tuple[list[dict], dict]:
+    """JSON lines of a stream: its records, then its one verdict record last."""
+    lines = [json.loads(x) for x in text.splitlines()]
+    assert "verdict" in lines[-1] and not any("verdict" in x for x in lines[:-1])
+    return lines[:-1], lines[-1]
+
+
+def classify_jsonl(capsys, path, checkpoints, verdict: bool = False):
+    """`classify FILE --jsonl`'s records (and, if asked, its verdict record)."""
+    assert main(["classify", str(path), "--jsonl", *repeated("--checkpoint", checkpoints)]) == 0
+    records, last = records_and_verdict(capsys.readouterr().out)
+    return (records, last) if verdict else records
 
 
 def same(errors, got: list[dict], want: list[dict]) -> None:
@@ -186,15 +200,23 @@ def test_a_lane_held_up_delays_only_its_own_streams(files, capsys, errors, monke
 
 def test_listen_prints_what_classify_prints(files, capsys, errors):
     checkpoints, songs = files
-    want = classify_jsonl(capsys, songs["a"], checkpoints)
+    want, verdict = classify_jsonl(capsys, songs["a"], checkpoints, verdict=True)
     with server(checkpoints) as (url, _):
         token = songs["a"].parent / "token"
         token.write_text(TOKEN + "\n")
-        assert main(["listen", url, str(songs["a"]), "--fast", "--jsonl", "--token-file", str(token)]) == 0
+        assert main(["listen", url, str(songs["a"]), "--pace", "fast", "--jsonl", "--token-file", str(token)]) == 0
         out = capsys.readouterr()
-        same(errors, [json.loads(x) for x in out.out.splitlines()], want)
+        records, served = records_and_verdict(out.out)     # the server's verdict passed through as data
+        same(errors, records, want)
         assert "# verdict over ws:" in out.err
-        assert main(["listen", url, str(songs["a"]), "--fast"]) == 1               # no token
+        # the same verdict as classify's: each record's probabilities within PROB_TOL, so each
+        # mean probability too; a top can swap only in a near tie (`same`), one hop of the share
+        assert served["hops"] == verdict["hops"] == len(want) and list(served["verdict"]) == list(verdict["verdict"])
+        for name, v in verdict["verdict"].items():
+            s = served["verdict"][name]
+            assert s["genre"] == v["genre"] and s["steps"] == v["steps"]
+            assert abs(s["share"] - v["share"]) <= 1 / v["steps"] and abs(s["confidence"] - v["confidence"]) <= PROB_TOL
+        assert main(["listen", url, str(songs["a"]), "--pace", "fast"]) == 1               # no token
         assert "error: the server refused the connection: HTTP 403 (a missing or wrong token)" in capsys.readouterr().err
 
 
@@ -216,9 +238,9 @@ def test_listen_resumes_a_dropped_stream_as_a_fresh_one(files, capsys, monkeypat
         monkeypatch.setattr(hub, "feed", failing)
         token = songs["a"].parent / "token"
         token.write_text(TOKEN + "\n")
-        assert main(["listen", url, str(songs["a"]), "--fast", "--jsonl", "--token-file", str(token)]) == 0
+        assert main(["listen", url, str(songs["a"]), "--pace", "fast", "--jsonl", "--token-file", str(token)]) == 0
         out = capsys.readouterr()
-    steps = [json.loads(x)["step"] for x in out.out.splitlines()]
+    steps = [json.loads(x)["step"] for x in out.out.splitlines() if '"verdict"' not in x]
     starts = [i for i, step in enumerate(steps) if step == 0]        # each stream's records from step 0
     assert 1 <= len(starts) <= 2 and all(steps[i:j] == list(range(j - i)) for i, j in zip(starts, starts[1:] + [len(steps)]))
     assert len(steps) == len(hops_of(songs["a"]))
@@ -240,10 +262,10 @@ def test_listen_waits_for_a_full_server(files, capsys, monkeypatch):
             threading.Timer(3.0, holder.close).start()              # frees the slot in 3 s
             token = songs["a"].parent / "token"
             token.write_text(TOKEN + "\n")
-            assert main(["listen", url, str(songs["a"]), "--fast", "--jsonl", "--token-file", str(token)]) == 0
+            assert main(["listen", url, str(songs["a"]), "--pace", "fast", "--jsonl", "--token-file", str(token)]) == 0
     out = capsys.readouterr()
     assert "# the server is full (1013: the server is full (1 streams); retry in 0.5 s); asking again in 0.5 s" in out.err
-    assert "# verdict over ws:" in out.err and [json.loads(x)["step"] for x in out.out.splitlines()][0] == 0
+    assert "# verdict over ws:" in out.err and records_and_verdict(out.out)[0][0]["step"] == 0
 
 
 def test_a_flooding_client_is_read_at_the_rate_limit(files):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from audio.sources import FileSource
 from process_helpers import children
-from test_serve import classify_jsonl, same
+from test_serve import classify_jsonl, repeated, same
 from ws_clients import accepted, stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,9 +37,9 @@ def workers_of(pid: int) -> list[int]:
 def test_two_workers_split_the_streams_a_killed_one_is_replaced_and_sigterm_drains(files, capsys, errors, tmp_path):
     checkpoints, songs = files
     want = classify_jsonl(capsys, songs["a"], checkpoints)
-    server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--workers", "2", "--max-streams", "2",
+    server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--processes", "2", "--max-streams", "2",
                                "--max-streams-per-address", "2",
-                               "--port", "0", "--checkpoint", *checkpoints], stderr=subprocess.PIPE, text=True,
+                               "--port", "0", *repeated("--checkpoint", checkpoints)], stderr=subprocess.PIPE, text=True,
                               cwd=tmp_path)
     lines = []
     try:
@@ -94,11 +94,11 @@ def test_two_workers_split_the_streams_a_killed_one_is_replaced_and_sigterm_drai
 
 def test_workers_are_for_the_cpu_plain_server_and_a_missing_checkpoint_is_one_line(tmp_path):
     for extra in (["--ray"], ["--device", "cuda"]):
-        r = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--workers", "2", *extra],
+        r = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--processes", "2", *extra],
                            capture_output=True, text=True, timeout=120)
-        assert r.returncode != 0 and "--workers is for the plain server on the CPU" in r.stderr, r.stderr
+        assert r.returncode != 0 and "--processes is for the plain server on the CPU" in r.stderr, r.stderr
     ray = [["--ray", "local"]] if importlib.util.find_spec("ray") else []
-    for way in (["--workers", "1"], ["--workers", "2"], *ray):   # checked before serving: no traceback
+    for way in (["--processes", "1"], ["--processes", "2"], *ray):   # checked before serving: no traceback
         r = subprocess.run([sys.executable, str(ROOT / "main.py"), "serve", "--port", "0", *way,
                             "--checkpoint", str(tmp_path / "gone.pt")], capture_output=True, text=True, timeout=300)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -109,7 +109,7 @@ def test_workers_stop_when_their_parent_is_killed(files, tmp_path):
     """SIGKILL leaves the parent no time to stop its workers: each dies with it (PR_SET_PDEATHSIG)
     instead of serving on, orphaned, on its loopback port."""
     checkpoints, _ = files
-    server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--workers", "2", "--max-streams", "2",
+    server = subprocess.Popen([sys.executable, str(ROOT / "main.py"), "serve", "--processes", "2", "--max-streams", "2",
                                "--max-streams-per-address", "2",
                                "--port", "0", "--checkpoint", checkpoints[0]], stderr=subprocess.PIPE, text=True,
                               cwd=tmp_path)
