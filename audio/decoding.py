@@ -32,6 +32,16 @@ MIN_RATE, MAX_RATE = 1_000, 768_000      # Hz a header may claim
 MAX_CHANNELS = 64
 MAX_SECONDS = 24 * 3600     # a file streamed hop by hop (classify, the window): its length costs no memory
 MAX_WHOLE_SECONDS = 3600    # a file held whole (offline tokens, accuracy, formats only librosa reads)
+# what a folder's files must end with to be taken as audio: soundfile's formats and the
+# containers librosa's fallback decoder reads
+AUDIO_SUFFIXES = frozenset(".wav .wave .flac .ogg .oga .opus .mp3 .aif .aiff .aifc .au .snd .caf .w64 .rf64 "
+                           ".m4a .aac .mp4 .wma .webm .mka".split())
+
+
+def is_audio_name(name: str) -> bool:
+    """Whether a file found in a folder is taken as audio: an audio suffix, and not hidden (a
+    macOS '._song.wav' is not a song)."""
+    return not name.startswith(".") and Path(name).suffix.lower() in AUDIO_SUFFIXES
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""GTZAN: the ten genres in a fixed order, track discovery for the usual layouts, seeded splits."""
+"""GTZAN: the ten genres in a fixed order, track discovery for the usual layouts, seeded splits;
+and a user's own labelled audio, one sub-folder per class (``discover_folders``)."""
 from __future__ import annotations
 
 import re
@@ -9,6 +10,8 @@ import numpy as np
 
 from .errors import AudioError
 
+MAX_CLASSES = 1000           # classes a data set (and a token file) may name
+MAX_CLASS_NAME = 64          # characters of a class name (a checkpoint holds the same)
 GENRES = ("blues", "classical", "country", "disco", "hiphop", "jazz", "metal", "pop", "reggae",
           "rock")
 _TRACK = re.compile(r"^(?P<genre>[a-z]+)\.(?P<num>\d{5})\.(au|wav)$")
@@ -18,7 +21,7 @@ LAYOUTS = ("genres/<genre>/<genre>.000NN.au|wav (original)",
 
 
 class GTZANError(AudioError):
-    """A GTZAN folder that is missing, empty or in an unknown layout."""
+    """A GTZAN folder (or a folder of classes) that is missing, empty or in an unknown layout."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,33 @@ def discover(root: str | Path, ignored: list[Path] | None = None) -> list[Track]
     if not any(root.iterdir()):
         raise GTZANError(f"GTZAN folder {root} is empty")
     raise GTZANError(f"no GTZAN tracks found in {root}; expected one of: " + "; ".join(LAYOUTS))
+
+
+def discover_folders(root: str | Path) -> tuple[list[Track], tuple[str, ...]]:
+    """A labelled data set laid out as one sub-folder per class, its name the class's: every audio
+    file under each (recursively, by name: audio/decoding.py ``is_audio_name``), sorted by class
+    then path; the classes in name order. GTZANError for fewer than 2 classes with files, more
+    than MAX_CLASSES, or a class name a checkpoint cannot hold."""
+    from .decoding import is_audio_name
+    from .errors import printable
+    root = Path(root)
+    if not root.is_dir():
+        raise GTZANError(f"folder of classes not found: {root}")
+    folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+    found = {d.name: sorted(p for p in d.rglob("*") if p.is_file() and is_audio_name(p.name)) for d in folders}
+    classes = tuple(name for name, files in found.items() if files)
+    if len(classes) < 2:
+        raise GTZANError(f"{root} needs two or more sub-folders of audio files, one per class; "
+                         f"found {len(classes)} ({', '.join(map(printable, classes)) or 'none'})")
+    if len(classes) > MAX_CLASSES:
+        raise GTZANError(f"{root} has {len(classes):,} classes; at most {MAX_CLASSES:,}")
+    for name in classes:
+        if len(name) > MAX_CLASS_NAME or not name.isprintable() or not name.strip():
+            raise GTZANError(f"class folder {printable(name)!r}: a class name is printable, not blank, "
+                             f"at most {MAX_CLASS_NAME} characters")
+    tracks = [Track(p, name, label, f"{name}/{p.relative_to(root / name).as_posix()}")
+              for label, name in enumerate(classes) for p in found[name]]
+    return tracks, classes
 
 
 def stratified_split(labels, seed: int, fractions=(0.72, 0.18, 0.10)) -> dict[str, np.ndarray]:

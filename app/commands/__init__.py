@@ -14,7 +14,7 @@ HELP = {
     "classify": "classify files, folders, the microphone or the demo signal",
     "serve": "classify live audio from WebSocket clients (protocol v1, docs/serve.md)",
     "listen": "stream a file, the demo or the microphone to a serve server",
-    "extract": "GTZAN audio (or musicnn taggrams) -> a token file",
+    "extract": "labelled audio (GTZAN, or your own: a folder per class) or musicnn taggrams -> a token file",
     "train": "train one variant on a token file (two phases for fixed landmarks)",
     "evaluate": "stream test sequences through checkpoints; write a report",
     "sweep": "train and evaluate a grid of variants x blocks x windows x seeds; one report",

@@ -19,8 +19,12 @@ from .argtypes import POSITIVE, add_device_arguments, compute_device, device_tex
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--gtzan", metavar="DIR", help="GTZAN folder (see audio/gtzan.py for layouts)")
-    p.add_argument("--musicnn", metavar="DIR", help="convert the musicnn GTZAN taggram .npz files")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--gtzan", metavar="DIR", help="GTZAN folder (see audio/gtzan.py for layouts)")
+    data.add_argument("--folders", metavar="DIR",
+                      help="your own labelled audio: one sub-folder of DIR per class, named as the class "
+                           "(2 to 1,000 classes; any audio format the app reads, in sub-folders too)")
+    data.add_argument("--musicnn", metavar="DIR", help="convert the musicnn GTZAN taggram .npz files")
     p.add_argument("--out", required=True, type=writable_file,
                    help="token file to write (.npz); an existing one is kept unless --force")
     p.add_argument("--force", action="store_true",
@@ -58,22 +62,23 @@ def run(args) -> int:
             print(f"wrote {args.out}: {len(tokens.labels)} sequences, X {tokens.X.shape}",
                   file=sys.stderr)
             return 0
-        if not args.gtzan:
-            print("extract: give --gtzan DIR or --musicnn DIR", file=sys.stderr)
+        folder = args.gtzan or args.folders
+        if not folder:
+            print("extract: give --gtzan DIR, --folders DIR or --musicnn DIR", file=sys.stderr)
             return 2
         device = compute_device(args, "extract")
         frontend = frontend_from_args(args, device)
         print(f"# {device_text(device)}; front end: {frontend.description}", file=sys.stderr)
         with output_lock(args.out, "extract"):
             if not args.ray:
-                extract_gtzan(args.gtzan, args.out, frontend, args.batch_size)
+                extract_gtzan(folder, args.out, frontend, args.batch_size, folders=bool(args.folders))
                 return 0
             from app.offline.ray.cluster import ray_session
             from app.offline.ray.extract import FrontEndSpec, RayJob
             spec = FrontEndSpec(frontend.name, args.vggish_weights, random_seed(args),
                                 not getattr(args, "recompute_frontend", False))
             with ray_session(args.ray) as ray:
-                extract_gtzan(args.gtzan, args.out, frontend, args.batch_size,
+                extract_gtzan(folder, args.out, frontend, args.batch_size, folders=bool(args.folders),
                               ray=RayJob(spec, ray_workers(ray, args.workers)))
             return 0
     except (AudioError, RayClusterError) as e:

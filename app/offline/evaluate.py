@@ -123,6 +123,14 @@ def results_of_checkpoint(path, tokens, X, sha, genres, variant, data_seed, allo
                   f"(max logit diff {res.max_logit_diff:.1e}), {time.monotonic() - t0:.1f} s")
 
 
+def split_text(tokens: TokenSet, data_seed: int) -> str:
+    """How the test sequences were chosen, for the report."""
+    own = bool(set(tokens.split.tolist()) - {""})
+    return ("by file (a file is one sequence): " + ("the token file's own train/test split" if own else
+            "a stratified 72/18/10 train/val/test split, seeded") + "; each checkpoint is scored on the test "
+            f"files it recorded when it was trained (else those of data seed {data_seed})")
+
+
 def evaluate(tokens_path: str, checkpoints: list[str], *, variant: str | None = None,
              data_seed: int = 0, allow_other_data: bool = False,
              log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
@@ -141,7 +149,7 @@ def evaluate(tokens_path: str, checkpoints: list[str], *, variant: str | None = 
                                   allow_other_data, results, progress)
     return {
         "tokens": {"file": str(tokens_path), "sha256": sha, "shape": list(tokens.X.shape),
-                   "metadata": tokens.metadata, "genres": genres},
+                   "metadata": tokens.metadata, "genres": genres, "split": split_text(tokens, data_seed)},
         "models": [{"summary": r.summary(), "config": r.config,
                     "checkpoints": [c.__dict__ for c in r.checkpoints],
                     "costs": r.costs.__dict__} for r in results.values()],

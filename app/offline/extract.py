@@ -18,7 +18,7 @@ import numpy as np
 
 from audio import melspec
 from audio.errors import AudioFileError, printable
-from audio.gtzan import GENRES, discover
+from audio.gtzan import GENRES, discover, discover_folders
 from audio.files import atomic_write, atomic_write_json, atomic_write_text, own_folder
 from audio.tokens.cache import TokenFileError, pack, save_tokens
 
@@ -73,17 +73,19 @@ def write_part(parts: Path, r: TrackResult) -> None:
 
 
 def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: int = 64,
-                  log=lambda s: print(s, file=sys.stderr, flush=True), ray=None):
+                  log=lambda s: print(s, file=sys.stderr, flush=True), ray=None, folders: bool = False):
     """Tokens of every GTZAN track under ``gtzan_dir`` into the token file ``out``. ``frontend``:
     a FrontEnd or a VGGish Embedder. VGGish: one token per 0.25 s hop; musicnn: the original
     implementation's grid (one taggram every 61 frames, as in the shared token files).
     ``ray``: a RayJob (app/offline/ray/extract.py) to compute the tracks in Ray Data workers
-    instead of here; the token file is the same, bit for bit."""
+    instead of here; the token file is the same, bit for bit. ``folders``: ``gtzan_dir`` is a
+    user's data set, one sub-folder per class (audio/gtzan.py ``discover_folders``), and the
+    token file names those classes."""
     from audio.frontends import as_frontend, frontend_metadata
     frontend = as_frontend(frontend)
     grid = FRONTEND if frontend.name == "vggish" else MUSICNN_GRID
     ignored: list[Path] = []
-    tracks = discover(gtzan_dir, ignored)
+    tracks, classes = discover_folders(gtzan_dir) if folders else (discover(gtzan_dir, ignored), GENRES)
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
     manifest = {"tracks": [t.track_id for t in tracks], "vggish": frontend.checksum,
@@ -114,8 +116,8 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
         counts = part_counts(parts / f"{i:05d}.json")
         if any(counts.values()):
             repairs[track.track_id] = counts
-    tokens = pack(seqs, labels, ids, GENRES, metadata={
-        "source": str(Path(gtzan_dir).resolve()), "frontend": grid, "vggish": frontend.checksum,
+    tokens = pack(seqs, labels, ids, classes, metadata={
+        "source": str(Path(gtzan_dir).resolve()), "layout": "folders" if folders else "gtzan", "frontend": grid, "vggish": frontend.checksum,
         "vggish_description": frontend.description, "skipped": skipped,
         "repaired_samples": repairs,      # per track: non-finite samples zeroed, samples clipped
         "frontend_info": {**frontend_metadata(frontend),
@@ -125,7 +127,8 @@ def extract_gtzan(gtzan_dir: str | Path, out: str | Path, frontend, batch_size: 
     shutil.rmtree(parts)
     random = (f"; made with {frontend.description}: NOT meaningful for training"
               if frontend.random else "")
-    log(f"wrote {out}: {len(seqs)} tracks, X {tokens.X.shape}, {len(skipped)} skipped{random}"
+    log(f"wrote {out}: {len(seqs)} tracks of {len(classes)} classes ({', '.join(map(printable, classes))}), "
+        f"X {tokens.X.shape}, {len(skipped)} skipped{random}"
         + "".join(f"\n  skipped {s['id']}: {s['reason']}" for s in skipped)
         + "".join(f"\n  repaired {t}: {c['nonfinite']} non-finite samples zeroed, {c['clipped']} clipped"
                   for t, c in repairs.items()))

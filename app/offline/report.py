@@ -30,12 +30,17 @@ def _si(x: float) -> str:
 
 
 def _hop(report: dict) -> tuple[float | None, str]:
-    """Seconds per token and the x label: VGGish token files record their hop (in samples);
-    others (the musicnn taggrams) do not, and their plots count tokens."""
-    frontend = report["tokens"]["metadata"].get("frontend")
-    if not frontend:
-        return None, "tokens streamed"
-    return frontend["hop"] / frontend["sample_rate"], "stream time (s)"
+    """Seconds per token and the x label: token files that `extract` wrote record their spacing
+    (``frontend_info.spacing_s``; older VGGish ones their hop in samples); the converted musicnn
+    taggrams do not, and their plots count tokens."""
+    metadata = report["tokens"]["metadata"]
+    spacing = (metadata.get("frontend_info") or {}).get("spacing_s")
+    if spacing:
+        return spacing, "stream time (s)"
+    frontend = metadata.get("frontend") or {}
+    if "hop" in frontend:
+        return frontend["hop"] / frontend["sample_rate"], "stream time (s)"
+    return None, "tokens streamed"
 
 
 def plot(report: dict, out: Path) -> list[Path]:
@@ -122,7 +127,8 @@ def markdown(report: dict, title: str, commands: str | None, images: list[Path])
          f"Generated {time.strftime('%Y-%m-%d %H:%M')} by `python main.py evaluate` "
          f"(torch {report['torch']}, {report['threads']} CPU threads, {report['seconds']:.1f} s).", "",
          f"Tokens: `{Path(tok['file']).name}` (sha256 `{tok['sha256'][:16]}…`), X {tuple(tok['shape'])} "
-         f"(sequences, tokens, dimension). Source: {tok['metadata'].get('source', 'unknown')}.", ""]
+         f"(sequences, tokens, dimension). Source: {tok['metadata'].get('source', 'unknown')}."
+         + (f" Classes: {', '.join(tok['genres'])}. Split: {tok['split']}." if tok.get("split") else ""), ""]
     if frontend_of_tokens(tok["metadata"], tok["shape"][-1]).get("random"):
         L += ["**RANDOM front end: these tokens were made by a VGGish with random weights "
               f"({tok['metadata'].get('vggish_description') or tok['metadata'].get('vggish')}). "

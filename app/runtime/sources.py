@@ -58,12 +58,6 @@ class SourceSpec:
         return FileSource(self.arg, realtime=self.realtime, loop=self.loop)
 
 
-# what a folder's files must end with to be read as audio: soundfile's formats and the
-# containers librosa's fallback decoder reads (audio/decoding.py)
-AUDIO_SUFFIXES = frozenset(".wav .wave .flac .ogg .oga .opus .mp3 .aif .aiff .aifc .au .snd .caf .w64 .rf64 "
-                           ".m4a .aac .mp4 .wma .webm .mka".split())
-
-
 def audio_paths(paths) -> tuple[list[tuple[str, str]], int]:
     """Files and folders -> [(path, stream name)] in a stable order, and how many files of the
     folders were passed over (not audio by their suffix, or hidden). A file given by name is
@@ -73,6 +67,7 @@ def audio_paths(paths) -> tuple[list[tuple[str, str]], int]:
     import os
     from pathlib import Path
 
+    from audio.decoding import is_audio_name
     from audio.errors import printable
     found, skipped, seen = [], 0, {}
 
@@ -88,7 +83,7 @@ def audio_paths(paths) -> tuple[list[tuple[str, str]], int]:
         for folder, subfolders, files in os.walk(given):
             subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
             for f in sorted(files):
-                if f.startswith(".") or Path(f).suffix.lower() not in AUDIO_SUFFIXES:
+                if not is_audio_name(f):
                     skipped += 1
                     continue
                 path = os.path.join(folder, f)

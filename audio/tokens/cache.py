@@ -17,11 +17,11 @@ import numpy as np
 
 from ..errors import AudioError
 from ..files import atomic_write
+from ..gtzan import GENRES, MAX_CLASS_NAME, MAX_CLASSES
 
 KEYS = ("X", "lengths", "labels", "ids", "genres", "split", "metadata")
 MAX_BYTES = 2 << 30         # every array of a token file, as declared (GTZAN's VGGish tokens: 61 MB)
-MAX_CLASSES = 1000          # labels of a file that names no genres must lie below this
-MAX_TEXT = {"ids": 1024, "genres": 64, "split": 8, "metadata": 1 << 22}    # characters per entry
+MAX_TEXT = {"ids": 1024, "genres": MAX_CLASS_NAME, "split": 8, "metadata": 1 << 22}    # characters per entry
 KINDS = {"X": "f", "lengths": "iu", "labels": "iuf", "ids": "U", "genres": "U", "split": "U", "metadata": "U"}
 NDIM = {"X": 3, "lengths": 1, "labels": 1, "ids": 1, "genres": 1, "split": 1, "metadata": 0}
 
@@ -223,7 +223,6 @@ def pack(sequences: list[np.ndarray], labels, ids, genres, split=None, metadata=
 def convert_musicnn(folder: str | Path) -> TokenSet:
     """The musicnn GTZAN taggrams (training_*.npz / evaluation_*.npz: frames X (F, 50), Y, IDS)
     grouped by track into sequences; their own split becomes 'train' / 'test'."""
-    from ..gtzan import GENRES
 
     folder = Path(folder)
     parts = {"train": sorted(folder.glob("training_*.npz")), "test": sorted(folder.glob("evaluation_*.npz"))}
