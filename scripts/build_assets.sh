@@ -5,7 +5,7 @@
 # 80 % train, 20 % validation; the 290 evaluation tracks are never used for training).
 # Run from the repository root after `make setup`: bash scripts/build_assets.sh   (~5 min, CPU)
 #
-# Decisions (see README "Trained models in the box"): lr 1e-4 (the paper's 1e-5 under-trains on
+# Decisions (see docs/results.md "Trained models in the box"): lr 1e-4 (the paper's 1e-5 under-trains on
 # 354 sequences), random contiguous crops of >= 8 tokens (a live stream answers from its first
 # token, so the models must be right on partial windows too), seed 0; continual_nystrom with fixed
 # landmarks is phase 2 (k-means landmarks, frozen, fine-tuned) of the continual-landmark model.

@@ -85,7 +85,7 @@ def train(tokens: TokenSet, cfg: ModelConfig, tc: TrainConfig, *, init=None, dat
         raise TrainError(f"sequences hold up to {tokens.X.shape[1]} tokens but the window is "
                          f"{cfg.window}; use --window {tokens.X.shape[1]} or more")
     splits = make_splits(tokens, tc.data_seed)
-    log(describe_setup(cfg, tokens, splits, data_name or "the given tokens"))
+    log(describe_setup(cfg, tokens, splits, data_name or "the given tokens") + f"; device {tc.device}, float32")
     unseen = [g for g, c in zip(tokens.genres, np.bincount(tokens.labels[splits["train"]],
                                                              minlength=len(tokens.genres))) if c == 0]
     if unseen:

@@ -1,0 +1,95 @@
+"""Result tables of the docs, generated from the stored runs they state: a page holds a table
+between ``<!-- table NAME -->`` and ``<!-- /table -->`` lines, and ``write()`` rewrites it from
+its data (`python -m app.offline.doc_tables`; `tests/app/test_doc_tables.py` fails when a page
+and its data disagree). Figures are never copied by hand."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from models.paper import PAPER_ACCURACY, PAPER_TABLE_II, TABLE_ROWS
+
+from .report import _si
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW_NAMES = {"continual_nystrom/continual": "continual_nystrom, continual landmarks",
+             "continual_nystrom/fixed": "continual_nystrom, fixed landmarks"}
+
+
+def _rows(report: dict) -> dict[tuple[str, int], dict]:
+    return {(m["summary"]["key"], m["config"]["layers"]): m["summary"] for m in report["models"]}
+
+
+def _accuracy(s: dict | None) -> str:
+    return "–" if s is None else f"{100 * s['accuracy_mean']:.1f} ± {100 * s['accuracy_std']:.1f}"
+
+
+def musicnn_accuracy(report: dict) -> str:
+    """Test accuracy per variant, 1 and 2 blocks, beside the paper's (docs/musicnn/report.json)."""
+    rows = _rows(report)
+    lines = ["| row | paper (VGGish, n = 120) | 1 block | 2 blocks |", "| --- | --- | --- | --- |"]
+    for key in TABLE_ROWS:
+        lines.append(f"| {ROW_NAMES.get(key, key)} | {PAPER_ACCURACY[key]} | {_accuracy(rows.get((key, 1)))} "
+                     f"| {_accuracy(rows.get((key, 2)))} |")
+    return "\n".join(lines)
+
+
+def musicnn_accuracy_and_flops(report: dict) -> str:
+    """The same with the SDA FLOPs per step measured (1 / 2 blocks) and the paper's."""
+    rows = _rows(report)
+    lines = ["| row | paper (VGGish, n = 120) | here, 1 block | here, 2 blocks | SDA FLOPs/step here (1 / 2 blocks) "
+             "| paper SDA FLOPs |", "| --- | --- | --- | --- | --- | --- |"]
+    for key in TABLE_ROWS:
+        one, two = rows.get((key, 1)), rows.get((key, 2))
+        flops = " / ".join(_si(s["sda_flops_mean"]) if s else "–" for s in (one, two))
+        lines.append(f"| {ROW_NAMES.get(key, key)} | {PAPER_ACCURACY[key]} | {_accuracy(one)} | {_accuracy(two)} "
+                     f"| {flops} | {_si(PAPER_TABLE_II[key])} |")
+    return "\n".join(lines)
+
+
+def _musicnn_report() -> dict:
+    return json.loads((ROOT / "docs/musicnn/report.json").read_text())
+
+
+# name -> (the pages holding it, its data, how it is drawn)
+TABLES = {
+    "musicnn-accuracy": (("docs/results.md",), _musicnn_report, musicnn_accuracy),
+    "musicnn-accuracy-flops": (("docs/musicnn/README.md",), _musicnn_report, musicnn_accuracy_and_flops),
+}
+BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
+
+
+def blocks(text: str) -> dict[str, str]:
+    """The generated tables of a page: name -> its text."""
+    return {m["name"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def rendered(page: str) -> str:
+    """``page``'s text with each of its tables drawn from its data now."""
+    text = (ROOT / page).read_text()
+
+    def draw(m: re.Match) -> str:
+        _, data, draw_table = TABLES[m["name"]]
+        return m.group(1) + draw_table(data()) + m.group(4)
+    return BLOCK.sub(draw, text)
+
+
+def pages() -> list[str]:
+    return sorted({p for pages_, _, _ in TABLES.values() for p in pages_})
+
+
+def write() -> list[str]:
+    """Rewrite every page whose tables differ from their data; the pages rewritten."""
+    changed = []
+    for page in pages():
+        text = rendered(page)
+        if text != (ROOT / page).read_text():
+            (ROOT / page).write_text(text)
+            changed.append(page)
+    return changed
+
+
+if __name__ == "__main__":
+    print("\n".join(f"rewrote {p}" for p in write()) or "every generated table matches its data", file=sys.stderr)

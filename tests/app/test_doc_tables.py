@@ -1,0 +1,14 @@
+"""Every generated table of the docs equals what its stored data gives now (app/offline/doc_tables.py):
+a page edited by hand, or data rerun without `python -m app.offline.doc_tables`, fails here."""
+import pytest
+
+from app.offline.doc_tables import ROOT, TABLES, blocks, pages, rendered
+
+
+@pytest.mark.parametrize("page", pages())
+def test_a_pages_generated_tables_equal_their_data(page):
+    want, have = blocks(rendered(page)), blocks((ROOT / page).read_text())
+    names = {name for name, (where, _, _) in TABLES.items() if page in where}
+    assert set(have) == names, f"{page}: tables {sorted(have)}, expected {sorted(names)}"
+    for name in names:
+        assert have[name] == want[name], f"{page}: table {name} differs from its data; run python -m app.offline.doc_tables"
