@@ -88,8 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     handlers, args = stop_on_signals(), None
     try:
         try:
-            parser = build_parser(sys.argv[1:] if argv is None else argv)   # the command's module: an extension module's init that a
-        finally:                       # signal interrupts can abort the process (torch's did)
+            # the command's module, and torch where the command will run, are imported while
+            # the signals wait: an extension module's init that a signal interrupts can abort the
+            # process (torch's did); asking for help or the version loads no torch
+            words = sys.argv[1:] if argv is None else argv
+            parser = build_parser(words)
+            if not {"-h", "--help", "--version"} & set(words):
+                import torch  # noqa: F401
+        finally:
             take_held_signals()
         args = parser.parse_args(argv)
         if args.command is None:

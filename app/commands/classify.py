@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 from itertools import islice
+from types import SimpleNamespace
 
 from models.variants import VARIANTS
 
@@ -136,6 +137,7 @@ class Report:
                                  lambda line: print(line, file=sys.stderr))
         self.progress.every = max(1, sources.count // 10)
         self.ended = 0
+        self.reported: set[str] = set()              # the streams whose end was said
 
     def say(self, text: str) -> None:
         self.progress.say(text)
@@ -163,6 +165,7 @@ class Report:
         """A stream that ended (its source done, stopped, or failed): its counts and verdict."""
         from app.runtime.verdict import Tally, verdict_message
         from audio.errors import printable
+        self.reported.add(stream.name)
         tally = self.tallies.pop(stream.name, None) or Tally()
         self.smoothers.pop(stream.name, None)
         source, stats = stream.source, stream.source.stats
@@ -196,7 +199,8 @@ class Report:
         self.progress.close()
         if self.summary is not None:
             self.summary.close()
-            self.say(f"# {self.summary.rows} rows in {self.args.summary}")
+            self.say(f"# {self.summary.rows} rows in {self.args.summary}" if self.summary.created
+                     else f"# no rows, {self.args.summary} not written")
 
 
 @command("classify", add_arguments)
@@ -303,6 +307,10 @@ def classify(args, device: str) -> int:
                 engine.leave(stream)
             except BrokenPipeError:
                 code = stdout_gone()
+        for source in first:                   # stopped before they joined (in the warm-up)
+            if source.name not in report.reported:
+                source.close()
+                report.left(SimpleNamespace(name=source.name, source=source, error=None))
         opened.close()                         # files not yet opened stay closed
         if rows is not None:
             rows.close()

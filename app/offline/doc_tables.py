@@ -49,6 +49,40 @@ def musicnn_accuracy_and_flops(report: dict) -> str:
     return "\n".join(lines)
 
 
+def readme_results(data: dict) -> str:
+    """The README's table: each shipped model's recorded test accuracy (its checkpoint's, which
+    a test recomputes), the paper-setting SDA FLOPs (models/flops.py) and the stored `bench
+    --windows 120` run's speed-up of the 1-block step over torch's encoder layer."""
+    lines = ["| variant (1 block) | test accuracy, shipped model | SDA FLOPs per step (paper's setting) "
+             "| model step vs torch's encoder layer |", "| --- | ---: | ---: | ---: |"]
+    for key in TABLE_ROWS:
+        variant, _, mode = key.partition("/")
+        name = f"`{variant}`" + (f", {mode} landmarks" if mode else "")
+        speed = data["speedup"].get(key)
+        lines.append(f"| {name} | {100 * data['accuracy'][key]:.1f} % | {data['flops'][key]:,.0f} "
+                     f"| {'–' if speed is None else f'{speed:.1f}x'} |")
+    return "\n".join(lines)
+
+
+def _readme_data() -> dict:
+    from app.runtime.lineup import shipped_checkpoints
+    from models.checkpoint import load_checkpoint
+    from models.flops import paper_table_ii
+    accuracy = {}
+    for path in shipped_checkpoints("musicnn"):
+        model, payload = load_checkpoint(path)
+        key = model.cfg.variant + (f"/{model.cfg.home_landmark_mode}" if model.cfg.variant == "continual_nystrom" else "")
+        accuracy[key] = payload["metadata"]["metrics"]["test_acc"]
+    run = json.loads((ROOT / "docs/benchmarks/attention.json").read_text())
+    speedup = {}
+    for key in TABLE_ROWS:
+        rows = {r["what"]: r for r in run["data"]["rows"] if r["n"] == 120}
+        row = rows.get(f"model 1-block {key} (fused)") or rows.get(f"model 1-block {key}")
+        if row is not None:
+            speedup[key] = row["extra"]["vs_recompute"]
+    return {"accuracy": accuracy, "flops": paper_table_ii(), "speedup": speedup}
+
+
 def _musicnn_report() -> dict:
     return json.loads((ROOT / "docs/musicnn/report.json").read_text())
 
@@ -57,6 +91,7 @@ def _musicnn_report() -> dict:
 TABLES = {
     "musicnn-accuracy": (("docs/results.md",), _musicnn_report, musicnn_accuracy),
     "musicnn-accuracy-flops": (("docs/musicnn/README.md",), _musicnn_report, musicnn_accuracy_and_flops),
+    "readme-results": (("README.md",), _readme_data, readme_results),
 }
 BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 

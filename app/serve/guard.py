@@ -39,7 +39,9 @@ class Guard:
     def __init__(self, limits: Limits, streams: int):
         self.seconds = limits.request_seconds
         self.total = fitting(limits.requests, streams)
-        self.per_address = limits.requests_per_address or self.total
+        # an address allowed N streams may open N at once (0: no cap of its own)
+        self.per_address = (max(limits.requests_per_address, limits.streams_per_address)
+                            if limits.requests_per_address else self.total)
         self.open: dict[GuardedHttp, None] = {}                       # insertion order: oldest first
         self.by_address: dict[str, dict[GuardedHttp, None]] = collections.defaultdict(dict)
         self.evicted = 0

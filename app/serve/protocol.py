@@ -60,7 +60,7 @@ class Limits:
     streams_per_address: int = 8        # WebSocket connections of one client address at once (0: no cap)
     request_seconds: float = 10.0       # an HTTP request (a WebSocket upgrade too) must be whole within this
     requests: int = 256                 # HTTP connections not yet upgraded, at once (lowered to fit the descriptors)
-    requests_per_address: int = 32      # ... of one client address (0: no cap of its own)
+    requests_per_address: int = 32      # ... of one client address, or its streams_per_address if more (0: no cap of its own)
     ping_seconds: float = 20.0          # keepalive: a ping this often, a pong expected within as long
     retry_seconds: float = 5.0          # what a 1013 asks the client to wait
 

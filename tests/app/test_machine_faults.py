@@ -126,7 +126,7 @@ def test_a_signal_while_starting_ends_with_one_line(tmp_path):
             assert len(stops) == 1, (delay, err)
             # on a quick host the run may have begun: then the run's summary follows (and no more)
             after = lines[stops[0] + 1:]
-            assert not after or (re.match(r"# \d+ hops, ", after[0]) and all(x.startswith("#") for x in after)), \
+            assert not after or (re.match(r"# file:song.wav: \d+ hops, ", after[0]) and all(x.startswith("#") for x in after)), \
                 (delay, err)
 
 
