@@ -44,6 +44,20 @@ def is_audio_name(name: str) -> bool:
     return not name.startswith(".") and Path(name).suffix.lower() in AUDIO_SUFFIXES
 
 
+def audio_files_under(folder: str | Path) -> tuple[list[Path], int]:
+    """The audio files under ``folder`` (``is_audio_name``), sorted, and how many other files
+    were passed over; hidden folders are not entered, links to folders not followed."""
+    found, skipped = [], 0
+    for where, subfolders, files in os.walk(folder):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".")]
+        for f in files:
+            if is_audio_name(f):
+                found.append(Path(where) / f)
+            else:
+                skipped += 1
+    return sorted(found), skipped
+
+
 @dataclass
 class SourceStats:
     hops: int = 0          # hops delivered

@@ -63,13 +63,13 @@ def discover_folders(root: str | Path) -> tuple[list[Track], tuple[str, ...]]:
     file under each (recursively, by name: audio/decoding.py ``is_audio_name``), sorted by class
     then path; the classes in name order. GTZANError for fewer than 2 classes with files, more
     than MAX_CLASSES, or a class name a checkpoint cannot hold."""
-    from .decoding import is_audio_name
+    from .decoding import audio_files_under
     from .errors import printable
     root = Path(root)
     if not root.is_dir():
         raise GTZANError(f"folder of classes not found: {root}")
     folders = sorted(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
-    found = {d.name: sorted(p for p in d.rglob("*") if p.is_file() and is_audio_name(p.name)) for d in folders}
+    found = {d.name: audio_files_under(d)[0] for d in folders}
     classes = tuple(name for name, files in found.items() if files)
     if len(classes) < 2:
         raise GTZANError(f"{root} needs two or more sub-folders of audio files, one per class; "

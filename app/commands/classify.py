@@ -310,7 +310,10 @@ def classify(args, device: str) -> int:
         for source in first:                   # stopped before they joined (in the warm-up)
             if source.name not in report.reported:
                 source.close()
-                report.left(SimpleNamespace(name=source.name, source=source, error=None))
+                try:
+                    report.left(SimpleNamespace(name=source.name, source=source, error=None))
+                except BrokenPipeError:
+                    code = stdout_gone()
         opened.close()                         # files not yet opened stay closed
         if rows is not None:
             rows.close()

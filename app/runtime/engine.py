@@ -68,7 +68,8 @@ class Engine:
     streams of one front end, spread over ``shards`` (default one). ``run(sources)`` yields one
     StepResult per stream per hop, streams in joining order; ``errors`` lists the streams that
     left early, with why; ``on_leave(stream)``, if set, hears each stream that leaves, after its
-    last record (its source closed, ``stream.error`` set if it left early). ``clock``: the seconds clock that the control budget is counted on
+    last record (its source closed, ``stream.error`` set if it left early). ``clock``: the
+    seconds clock that the control budget is counted on
     (tests inject one); each StepResult's ``stages['control']`` is the milliseconds spent
     applying control before its hop."""
 

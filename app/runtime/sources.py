@@ -67,7 +67,7 @@ def audio_paths(paths) -> tuple[list[tuple[str, str]], int]:
     import os
     from pathlib import Path
 
-    from audio.decoding import is_audio_name
+    from audio.decoding import audio_files_under
     from audio.errors import printable
     found, skipped, seen = [], 0, {}
 
@@ -80,12 +80,8 @@ def audio_paths(paths) -> tuple[list[tuple[str, str]], int]:
             add(given, f"file:{printable(Path(given).name)}")
             continue
         top = Path(given).resolve().name or given
-        for folder, subfolders, files in os.walk(given):
-            subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))
-            for f in sorted(files):
-                if not is_audio_name(f):
-                    skipped += 1
-                    continue
-                path = os.path.join(folder, f)
-                add(path, f"file:{printable(str(Path(top) / os.path.relpath(path, given)))}")
+        files, passed_over = audio_files_under(given)
+        skipped += passed_over
+        for path in files:
+            add(str(path), f"file:{printable(str(Path(top) / path.relative_to(given)))}")
     return found, skipped

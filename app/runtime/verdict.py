@@ -105,7 +105,8 @@ def summary_rows(file: str, message: dict) -> list[dict]:
     base = {"file": file, "hops": message.get("hops", 0), "error": message.get("error") or ""}
     rows = [{**base, "model": name, "genre": v["genre"], "share": round(v["share"], 6),
              "confidence": round(v["confidence"], 6)} for name, v in message["verdict"].items()]
-    return rows or [{**base, "model": "", "genre": "", "share": "", "confidence": ""}]
+    rows = rows or [{**base, "model": "", "genre": "", "share": "", "confidence": ""}]
+    return [{k: row[k] for k in SUMMARY_FIELDS} for row in rows]          # the columns in their order
 
 
 def verdict_table(verdicts: list[Verdict]) -> str:
