@@ -7,7 +7,6 @@ import shutil
 import sys
 from pathlib import Path
 
-from app.offline.accuracy import find_files, markdown, plot_confusion, run_files, split_of, summarise
 from audio.files import atomic_write_json, atomic_write_text, own_folder
 
 from . import command
@@ -31,6 +30,7 @@ def add_arguments(p) -> None:
 
 @command("accuracy", add_arguments)
 def run(args) -> int:
+    from app.offline.accuracy import find_files, markdown, plot_confusion, run_files, split_of, summarise
     import torch
 
     from app.runtime.lineup import default_lineup

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from app.offline.evaluate import EvaluateError, evaluate
-from audio.tokens.cache import TokenFileError
-from models.checkpoint import CheckpointError
-
 from . import command
 from .argtypes import writable_dir
 
@@ -27,7 +23,10 @@ def add_arguments(p) -> None:
 
 @command("evaluate", add_arguments)
 def run(args) -> int:
+    from app.offline.evaluate import EvaluateError, evaluate
     from app.offline.report import write_report
+    from audio.tokens.cache import TokenFileError
+    from models.checkpoint import CheckpointError
     try:
         report = evaluate(args.tokens, args.checkpoint, variant=args.variant,
                           data_seed=args.data_seed, allow_other_data=args.allow_other_data)

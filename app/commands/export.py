@@ -6,8 +6,6 @@ import json
 import sys
 from pathlib import Path
 
-from models.checkpoint import CheckpointError
-
 from . import command
 from .argtypes import POSITIVE, writable_file
 
@@ -26,8 +24,8 @@ def run(args) -> int:
     import torch
 
     from app.runtime.onnx_step import OnnxModelError, OnnxStep
-    from models.checkpoint import load_checkpoint
     from app.offline.onnx_export import NotExportable, export_onnx
+    from models.checkpoint import CheckpointError, load_checkpoint
     try:
         model, payload = load_checkpoint(args.checkpoint, fused=False)
         export_onnx(model, args.onnx, classes=payload["classes"], frontend=payload["frontend"],

@@ -5,11 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from app.offline.extract import extract_gtzan
-from app.offline.ray.cluster import RayClusterError
 from app.runtime.frontend_args import add_frontend_arguments
 from audio.errors import AudioError
-from audio.tokens.cache import convert_musicnn, save_tokens
 
 from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
@@ -50,7 +47,10 @@ def ray_workers(ray, asked: int | None) -> int:
 
 @command("extract", add_arguments)
 def run(args) -> int:
+    from app.offline.extract import extract_gtzan
+    from app.offline.ray.cluster import RayClusterError
     from app.runtime.frontend_args import frontend_from_args, random_seed
+    from audio.tokens.cache import convert_musicnn, save_tokens
     if Path(args.out).exists() and not args.force:
         print(f"extract: {args.out} exists; give --force to overwrite it, or another --out",
               file=sys.stderr)

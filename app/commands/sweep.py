@@ -24,8 +24,8 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
-    from models.sda import VARIANTS
-    from models.training import TrainConfig
+    from models.config import TrainConfig
+    from models.variants import VARIANTS
     p.add_argument("--tokens", required=True, help="token file (python main.py extract)")
     p.add_argument("--out", required=True, type=writable_dir,
                    help="folder for the report (report.md/.json/PNGs)")
