@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import sys
 from itertools import islice
-from types import SimpleNamespace
 
 from models.variants import VARIANTS
 
@@ -161,26 +160,26 @@ class Report:
         self._write_summary(printable(path), {"verdict": {}, "hops": 0, "error": error})
         self._ended()
 
-    def left(self, stream) -> None:
+    def left(self, name: str, source, error: str | None = None) -> None:
         """A stream that ended (its source done, stopped, or failed): its counts and verdict."""
         from app.runtime.verdict import Tally, verdict_message
         from audio.errors import printable
-        self.reported.add(stream.name)
-        tally = self.tallies.pop(stream.name, None) or Tally()
-        self.smoothers.pop(stream.name, None)
-        source, stats = stream.source, stream.source.stats
-        message = verdict_message(tally, source, stream.error)
-        if stream.error is not None:
-            self.say(f"error: {stream.name}: {stream.error}")
-        self.say(f"# {stream.name}: {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input "
+        self.reported.add(name)
+        tally = self.tallies.pop(name, None) or Tally()
+        self.smoothers.pop(name, None)
+        stats = source.stats
+        message = verdict_message(tally, source, error)
+        if error is not None:
+            self.say(f"error: {name}: {error}")
+        self.say(f"# {name}: {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input "
                  f"overflows, {stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped")
         if tally.tops:
-            self.say(f"# verdict over {stream.name}, per model (the genre most often on top):\n"
+            self.say(f"# verdict over {name}, per model (the genre most often on top):\n"
                      + "\n".join(f"#   {line}" for line in tally.table().splitlines()))
         if self.args.jsonl:
             import json
             print(json.dumps(message, allow_nan=False), flush=True)
-        self._write_summary(printable(getattr(source, "path", stream.name)), message)
+        self._write_summary(printable(getattr(source, "path", name)), message)
         self._ended()
 
     def _write_summary(self, file: str, message: dict) -> None:
@@ -267,7 +266,7 @@ def classify(args, device: str) -> int:
     hop_progress = None
     if not many and args.csv:                # one source to a CSV: nothing else shows progress
         hop_progress = hops_progress(args, first[0])
-    engine.on_leave = report.left
+    engine.on_leave = lambda stream: report.left(stream.name, stream.source, stream.error)
     try:
         for r in engine.run(first, more=opened, warm=True):
             report.record(r)
@@ -311,7 +310,7 @@ def classify(args, device: str) -> int:
             if source.name not in report.reported:
                 source.close()
                 try:
-                    report.left(SimpleNamespace(name=source.name, source=source, error=None))
+                    report.left(source.name, source)
                 except BrokenPipeError:
                     code = stdout_gone()
         opened.close()                         # files not yet opened stay closed

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from models import flops as F
 from models.checkpoint import MAX_FILE_BYTES, check_classes, check_frontend, checked_config
+from models.stream.batch import Slots
 from models.stream.model import KINDS, state_spec
 
 NUMPY = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(int64)": np.int64}
@@ -272,36 +273,25 @@ class OnnxStep(nn.Module):
         return F.graph_step(self.cfg, self.landmark_mode, self._t, self._events)
 
 
-class OnnxBatch:
+class OnnxBatch(Slots):
     """Slots of an exported step, with the interface of models/stream/batch.StreamBatch: each
     stream its own copy of the step (its own state, the session shared), stepped one after
     another (the graph takes one stream)."""
 
     def __init__(self, step: OnnxStep, capacity: int):
-        self.model, self.cfg, self.capacity = step, step.cfg, capacity
+        super().__init__(capacity)
+        self.model, self.cfg = step, step.cfg
         self.copies: list[OnnxStep | None] = [None] * capacity
-        self.taken = [False] * capacity
         self.mode = step.landmark_mode
         self.slot_nbytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for _, shape, dtype in step.specs)
         self._last: list[int] = []
 
     def join(self) -> int:
-        try:
-            slot = self.taken.index(False)
-        except ValueError:
-            raise ValueError(f"all {self.capacity} slots hold a stream") from None
-        self.taken[slot] = True
+        slot = self.take()
         if self.copies[slot] is None:
             self.copies[slot] = copy.deepcopy(self.model)
         self.copies[slot].reset(1)
         return slot
-
-    def leave(self, slot: int) -> None:
-        self.taken[slot] = False
-
-    @property
-    def streams(self) -> int:
-        return sum(self.taken)
 
     def step(self, slots, tokens: Tensor) -> Tensor:
         self._last = list(slots.tolist() if isinstance(slots, Tensor) else slots)

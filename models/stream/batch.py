@@ -60,7 +60,30 @@ class SlotsFull(RuntimeError):
     """Every slot holds a stream."""
 
 
-class StreamBatch:
+class Slots:
+    """``capacity`` stream slots: ``take()`` the first free one, ``leave(slot)`` frees it."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.taken = [False] * capacity
+
+    def take(self) -> int:
+        try:
+            slot = self.taken.index(False)
+        except ValueError:
+            raise SlotsFull(f"all {self.capacity} slots hold a stream") from None
+        self.taken[slot] = True
+        return slot
+
+    def leave(self, slot: int) -> None:
+        self.taken[slot] = False
+
+    @property
+    def streams(self) -> int:
+        return sum(self.taken)
+
+
+class StreamBatch(Slots):
     """C slots of one model (a GenreTransformer in eval mode; its weights are shared, not copied).
     ``graphs``: replay captured CUDA graphs (default: on CUDA). ``fused``: steady steps in the
     compiled backend where it takes the model (default: as the model's own setting says).
@@ -71,12 +94,12 @@ class StreamBatch:
                  events: str | None = None):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
-        self.model, self.cfg, self.capacity = model, model.cfg, capacity
+        super().__init__(capacity)
+        self.model, self.cfg = model, model.cfg
         self.device = device = next(model.parameters()).device
         rows = capacity + 1                                  # slot C: the spare that pads a bucket
         self.t = torch.zeros(rows, dtype=torch.int64, device=device)            # (C + 1,) next position
         self.positions = np.zeros(rows, np.int64)                                # its host mirror
-        self.taken = [False] * capacity
         self.continual = self.cfg.variant in CONTINUAL
         self._fused = getattr(model, "fused", False) if fused is None else bool(fused)
         self.backend = None
@@ -115,21 +138,10 @@ class StreamBatch:
     # ------------------------------------------------------------------ slots
     def join(self) -> int:
         """A free slot for a new stream (its position 0)."""
-        try:
-            slot = self.taken.index(False)
-        except ValueError:
-            raise SlotsFull(f"all {self.capacity} slots hold a stream") from None
-        self.taken[slot] = True
+        slot = self.take()
         self.t[slot] = 0
         self.positions[slot] = 0
         return slot
-
-    def leave(self, slot: int) -> None:
-        self.taken[slot] = False
-
-    @property
-    def streams(self) -> int:
-        return sum(self.taken)
 
     def set_landmark_mode(self, mode: str) -> None:
         """Every stream of the batch to landmark ``mode`` (the model's blocks already set to it,

@@ -84,10 +84,10 @@ def test_smooth_gives_the_windows_reading_of_each_model(tmp_path, capsys):
     assert "smoothed_top" not in out                            # without --smooth: the records as they were
 
 
-def rss_and_fds(pid: int) -> tuple[int, int]:
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss = int(next(x for x in status.splitlines() if x.startswith("VmRSS:")).split()[1]) * 1024
-    return rss, len(list(Path(f"/proc/{pid}/fd").iterdir()))
+def rss_and_fds(pid: int) -> tuple[float, int]:
+    """Resident MB (app/runtime/memory.py) and open descriptors of process ``pid``."""
+    from app.runtime.memory import rss_mb
+    return rss_mb(pid), len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
 
 @pytest.mark.slow
@@ -124,11 +124,13 @@ def test_a_folder_of_200_files_runs_through_bounded_streams_with_flat_memory(tmp
     assert "# 2 files in the folders passed over (hidden, or not audio by their suffix)" in err
     assert "202 files, 8 at a time" in next(x for x in err.splitlines() if x.startswith("# device cpu"))
     (rss50, fds50), (rss195, fds195) = at[50], at[195]
-    print(f"after 50 files {rss50 / 2 ** 20:.1f} MB, {fds50} descriptors; after 195 {rss195 / 2 ** 20:.1f} MB, {fds195}")
-    assert fds195 <= fds50 + 2, (fds50, fds195)
+    print(f"after 50 files {rss50:.1f} MB, {fds50} descriptors; after 195 {rss195:.1f} MB, {fds195}")
+    # at most --streams files are open at any moment (3 to 10 descriptors measured at either
+    # sample), so the later count is at most the earlier plus 8; a file held per stream adds 145
+    assert fds195 <= fds50 + 8, (fds50, fds195)
     # measured: +0.1 to +16.8 MB in eight runs (the heap grows in steps, not per file); 40 MB
     # over 145 files is 280 KB a file, less than a decoder and resampler held per file
-    assert rss195 - rss50 < 40 * 2 ** 20, (rss50, rss195)
+    assert rss195 - rss50 < 40, (rss50, rss195)
     rows = list(csv.DictReader(summary.open()))
     assert len(rows) == 202 and len({r["file"] for r in rows}) == 202
     failed = sorted(Path(r["file"]).name for r in rows if r["error"])
