@@ -1,9 +1,11 @@
 """The genre panel: what the focused model hears, now and over the last two minutes.
 
-- bars of the newest probabilities, genre names in full;
+- bars of the newest probabilities, genre names in full (a checkpoint of more than MAX_BARS
+  classes of its own: its MAX_BARS most probable classes of the newest step);
 - a scrolling genre timeline: one strip for each step's top genre and one for the smoothed genre
   (the big label's), coloured as the bars, with the genre named on every stretch of 4 s or more;
-- the probability of each genre over the last minute (colours as in the bars).
+- the probability of each genre drawn in the bars over the last minute (colours as in the bars:
+  a class's colour is its index's, repeating past ten classes).
 """
 from __future__ import annotations
 
@@ -21,9 +23,19 @@ from .plot_kit import GENRE_COLOURS, axis_plot, gapped
 
 TIMELINE_STEPS = 2 * HOPS_PER_MINUTE      # two minutes of steps
 NAMED_RUN = 16                            # a smoothed stretch of 16 steps (4 s) gets its name
+MAX_BARS = len(GENRE_COLOURS)             # classes the bars and the history draw at once
 
 
 GENRE_RGBA = np.array([c.getRgb() for c in GENRE_COLOURS], dtype=np.uint8)   # (10, 4)
+
+
+def drawn_classes(probabilities) -> tuple[int, ...]:
+    """The class indices the bars draw: every class up to MAX_BARS, else the MAX_BARS most
+    probable, in class order."""
+    p = np.asarray(probabilities)
+    if len(p) <= MAX_BARS:
+        return tuple(range(len(p)))
+    return tuple(sorted(np.argpartition(-p, MAX_BARS - 1)[:MAX_BARS].tolist()))
 
 
 def runs(values: np.ndarray) -> list[tuple[int, int, int]]:
@@ -75,6 +87,7 @@ class GenrePanel(QWidget):
         # per model: (step, audio time, top genre, smoothed top genre) of its recent steps
         self.tracks: dict[str, deque] = {}
         self.shown: tuple = ((), None)                # (track rows drawn, classes) for the read-out
+        self.drawn: tuple = (tuple(GENRES), tuple(range(10)))   # (classes, indices) the bars draw
         view.scene().sigMouseMoved.connect(self.hover)
 
     def push(self, result, smoothed: dict[str, list[float]]) -> None:
@@ -92,17 +105,32 @@ class GenrePanel(QWidget):
         if not recent or focus not in recent[-1].models:
             return
         m = recent[-1].models[focus]
-        self.bars.setOpts(width=np.array(m.probabilities))
-        if list(m.classes) != list(GENRES):          # a checkpoint with its own classes
-            self.bars_plot.getAxis("left").setTicks([list(enumerate(m.classes))])
+        drawn = (tuple(m.classes), drawn_classes(m.probabilities))
+        if drawn != self.drawn:                      # a checkpoint with its own classes
+            self._draw_classes(*drawn)
+        index = list(drawn[1])
+        self.bars.setOpts(width=np.asarray(m.probabilities)[index])
         minute = recent[-HOPS_PER_MINUTE:]
         steps = np.array([r.step for r in minute])
         times = np.array([r.audio_time for r in minute])
-        rows = [(r.step, r.models[focus].probabilities) for r in minute if focus in r.models]
-        s, P = np.array([a for a, _ in rows]), np.array([p for _, p in rows])
-        for i, c in enumerate(self.history):
-            c.setData(times, gapped(s, P[:, i], steps) if i < P.shape[1] else np.full(len(steps), np.nan))
+        rows = [(r.step, r.models[focus].probabilities) for r in minute
+                if focus in r.models and len(r.models[focus].probabilities) == len(m.classes)]
+        s, P = np.array([a for a, _ in rows]), np.array([p for _, p in rows]).reshape(len(rows), -1)
+        for j, c in enumerate(self.history):
+            c.setData(times, gapped(s, P[:, index[j]], steps) if j < len(index) else np.full(len(steps), np.nan))
         self._timeline(self.tracks.get(focus, ()), m.classes, recent[-1].step)
+
+    def _draw_classes(self, classes: tuple, index: tuple) -> None:
+        """Bars, ticks and history pens for the classes ``index`` of ``classes``."""
+        self.drawn = (classes, index)
+        k = len(index)
+        self.bars.setOpts(x0=np.zeros(k), y=np.arange(k), width=np.zeros(k),
+                          brushes=[GENRE_COLOURS[i % len(GENRE_COLOURS)] for i in index])
+        self.bars_plot.getAxis("left").setTicks([[(j, classes[i]) for j, i in enumerate(index)]])
+        self.bars_plot.setYRange(-0.6, max(k, 1) - 0.4, padding=0)
+        for j, c in enumerate(self.history):
+            if j < k:
+                c.setPen(pg.mkPen(GENRE_COLOURS[index[j] % len(GENRE_COLOURS)], width=1.5))
 
     def _timeline(self, track, classes, last_step: int) -> None:
         """The two strips over the last TIMELINE_STEPS steps; steps without ``track`` rows are blank."""
@@ -114,8 +142,8 @@ class GenrePanel(QWidget):
         width = last_step - first + 1
         steps, tops, smoothed = (np.array(c, dtype=int) for c in zip(*((r[0], r[2], r[3]) for r in rows)))
         image = np.zeros((2, width, 4), dtype=np.uint8)         # steps without a row: transparent
-        image[1, steps - first] = GENRE_RGBA[tops % 10]
-        image[0, steps - first] = GENRE_RGBA[smoothed % 10]
+        image[1, steps - first] = GENRE_RGBA[tops % len(GENRE_RGBA)]
+        image[0, steps - first] = GENRE_RGBA[smoothed % len(GENRE_RGBA)]
         smooth = np.full(width, -1)
         smooth[steps - first] = smoothed
         t0 = rows[0][1] - HOP_SECONDS

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from models.paper import PAPER_ACCURACY, PAPER_TABLE_II, TABLE_ROWS
 
+from app.bench.page import provenance
+
 from .report import _si
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +85,79 @@ def _readme_data() -> dict:
     return {"accuracy": accuracy, "flops": paper_table_ii(), "speedup": speedup}
 
 
+FRONTEND_ROWS = (("front end: musicnn log-mel per hop", "log-mel (the hop's new frames)"),
+                 ("front end: musicnn network per hop, continual", "network, continual (the app's)"),
+                 ("front end: musicnn network per hop, recomputing", "network, recomputing the 3 s patch"))
+
+
+def frontend_speed(run: dict) -> str:
+    """One stream's musicnn hop, continual against recomputed, from the stored `bench --windows`
+    run (docs/benchmarks/attention.json): the two networks alternate hop by hop."""
+    rows = run["data"]["frontend"]
+    picked = {label: next(r for r in rows if r["what"].startswith(what)) for what, label in FRONTEND_ROWS}
+    lines = ["| per hop, batch 1 | median ms | p95 ms | MFLOPs |", "| --- | ---: | ---: | ---: |"]
+    for label, r in picked.items():
+        flops = "–" if r["flops"] is None else f"{r['flops'] / 1e6:,.0f}"
+        lines.append(f"| {label} | {r['median_us'] / 1e3:.2f} | {r['p95_us'] / 1e3:.2f} | {flops} |")
+    cont, full = (picked[label] for _, label in FRONTEND_ROWS[1:])
+    lines += ["", f"Continual against recomputing: {full['median_us'] / cont['median_us']:.2f}x faster, "
+              f"{full['flops'] / cont['flops']:.2f}x fewer FLOPs; real-time factor of the continual network "
+              f"{cont['median_us'] / 1e6 / 0.25:.3f} (its median over the 0.25 s hop).", "", provenance(run)]
+    return "\n".join(lines)
+
+
+def frontend_modes(runs: dict) -> str:
+    """The batched musicnn push by which temporal branches keep accumulators, from the stored
+    `bench --streams` runs that measured it (CPU, and CUDA in TF32); the default is the code's."""
+    from audio.musicnn.batch import default_accumulate
+    lines = ["| device | streams | branches accumulating | push, median ms | MFLOPs per stream-hop "
+             "| state MB per stream | the default |", "| --- | ---: | --- | ---: | ---: | ---: | --- |"]
+    notes = []
+    for run in runs.values():
+        data = run["data"]
+        device = "CPU" if data["device"] == "cpu" else f"{run['machine'].get('gpu', 'CUDA')}, TF32" if data["tf32"] \
+            else run["machine"].get("gpu", "CUDA")
+        default = default_accumulate(data["device"], data["tf32"])
+        for r in data["frontend_modes"]:
+            lines.append(f"| {device} | {r['streams']:,} | {r['mode']} | {r['push_ms_median']:.1f} "
+                         f"| {r['mflops_per_stream_hop']:.0f} | {r['state_mb_per_stream']:.1f} "
+                         f"| {'yes' if tuple(r['accumulate']) == default else ''} |")
+        notes.append(f"- {device}: {provenance(run)}")
+    return "\n".join(lines + [""] + notes)
+
+
+def table_ii(_: None) -> str:
+    """Table II of the Continual Nyström paper beside our formulas in its setting, in its
+    convention and as the app computes (models/flops.py)."""
+    from models.flops import as_implemented_table_ii, paper_table_ii
+    ours, real = paper_table_ii(), as_implemented_table_ii()
+    why = {"nystrom": "recomputes all n outputs", "continual_nystrom/continual": "average over a cycle",
+           "continual_nystrom/fixed": f"{real['continual_nystrom/fixed']:,.0f} = "
+           f"{real['continual_nystrom/fixed'] / ours['continual_nystrom/fixed']:.2f}x; cheaper than continual, as in the paper"}
+
+    def mega(x: float) -> str:
+        return f"{x / 1e6:.3g}M"
+    lines = ["| SDA variant | paper | ours, paper convention | ours, as implemented |", "| --- | ---: | ---: | ---: |"]
+    for key in TABLE_ROWS:
+        note = f" ({why[key]})" if key in why else ""
+        lines.append(f"| {ROW_NAMES.get(key, key)} | {PAPER_TABLE_II[key] / 1e6:g}M | {mega(ours[key])} "
+                     f"| {mega(real[key])}{note} |")
+    return "\n".join(lines)
+
+
+def _attention_run() -> dict:
+    return json.loads((ROOT / "docs/benchmarks/attention.json").read_text())
+
+
+def _frontend_mode_runs() -> dict:
+    runs = {}
+    for path in sorted((ROOT / "docs/benchmarks").glob("streams-*.json")):
+        run = json.loads(path.read_text())
+        if run["data"].get("frontend_modes"):
+            runs[path.stem] = run
+    return runs
+
+
 def _musicnn_report() -> dict:
     return json.loads((ROOT / "docs/musicnn/report.json").read_text())
 
@@ -92,6 +167,9 @@ TABLES = {
     "musicnn-accuracy": (("docs/results.md",), _musicnn_report, musicnn_accuracy),
     "musicnn-accuracy-flops": (("docs/musicnn/README.md",), _musicnn_report, musicnn_accuracy_and_flops),
     "readme-results": (("README.md",), _readme_data, readme_results),
+    "table-ii": (("docs/guarantees.md",), lambda: None, table_ii),
+    "frontend-speed": (("docs/front-ends.md",), _attention_run, frontend_speed),
+    "frontend-modes": (("docs/front-ends.md",), _frontend_mode_runs, frontend_modes),
 }
 BLOCK = re.compile(r"(<!-- table (?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n<!-- /table -->)", re.S)
 
@@ -115,11 +193,20 @@ def pages() -> list[str]:
     return sorted({p for pages_, _, _ in TABLES.values() for p in pages_})
 
 
+BENCHMARKS = "docs/benchmarks.md"          # a page drawn whole from its runs (app/bench/page.py)
+
+
+def benchmarks_page() -> str:
+    """docs/benchmarks.md as its stored runs and design measurements draw it now."""
+    from app.bench.page import render
+    return render(ROOT / "docs/benchmarks")
+
+
 def write() -> list[str]:
     """Rewrite every page whose tables differ from their data; the pages rewritten."""
     changed = []
-    for page in pages():
-        text = rendered(page)
+    for page in [*pages(), BENCHMARKS]:
+        text = benchmarks_page() if page == BENCHMARKS else rendered(page)
         if text != (ROOT / page).read_text():
             (ROOT / page).write_text(text)
             changed.append(page)

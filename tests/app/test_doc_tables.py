@@ -2,7 +2,7 @@
 a page edited by hand, or data rerun without `python -m app.offline.doc_tables`, fails here."""
 import pytest
 
-from app.offline.doc_tables import ROOT, TABLES, blocks, pages, rendered
+from app.offline.doc_tables import BENCHMARKS, ROOT, TABLES, benchmarks_page, blocks, pages, rendered
 
 
 @pytest.mark.parametrize("page", pages())
@@ -12,3 +12,8 @@ def test_a_pages_generated_tables_equal_their_data(page):
     assert set(have) == names, f"{page}: tables {sorted(have)}, expected {sorted(names)}"
     for name in names:
         assert have[name] == want[name], f"{page}: table {name} differs from its data; run python -m app.offline.doc_tables"
+
+
+def test_the_benchmark_page_equals_its_stored_runs():
+    assert (ROOT / BENCHMARKS).read_text() == benchmarks_page(), \
+        f"{BENCHMARKS} differs from docs/benchmarks/; run python -m app.offline.doc_tables"

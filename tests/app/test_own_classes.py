@@ -1,6 +1,7 @@
 """A user's own labelled audio, end to end: `extract --folders` (one sub-folder per class, any
 format the app reads) writes a token file naming those classes; `train`, `evaluate` and `classify`
-carry the names through (serve and the window load checkpoints by the same path as classify).
+carry the names through (serve and the window: tests/serve/test_serve.py and tests/gui/test_gui.py,
+a checkpoint of its own classes each).
 The data set is generated here: three classes of synthetic sounds."""
 import csv
 import json

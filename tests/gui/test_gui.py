@@ -566,3 +566,33 @@ def test_names_from_files_show_as_plain_text(make_window):
     w.header.show_verdict(history, "m<b>")
     text = w.header.verdict.text()
     assert "&lt;img src=x" in text and "<img" not in text and "m&lt;b&gt;" in text
+
+
+@pytest.mark.parametrize("count", [3, 40])
+def test_a_checkpoint_of_its_own_classes_shows_their_names(make_window, qtbot, tmp_path, count):
+    """A model trained on a user's own classes (`extract --folders`): the bars, the history and
+    the big label name its classes; past MAX_BARS classes the bars hold the most probable ones."""
+    from app.gui.genre_panel import MAX_BARS
+    from audio.frontends import build_frontend, frontend_metadata
+    classes = [f"class {i}" for i in range(count)]
+    model = build_model(ModelConfig(variant="continual", window=8, in_dim=50, num_classes=count), seed=0)
+    save_checkpoint(model, tmp_path / "own.pt", classes=classes, frontend=frontend_metadata(build_frontend("musicnn")))
+    w = make_window(source="demo", variants=(), checkpoints=[str(tmp_path / "own.pt")], random_vggish=None)
+    wait_steps(qtbot, w, 3)
+    m = w.history[-1].models["continual [own]"]
+    assert list(m.classes) == classes and len(m.probabilities) == count
+    qtbot.waitUntil(lambda: w.focus_box.currentText() == "continual [own]", timeout=WAIT_MS)
+    wait_steps(qtbot, w, 6)
+    panel = w.genre
+    panel.redraw(list(w.recent), "continual [own]")   # drawn here, from the newest step
+    p = np.array(w.recent[-1].models["continual [own]"].probabilities)
+    drawn = np.sort(np.argsort(-p)[:MAX_BARS])        # every class up to MAX_BARS, else the most probable
+    ticks = [name for _, name in panel.bars_plot.getAxis("left")._tickLevels[0]]
+    assert ticks == [classes[i] for i in drawn] and len(drawn) == min(count, MAX_BARS)
+    np.testing.assert_array_equal(panel.bars.opts["width"], p[drawn])
+    np.testing.assert_array_equal(panel.bars.opts["y"], np.arange(len(drawn)))
+    curves = [c.getData()[1] for c in panel.history]
+    assert [y is not None and np.isfinite(y).any() for y in curves] == [j < len(drawn) for j in range(MAX_BARS)]
+    assert curves[0][-1] == p[drawn[0]]
+    assert w.top_label.text().startswith("class ")
+    w.grab()                     # drawing the panels raises nothing

@@ -220,6 +220,32 @@ def test_listen_prints_what_classify_prints(files, capsys, errors):
         assert "error: the server refused the connection: HTTP 403 (a missing or wrong token)" in capsys.readouterr().err
 
 
+def test_a_checkpoint_of_its_own_classes_is_served_with_their_names(files, capsys, errors, tmp_path):
+    """A model trained on a user's own classes (`extract --folders`) beside a GTZAN one: each
+    record and the verdict name the model's own classes, and equal classify's."""
+    from audio.frontends import build_frontend, frontend_metadata
+    from models.checkpoint import save_checkpoint
+    from tiny import tiny_model
+    classes = ["hum", "rain", "whistle"]
+    own = tmp_path / "own.pt"
+    save_checkpoint(tiny_model("continual", n=8, in_dim=50, num_classes=3, seed=5), own, classes=classes,
+                    frontend=frontend_metadata(build_frontend("musicnn")))
+    checkpoints, songs = files
+    lineup = [checkpoints[0], str(own)]
+    want, verdict = classify_jsonl(capsys, songs["b"], lineup, verdict=True)
+    with server(lineup) as (url, _):
+        token = tmp_path / "token"
+        token.write_text(TOKEN + "\n")
+        assert main(["listen", url, str(songs["b"]), "--pace", "fast", "--jsonl", "--token-file", str(token)]) == 0
+        records, served = records_and_verdict(capsys.readouterr().out)
+    same(errors, records, want)
+    gtzan, name = list(want[0]["models"])           # classify's names, one per checkpoint in order
+    assert {tuple(r["models"][name]["classes"]) for r in records} == {tuple(classes)}
+    assert {len(r["models"][gtzan]["classes"]) for r in records} == {10}
+    assert {r["models"][name]["top"][0] for r in records} <= set(classes)
+    assert served["verdict"][name]["genre"] == verdict["verdict"][name]["genre"] and verdict["verdict"][name]["genre"] in classes
+
+
 def test_listen_resumes_a_dropped_stream_as_a_fresh_one(files, capsys, monkeypatch):
     """The server fails the first connection after two hops (a server error, 1011): listen says
     so in one line, reconnects and sends the rest of the file as a fresh stream, to its verdict,
