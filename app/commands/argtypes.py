@@ -141,12 +141,3 @@ def compute_device(args, command: str) -> str:
     if getattr(args, "tf32", False) and args.device != "cuda":
         raise SystemExit(f"{command}: --tf32 is for --device cuda (the CPU has no TF32)")
     return args.device
-
-
-def device_text(device: str, tf32: bool = False) -> str:
-    """What runs where, for a run's header: 'device cpu, float32' or the GPU's name."""
-    if device != "cuda":
-        return "device cpu, float32"
-    import torch
-    return (f"device cuda ({torch.cuda.get_device_name()}), float32"
-            + (", musicnn's network in TF32" if tf32 else ""))

@@ -10,8 +10,10 @@ from itertools import islice
 
 from models.variants import VARIANTS
 
+from app.runtime.frontend_args import device_text
+
 from . import command
-from .argtypes import (POSITIVE, SECONDS, WINDOW, add_device_arguments, compute_device, device_text, number,
+from .argtypes import (POSITIVE, SECONDS, WINDOW, add_device_arguments, compute_device, number,
                        writable_file)
 
 STREAMS = {"cpu": 16, "cuda": 64}          # default --streams: files classified at once

@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from app.runtime.frontend_args import add_frontend_arguments
+from app.runtime.frontend_args import add_frontend_arguments, device_text
 from audio.errors import AudioError
 
 from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
 from . import command
-from .argtypes import POSITIVE, add_device_arguments, compute_device, device_text, writable_file
+from .argtypes import POSITIVE, add_device_arguments, compute_device, writable_file
 
 
 def add_arguments(p) -> None:

@@ -88,3 +88,12 @@ class FrontEndSpec:
         return frontend_or_random(self.name, device=self.device, vggish_weights=self.vggish_weights,
                                   random_vggish=self.random_vggish, continual=self.continual,
                                   on_missing=on_missing, allow_download=self.allow_download, tf32=self.tf32)
+
+
+def device_text(device: str, tf32: bool = False) -> str:
+    """What runs where, for a run's header: 'device cpu, float32' or the GPU's name."""
+    if device != "cuda":
+        return "device cpu, float32"
+    import torch
+    return (f"device cuda ({torch.cuda.get_device_name()}), float32"
+            + (", musicnn's network in TF32" if tf32 else ""))

@@ -35,6 +35,7 @@ def test_the_example_runs_and_sigterm_drains(tmp_path):
         while line and "# serving" not in line:
             line = server.stderr.readline()
         url = re.search(r"(ws://\S+/v1/stream)", line).group(1)
+        assert "models continual, device cpu, float32" in line        # what runs where
         # the page's example, as printed, on a 44.1 kHz stereo WAV
         write(tmp_path / "song.wav", tone(2.0, 44100, 330.0, channels=2), 44100)
         (tmp_path / "example.py").write_text(example("serve.md"))
