@@ -2,7 +2,8 @@
 (app/bench/steps.py); `--gui` the live window (app/gui/bench.py); `--control` a control storm on a
 live stream (app/bench/control.py); `--evaluate` evaluation speed; `--onnx` the exported
 step against the torch and fused steps (app/bench/onnx.py); `--streams` many streams in one
-engine (app/bench/streams.py)."""
+engine (app/bench/streams.py); `--engines` musicnn's dense parts by inference engine
+(app/bench/engines.py)."""
 from __future__ import annotations
 
 import sys
@@ -57,6 +58,10 @@ def add_arguments(p) -> None:
                    help="with --serve: the server's `serve --batch-delay-ms` (default: serve's own)")
     p.add_argument("--serve-processes", type=POSITIVE, default=1, metavar="K",
                    help="with --serve: the server as `serve --processes K` (default: 1, one process)")
+    p.add_argument("--engines", action="store_true",
+                   help="instead: musicnn's dense parts (the recomputed network, its head, the push's timbral "
+                        "rows) at 1, 4, 16 and 32 streams by torch, torch.compile, ONNX Runtime and OpenVINO "
+                        "(when installed)")
     p.add_argument("--evaluate", action="store_true",
                    help="instead: time `evaluate` on 300 sequences x 120 steps x 6 models")
     p.add_argument("--vggish-weights", help="VGGish weights for --gui (default: random)")
@@ -173,6 +178,11 @@ def run(args) -> int:
         r["steps"] = step_bench(args.device, models=args.models)
         print_streams(r)
         page(streams_key(args.device, args.models, args.tf32) + (f"-to{args.streams_to}" if cap else ""), r)
+    if args.engines:
+        from app.bench.engines import engines_bench, print_engines
+        r = engines_bench(threads=args.threads, only=args.only)
+        print_engines(r)
+        page("engines", r)
     if args.serve:
         from app.bench.serve import print_serve, serve_bench
         r = serve_bench(args.serve, args.serve_seconds, ray=args.replicas, batch_delay_ms=args.batch_delay_ms,
@@ -181,7 +191,8 @@ def run(args) -> int:
         page(f"serve-{args.serve}" + (f"-workers{args.serve_processes}" if args.serve_processes > 1 else "")
              + (f"-ray{args.replicas}" if args.replicas else "")
              + (f"-delay{args.batch_delay_ms:g}" if args.batch_delay_ms is not None else ""), r)
-    if args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams or args.serve:
+    if (args.evaluate or args.gui or args.soak or args.control or args.scale or args.onnx or args.streams
+            or args.serve or args.engines):
         return 0
     from app.bench import steps as bench
     data = bench.run(args.windows, steps=args.steps, budget_s=args.budget,

@@ -206,3 +206,31 @@ def test_a_capped_run_says_its_capacity_is_at_least_its_last_row():
     assert capacity_text({"rows": rows, "capacity": 4}) == "4 streams"
     over = rows[:2] + [{"streams": 4, "hop_ms_p95": 2 * REAL_TIME_MS}]
     assert capacity_text({"rows": over, "capacity": 2, "capped_at": 4}) == "2 streams"
+
+
+def test_the_engines_bench_runs_each_installed_engine_within_float32_rounding(tmp_path):
+    """`bench --engines` on the head at one stream: torch, ONNX Runtime and (where installed)
+    OpenVINO each within the float32 error model of the float64 head, and the page draws it.
+    Error model (tests/audio/test_musicnn_batch.py): STAGES float32 stages (three mid-end
+    convolutions, the pooling BN, two dense layers), each a dot product of at most TERMS terms
+    (7 frames x 561 channels), relative to the logits' scale."""
+    import importlib.util
+
+    from app.bench import page as bench_page
+    from app.bench.engines import engines_bench
+    from error_model import EPS32
+    STAGES, TERMS = 6, 7 * 561
+    r = engines_bench(streams=(1,), engines=("torch", "onnxruntime", "openvino"), calls=2, only="head")
+    installed = importlib.util.find_spec("openvino") is not None
+    assert r["missing"] == ([] if installed else ["openvino"])
+    rows = {x["engine"]: x for x in r["rows"]}
+    assert set(rows) == {"torch", "onnxruntime"} | ({"openvino"} if installed else set())
+    for engine, row in rows.items():
+        assert row["part"].startswith("head") and row["streams"] == 1 and row["median_ms"] > 0
+        tol = STAGES * EPS32 * math.sqrt(TERMS) * max(1.0, row["reference_max_abs"])
+        assert row["max_abs_diff"] <= tol, (engine, row["max_abs_diff"], tol)
+    page = tmp_path / "benchmarks.md"
+    bench_page.record("engines", r, ["bench", "--engines", "--page"], store=tmp_path / "runs", page=page)
+    text = page.read_text()
+    assert "## The front end by inference engine" in text and "| streams | torch | onnxruntime" in text
+    assert f"({rows['torch']['median_ms'] / rows['onnxruntime']['median_ms']:.2f}x)" in text
