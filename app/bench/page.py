@@ -237,31 +237,8 @@ def onnx_body(runs: dict) -> str:
 
 
 def engines_body(runs: dict) -> str:
-    from .engines import ENGINES
-    e = runs["engines"]
-    d = e["data"]
-    engines = [x for x in ENGINES if any(r["engine"] == x for r in d["rows"])]
-    out = [provenance(e), ""]
-    for part in dict.fromkeys(r["part"] for r in d["rows"]):
-        rows = [r for r in d["rows"] if r["part"] == part]
-        out += [f"**{part}**: median ms (in brackets: torch's time over the engine's)", "",
-                "| streams | " + " | ".join(engines) + " |", "| ---: |" + " ---: |" * len(engines)]
-        for S in sorted({r["streams"] for r in rows}):
-            by = {r["engine"]: r for r in rows if r["streams"] == S}
-            base = by["torch"]["median_ms"] if "torch" in by else None
-            cells = [(f"{by[x]['median_ms']:.2f}" + (f" ({base / by[x]['median_ms']:.2f}x)" if base else ""))
-                     if x in by else "–" for x in engines]
-            out.append(f"| {S} | " + " | ".join(cells) + " |")
-        worst = {x: max(r["max_abs_diff"] for r in rows if r["engine"] == x) for x in engines}
-        setup = {x: max(r["setup_s"] for r in rows if r["engine"] == x) for x in engines}
-        out += ["", "Largest difference from the float64 module: "
-                + ", ".join(f"{x} {v:.1e}" for x, v in worst.items()) + ". Set-up (the first call: export, "
-                "compile; the export is made once, by the first engine that reads it), largest: " + ", ".join(f"{x} {v:.1f} s" for x, v in setup.items()) + ".", ""]
-    versions = ", ".join(f"{k} {v}" for k, v in d["versions"].items())
-    missing = f" Not installed in this run: {', '.join(d['missing'])}." if d["missing"] else ""
-    out.append(f"{d['threads']} threads, the median of {d['calls']} calls in two blocks an engine, the engines' "
-               f"blocks taken in turns; {versions}.{missing}")
-    return "\n".join(out) + "\n"
+    from .engines import engines_table
+    return provenance(runs["engines"]) + "\n\n" + engines_table(runs["engines"]["data"])
 
 
 def streams_body(runs: dict) -> str:
@@ -375,7 +352,10 @@ SECTIONS = [
      "`pip install openvino`, 2026.4.1 is a 59 MB wheel and 180 MB installed). The parts: the network "
      "recomputing its 3 s patch; its head (mid-end and back-end over the patch's 561 front-end channels, "
      "which the continual push recomputes every hop); the continual push's timbral rows of 16 new frames "
-     "(its largest matrix product). S streams computed at once; the engines take turns in blocks of calls.",
+     "(its largest matrix product); the whole continual push of a hop of 16 new frames as one graph "
+     "(`app/bench/push_graph.py`: the caches in patch order in, the caches and taggrams out; eager, it computes "
+     "the app's push, bit for bit at one stream, and its differences are from that push's taggrams). S streams computed at "
+     "once; the engines take turns in blocks of calls.",
      engines_body),
     ("Many streams in one engine", "streams-",
      "`bench --streams [--device cpu|cuda [--tf32]] [--models NAME,...] [--streams-from S]`: S demo streams "

@@ -38,6 +38,9 @@ def ended(messages) -> bool:
     return any(m[0] in ("finished", "died") for m in messages)
 
 
+RECORD_UNIT = 1e-6 + 1e-12      # a record's probabilities are rounded to 6 decimals
+
+
 @pytest.fixture
 def engine():
     e = EngineProcess(torch_threads=1)       # one thread, as the in-process oracle here
@@ -73,7 +76,10 @@ def test_the_engine_process_streams_exactly_what_the_in_process_engine_computes(
         np.testing.assert_array_equal(a.mel, b.mel)
         for name in ("trained", "untrained"):
             ma, mb = a.models[name], b.models[name]
-            assert ma.probabilities == mb.probabilities          # same code, one thread: bit for bit
+            # the same code on one thread; a product's kernel may still take another path with
+            # another memory layout (float32 rounding, ~1e-7 here), so a record's 6-decimal
+            # rounding may fall either side: at most one unit of its last place apart
+            assert max(abs(x - y) for x, y in zip(ma.probabilities, mb.probabilities)) <= RECORD_UNIT
             assert (ma.flops, ma.state_bytes, ma.warm, ma.spacing, ma.trained) == \
                    (mb.flops, mb.state_bytes, mb.warm, mb.spacing, mb.trained)
     assert remote[-1].models["untrained"].spacing == 4           # None: the front end's native spacing
