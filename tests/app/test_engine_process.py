@@ -56,7 +56,7 @@ def models(device="cpu"):
             ("untrained", ModelSpec(config=cfg, seed=3), dict(spacing=None))]
 
 
-def test_the_engine_process_streams_exactly_what_the_in_process_engine_computes(engine, tmp_path):
+def test_the_engine_process_streams_what_the_in_process_engine_computes(engine, tmp_path):
     path = write(tmp_path / "a.wav", np.concatenate([tone(1.5, 22050, f) for f in (220, 440, 880, 1760)]), 22050)
     source = SourceSpec(SourceKind.FILE, path, realtime=False)
     engine.start_run(FrontEndSpec("musicnn"), source, models())
