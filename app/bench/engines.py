@@ -60,19 +60,11 @@ class _TimbralRows(nn.Module):
         return self.batch._timbral_rows(x)
 
 
-def parts(net, exact_net) -> dict:
-    """name -> make(S, generator) -> (float32 module, its inputs for S streams, the float64 answer
-    its last output is compared with)."""
-    def one_input(module, exact, shape):
-        def make(S, g):
-            x = torch.randn(S, *shape, generator=g)
-            return module.eval(), (x,), exact.eval()(x.double()).numpy()
-        return make
-
-    def push(S, g):
-        """S streams' caches three hops into a stream of random frames, the next hop's frames,
-        and MusicnnBatch's own push of that hop (float32: the graph's exact oracle)."""
-        fb = MusicnnBatch(net, S)
+def make_part(part: str, S: int, g: torch.Generator, net) -> tuple[nn.Module, tuple, np.ndarray]:
+    """Part ``part`` for S streams: (its float32 module, its inputs, the float64 answer its last
+    output is compared with; for the push graph, MusicnnBatch's own push of the same hop)."""
+    if part == PARTS[3]:
+        fb = MusicnnBatch(net, S)                # S streams' caches three hops into random frames
         for s in range(S):
             fb.reset(s)
         for _ in range(3):
@@ -81,14 +73,11 @@ def parts(net, exact_net) -> dict:
         graph = PushGraph(fb, NEW_FRAMES).eval()
         inputs = tuple(x.clone() for x in state_of(fb, range(S))) + (new,)
         return graph, inputs, fb.push(list(range(S)), list(new.numpy())).double().numpy()
-
-    made = {"network, recomputing the 3 s patch": one_input(net, exact_net, (PATCH_FRAMES, 96)),
-            "head (mid-end and back-end)": one_input(_Head(net), _Head(exact_net), (PATCH_FRAMES, FRONT_CH)),
-            f"timbral rows of {NEW_FRAMES} new frames": one_input(_TimbralRows(net), _TimbralRows(exact_net),
-                                                                  (NEW_FRAMES + 2 * EDGE, 96)),
-            f"the continual push as one graph ({NEW_FRAMES} new frames)": push}
-    assert tuple(made) == PARTS
-    return made
+    wrap, shape = {PARTS[0]: (lambda n: n, (PATCH_FRAMES, 96)), PARTS[1]: (_Head, (PATCH_FRAMES, FRONT_CH)),
+                   PARTS[2]: (_TimbralRows, (NEW_FRAMES + 2 * EDGE, 96))}[part]
+    x = torch.randn(S, *shape, generator=g)
+    exact = wrap(copy.deepcopy(net).double()).eval()
+    return wrap(net).eval(), (x,), exact(x.double()).numpy()
 
 
 def _last(out):
@@ -133,8 +122,8 @@ def measure(part: str, S: int, engines, calls: int, threads: int) -> tuple[list[
     torch.set_num_threads(threads)
     net, _ = build_musicnn()
     net.requires_grad_(False)
-    index = list(PARTS).index(part)
-    module, inputs, want = parts(net, copy.deepcopy(net).double())[part](S, torch.Generator().manual_seed(1000 * index + S))
+    g = torch.Generator().manual_seed(1000 * PARTS.index(part) + S)
+    module, inputs, want = make_part(part, S, g, net)
     arrays = [x.numpy() for x in inputs]
     runners, setup, missing = {}, {}, []
     with tempfile.TemporaryDirectory() as tmp:

@@ -355,7 +355,7 @@ SECTIONS = [
      "(its largest matrix product); the whole continual push of a hop of 16 new frames as one graph "
      "(`app/bench/push_graph.py`: the caches in patch order in, the caches and taggrams out; eager, it computes "
      "the app's push, bit for bit at one stream, and its differences are from that push's taggrams). S streams computed at "
-     "once; the engines take turns in blocks of calls.",
+     "once, each part and S in a fresh process; the engines take turns in blocks of calls.",
      engines_body),
     ("Many streams in one engine", "streams-",
      "`bench --streams [--device cpu|cuda [--tf32]] [--models NAME,...] [--streams-from S]`: S demo streams "

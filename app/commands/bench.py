@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 
 from . import command
-from .argtypes import POSITIVE, SECONDS, compute_device, integer, number, window_list, writable_path
+from .argtypes import (POSITIVE, SECONDS, add_device_arguments, compute_device, integer, number, window_list,
+                       writable_path)
 
 
 def add_arguments(p) -> None:
@@ -37,7 +38,7 @@ def add_arguments(p) -> None:
     p.add_argument("--streams", action="store_true",
                    help="instead: S = 1, 2, 4, ... demo streams in one engine (musicnn and the shipped "
                         "models) until the p95 hop passes 125 ms; the real-time capacity")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="with --streams: where it runs")
+    add_device_arguments(p, "with --streams: where it runs", tf32=False)
     p.add_argument("--models", type=lambda v: [m for m in v.split(",") if m], default=None, metavar="NAME[,NAME]",
                    help="with --streams: only these shipped models, e.g. 'continual_nystrom' (default: all five)")
     p.add_argument("--streams-from", type=POSITIVE, default=1, metavar="S",

@@ -10,7 +10,7 @@ from models.config import TrainConfig
 from models.variants import LANDMARK_MODES, VARIANTS
 
 from . import command
-from .argtypes import POSITIVE, WINDOW, compute_device, integer, number, writable_file
+from .argtypes import POSITIVE, WINDOW, add_device_arguments, compute_device, integer, number, writable_file
 
 
 def add_arguments(p) -> None:
@@ -42,7 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--crop-min", type=integer(0), default=d.crop_min,
                    help="train on random contiguous crops of at least this many tokens "
                         "(0: whole sequences, the paper's setting)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to train")
+    add_device_arguments(p, "where to train", tf32=False)
 
 
 @command("train", add_arguments)

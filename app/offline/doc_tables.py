@@ -11,11 +11,13 @@ from pathlib import Path
 
 from models.paper import PAPER_ACCURACY, PAPER_TABLE_II, TABLE_ROWS
 
-from app.bench.page import provenance
+from app.bench.page import provenance, stored
+from audio.melspec import HOP_SECONDS
 
 from .report import _si
 
 ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "docs/benchmarks"          # the stored `bench --page` runs
 ROW_NAMES = {"continual_nystrom/continual": "continual_nystrom, continual landmarks",
              "continual_nystrom/fixed": "continual_nystrom, fixed landmarks"}
 
@@ -75,7 +77,7 @@ def _readme_data() -> dict:
         model, payload = load_checkpoint(path)
         key = model.cfg.variant + (f"/{model.cfg.home_landmark_mode}" if model.cfg.variant == "continual_nystrom" else "")
         accuracy[key] = payload["metadata"]["metrics"]["test_acc"]
-    run = json.loads((ROOT / "docs/benchmarks/attention.json").read_text())
+    run = _attention_run()
     speedup = {}
     for key in TABLE_ROWS:
         rows = {r["what"]: r for r in run["data"]["rows"] if r["n"] == 120}
@@ -102,7 +104,8 @@ def frontend_speed(run: dict) -> str:
     cont, full = (picked[label] for _, label in FRONTEND_ROWS[1:])
     lines += ["", f"Continual against recomputing: {full['median_us'] / cont['median_us']:.2f}x faster, "
               f"{full['flops'] / cont['flops']:.2f}x fewer FLOPs; real-time factor of the continual network "
-              f"{cont['median_us'] / 1e6 / 0.25:.3f} (its median over the 0.25 s hop).", "", provenance(run)]
+              f"{cont['median_us'] / 1e6 / HOP_SECONDS:.3f} (its median over the {HOP_SECONDS:g} s hop).", "",
+              provenance(run)]
     return "\n".join(lines)
 
 
@@ -146,16 +149,12 @@ def table_ii(_: None) -> str:
 
 
 def _attention_run() -> dict:
-    return json.loads((ROOT / "docs/benchmarks/attention.json").read_text())
+    return stored(RUNS)["attention"]
 
 
 def _frontend_mode_runs() -> dict:
-    runs = {}
-    for path in sorted((ROOT / "docs/benchmarks").glob("streams-*.json")):
-        run = json.loads(path.read_text())
-        if run["data"].get("frontend_modes"):
-            runs[path.stem] = run
-    return runs
+    return {kind: run for kind, run in stored(RUNS).items()
+            if kind.startswith("streams-") and run["data"].get("frontend_modes")}
 
 
 def _musicnn_report() -> dict:
@@ -199,7 +198,7 @@ BENCHMARKS = "docs/benchmarks.md"          # a page drawn whole from its runs (a
 def benchmarks_page() -> str:
     """docs/benchmarks.md as its stored runs and design measurements draw it now."""
     from app.bench.page import render
-    return render(ROOT / "docs/benchmarks")
+    return render(RUNS)
 
 
 def write() -> list[str]:

@@ -78,3 +78,11 @@ def test_a_folder_of_classes_needs_two_classes_with_audio(tmp_path, capsys):
     assert main(["extract", "--folders", str(tmp_path), "--out", str(tmp_path / "t.npz")]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == f"error: {tmp_path} needs two or more sub-folders of audio files, one per class; found 1 (one)"
+
+
+def test_a_class_name_the_data_set_takes_is_one_a_checkpoint_holds():
+    """audio/ and models/ cannot import each other: each layer states the limits, and they agree."""
+    from audio import gtzan
+    from audio.tokens import cache
+    from models import checkpoint
+    assert gtzan.MAX_CLASS_NAME == checkpoint.MAX_CLASS_NAME == cache.MAX_TEXT["genres"]
