@@ -23,6 +23,7 @@ import torch
 from . import melspec
 from .musicnn import mel as musicnn_mel
 from .musicnn.batch import MusicnnBatch
+from .musicnn.graph import STEADY_FRAMES, CompiledPushes, GraphStream, compiling_enabled
 
 from .frontend_names import FRONTENDS
 DEFAULT_FRONTEND = "musicnn"
@@ -225,17 +226,22 @@ class MusicnnFrontEnd:
         self.model, self.device, self.continual, self.random = model, device, continual, False
         self.description = (f"musicnn {model} (pretrained, {'continual' if continual else 'recomputed'}"
                             f"{', TF32' if tf32 else ''})")
+        self.pushes = None                    # one stream's compiled pushes: ``stream``
         musicnn_mel.mel_basis()               # computed now, not on the first hop
-        warm = self.stream()                  # first-call costs (kernels, tap tables) now too
-        for _ in range(3):
-            warm.push(np.zeros(melspec.HOP, np.float32))
+        self.warm = _MusicnnStream(self.net, continual)   # first-call costs (kernels, tap tables) now too;
+        for _ in range(3):                                 # later streams share its tables (GraphStream ``like``)
+            self.warm.push(np.zeros(melspec.HOP, np.float32))
 
     def stream(self):
-        return _MusicnnStream(self.net, self.continual)
+        """One stream's state; on the CPU, continual, the first loads (or builds) the compiled pushes
+        all share (audio/musicnn/graph.py ``CompiledPushes``), which slots of many streams never do."""
+        if self.pushes is None and self.continual and self.device.type == "cpu" and compiling_enabled():
+            self.pushes = CompiledPushes(self.model, self.checksum, STEADY_FRAMES)
+        return _MusicnnStream(self.net, self.continual, self.pushes, like=self.warm.net)
 
     def batch(self, capacity: int):
         """Slots for ``capacity`` streams; one stream on the CPU keeps the single-stream path
-        (audio/musicnn/stream.py), whose hop a batch of one was 17 % slower than (docs/front-ends.md)."""
+        (GraphStream, audio/musicnn/graph.py), faster than a batch of one (docs/front-ends.md)."""
         if capacity == 1 and self.device.type == "cpu":
             return _OneSlot(self)
         return _MusicnnSlots(self.net, self.continual, capacity)
@@ -253,9 +259,15 @@ class MusicnnFrontEnd:
 
 
 class _MusicnnStream:
-    def __init__(self, net, continual: bool):
+    """One stream: on the CPU, continual, the push as one graph (GraphStream: compiled once
+    ``pushes`` has it); else MusicnnStream."""
+
+    def __init__(self, net, continual: bool, pushes=None, like=None):
         from .musicnn.stream import MusicnnStream
-        self.mel, self.net = musicnn_mel.StreamingMel(), MusicnnStream(net, continual=continual)
+        self.mel = musicnn_mel.StreamingMel()
+        cpu = net.input_bn.mean.device.type == "cpu"
+        self.net = (GraphStream(net, pushes, like if isinstance(like, GraphStream) else None) if continual and cpu
+                    else MusicnnStream(net, continual=continual))
 
     def push(self, hop: np.ndarray) -> HopToken:
         t0 = time.perf_counter()

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Debian packages Nystream uses: PortAudio (libportaudio2) for the microphone and the X11/xcb
-# libraries Qt's window needs; with --test also JACK (jackd2), whose dummy server gives the
+# Debian packages Nystream uses: g++ (torch's inductor compiles one stream's musicnn push with it,
+# audio/musicnn/graph.py; without it that push runs eagerly), PortAudio (libportaudio2) for the
+# microphone and the X11/xcb libraries Qt's window needs; with --test also JACK (jackd2), whose dummy server gives the
 # microphone tests a real, clocked PortAudio input, and Xvfb for the real-window screenshot test.
 # Installs only what is missing, with apt-get (as root, or through sudo). Where that is not
 # possible it says what to install and carries on: files and the demo signal work without it,
 # and the microphone tests skip with a reason.
 set -uo pipefail
-pkgs=(libportaudio2 libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libxcb-shape0
+pkgs=(g++ libportaudio2 libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libxcb-shape0
       libxcb-render-util0 libxcb-image0 libegl1 libfontconfig1)
 [ "${1:-}" = "--test" ] && pkgs+=(jackd2 xvfb)
 missing=()

@@ -28,6 +28,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(HERE))          # after ROOT: the packages app/, audio/, models/ win
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# every hop eager: no test builds the compiled push in the background (its own tests build it,
+# into a directory of their own: tests/audio/test_musicnn_graph.py); subprocesses inherit this
+os.environ["NYSTREAM_COMPILED_PUSH"] = "0"
 # one torch thread per pytest-xdist worker (the workers share the cores), up to 2 otherwise
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 

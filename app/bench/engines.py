@@ -8,7 +8,7 @@ same float32 module. The parts, at S = 1, 4, 16 and 32 streams computed at once:
   continual push recomputes every hop);
 * the continual push's timbral rows for 16 new frames, (S, 22, 96) -> (S, 16, 408)
   (`MusicnnBatch._timbral_rows`, its largest matrix product);
-* the whole continual push of a hop of 16 new frames as one graph (app/bench/push_graph.py:
+* the whole continual push of a hop of 16 new frames as one graph (audio/musicnn/graph.py:
   the caches in, the caches and taggrams out).
 
 The engines take turns in blocks of calls (each sees the same load), a block starting IDLE_S after
@@ -31,7 +31,7 @@ from torch import nn
 from audio.musicnn import FRONT_CH, PATCH_FRAMES, build_musicnn
 from audio.musicnn.batch import EDGE, MusicnnBatch
 
-from .push_graph import PushGraph, state_of
+from audio.musicnn.graph import PushGraph, state_of
 
 ENGINES = ("torch", "torch.compile", "onnxruntime", "openvino")
 STREAMS = (1, 4, 16, 32)

@@ -347,13 +347,14 @@ SECTIONS = [
      onnx_body),
     ("The front end by inference engine", ["engines"],
      "`bench --engines`: the candidates for compiling the musicnn front end, each running the same float32 "
-     "module: torch eager (what the app runs), `torch.compile` (inductor), ONNX Runtime (exported by "
+     "module: torch eager (what the app runs for many streams), `torch.compile` (inductor; one stream in the app "
+     "runs the push graph built ahead of time by the same compiler, AOTInductor: docs/front-ends.md), ONNX Runtime (exported by "
      "`torch.onnx.export(dynamo=True)`) and OpenVINO (the same export; not a dependency of the app: "
      "`pip install openvino`, 2026.4.1 is a 59 MB wheel and 180 MB installed). The parts: the network "
      "recomputing its 3 s patch; its head (mid-end and back-end over the patch's 561 front-end channels, "
      "which the continual push recomputes every hop); the continual push's timbral rows of 16 new frames "
      "(its largest matrix product); the whole continual push of a hop of 16 new frames as one graph "
-     "(`app/bench/push_graph.py`: the caches in patch order in, the caches and taggrams out; eager, it computes "
+     "(`audio/musicnn/graph.py` `PushGraph`: the caches in patch order in, the caches and taggrams out; eager, it computes "
      "the app's push, bit for bit at one stream, and its differences are from that push's taggrams). S streams computed at "
      "once, each part and S in a fresh process; the engines take turns in blocks of calls.",
      engines_body),

@@ -1,0 +1,359 @@
+"""The continual musicnn push of one hop as one pure function of the caches, and the single
+stream that runs it compiled.
+
+``PushGraph``: MusicnnBatch's push (audio/musicnn/batch.py) for G streams that each bring k new
+frames, its caches in patch order (no ring, no host indices) in and out: the shape an inference
+engine compiles. The CPU default's branches: K = 128 keeps accumulators, K = 64 and 32 recompute
+the rows a hop changes. Eager, its taggrams equal MusicnnBatch's bit for bit at one stream
+(tests/audio/test_musicnn_graph.py).
+
+``GraphStream``: one stream's push on the CPU (the window's and ``classify``'s single-stream hop).
+Its hops of the steady sizes (15 and 16 frames for 0.25 s) run PushGraph compiled ahead of time
+by AOTInductor (``torch._inductor.aoti_compile_and_package``): a shared library per k, built once
+per machine, torch version, weights, code and thread count in a low-priority subprocess and kept
+in the cache directory (``cache_dir``); loaded in milliseconds (``CompiledPushes``). Until it is there, or where it cannot be built
+(no C++ compiler), the same graph runs eagerly, and hops of other sizes (a stream's first, a jump)
+always do. Its figures: docs/front-ends.md.
+
+Shapes: G streams, P = 187 patch rows, k new frames, C' = 51 temporal channels."""
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import melspec
+from . import BANDS, TEMPORAL, TEMPORAL_CH, Musicnn, conv1d, same_padding
+from .batch import CPU_ACCUMULATE, EDGE, P, TIMBRAL_FEATS, MusicnnBatch
+from .mel import FRAME_HOP
+
+
+# musicnn frames a 0.25 s hop brings (15.625 on average): the sizes the compiled pushes are for
+STEADY_FRAMES = (melspec.HOP // FRAME_HOP, -(-melspec.HOP // FRAME_HOP))
+SHIFT_MAX = P - max(TEMPORAL)         # more new frames: every cache from the new patch (MusicnnBatch's jump)
+CACHE_NAMES = ("patch", "timbral", "mid", "f0", "f1", "f2", "zs0", "ze0")
+
+
+class PushGraph(nn.Module):
+    def __init__(self, fb: MusicnnBatch, k: int):
+        super().__init__()
+        if fb.accumulate != CPU_ACCUMULATE or not 0 < k <= SHIFT_MAX:
+            raise ValueError(f"PushGraph takes the CPU default's branches and 1 <= k <= {SHIFT_MAX} frames")
+        self.fb, self.k = fb, k
+        K0 = fb.temporal[0][0]
+        b0, a0 = same_padding(K0)
+        self.taps_out = fb._taps_for(0, ("out", k), range(k, b0), range(0, k))
+        self.taps_start = fb._taps_for(0, ("start", k), range(b0 - k, b0), range(0, K0 - 1))
+        self.taps_old = fb._taps_for(0, ("old", k), range(P - k - a0, P - k), range(P - k, P))
+        self.taps_new = fb._taps_for(0, ("new", k), range(P - k, P), range(P - k - b0, P))
+
+    def forward(self, patch, timbral, mid, f0, f1, f2, zs0, ze0, new):
+        """patch (G, P, 96) normalised, timbral (G, P, 408), mid (G, P, 64), f0..f2 (G, P, C'),
+        zs0 (G, b, C', 96), ze0 (G, a, C', 96), new (G, k, 96) log-mel frames -> the same caches
+        after the hop, then the taggrams (G, 50)."""
+        fb, k, net = self.fb, self.k, self.fb.net
+        G = patch.shape[0]
+        x = net.normalize(new)                                             # (G, k, 96)
+        old = patch
+        patch = torch.cat([old[:, k:], x], dim=1)                          # (G, P, 96)
+        # K = 128, accumulating
+        K0, bn0, _, bias0, _ = fb.temporal[0]
+        b, a = same_padding(K0)
+        bias = bias0.view(-1, 1)
+        lose = (self.taps_out @ old[:, :k]).view(G, b - k, TEMPORAL_CH, BANDS)
+        fresh = (self.taps_start @ patch[:, :K0 - 1]).view(G, k, TEMPORAL_CH, BANDS) + bias
+        zs = torch.cat([zs0[:, k:] - lose, fresh], dim=1)                  # rows 0 .. b-1
+        z = torch.cat([self.taps_old @ patch[:, P - k:], self.taps_new @ patch[:, P - k - b:]],
+                      dim=1).view(G, a + k, TEMPORAL_CH, BANDS)            # rows P-k-a .. P-1
+        out = z[:, :k] + ze0[:, :k]                                        # rows P-k-a .. P-a-1 (k <= a)
+        ze = torch.cat([ze0[:, k:] + z[:, k:a], z[:, a:] + bias], dim=1)    # rows P-a .. P-1
+        f0 = torch.cat([bn0.after_max(zs.amax(dim=3)), f0[:, b + k:P - a],
+                        bn0.max_relu(out, dim=3), bn0.after_max(ze.amax(dim=3))], dim=1)
+        # K = 64, 32: the rows a hop changes, recomputed
+        fs = []
+        for j, f in ((1, f1), (2, f2)):
+            Kj, bnj, _, _, _ = fb.temporal[j]
+            bj, aj = same_padding(Kj)
+            tail = F.pad(patch[:, P - k - aj - bj:], (0, 0, 0, aj))
+            head = F.pad(patch[:, :bj + aj], (0, 0, bj, 0))
+            t_rows, h_rows = (bnj.max_relu(F.conv2d(seg[:, None], *fb.conv[j])[:, :TEMPORAL_CH].permute(0, 2, 1, 3), dim=3)
+                              for seg in (tail, head))
+            fs.append(torch.cat([h_rows, f[:, bj + k:P - aj], t_rows], dim=1))
+        # timbral: rows P-3-k .. P-4 became interior; mid rows P-6-k .. P-7
+        rows = fb._timbral_rows(patch[:, P - k - 2 * EDGE:])                # (G, k, 408)
+        timbral = torch.cat([timbral[:, k:P - EDGE], rows, timbral[:, P - EDGE:]], dim=1)
+        m_new = conv1d(timbral[:, P - 3 * EDGE - k:P - EDGE].transpose(1, 2).contiguous(), fb.mid_timbral).transpose(1, 2)
+        mid = torch.cat([mid[:, k:P - 2 * EDGE], m_new, mid[:, P - 2 * EDGE:]], dim=1)
+        # the head
+        zeros = patch.new_zeros(G, EDGE, BANDS)
+        edges = fb._timbral_rows(torch.cat([torch.cat([zeros, patch[:, :2 * EDGE]], dim=1),
+                                            torch.cat([patch[:, -2 * EDGE:], zeros], dim=1)]))
+        tim = torch.cat([edges[:G], timbral[:, EDGE:P - EDGE], edges[G:]], dim=1)
+        front = torch.cat([tim, f0, fs[0], fs[1]], dim=2).transpose(1, 2).contiguous()   # (G, 561, P)
+        zc = conv1d(front[:, TIMBRAL_FEATS:], fb.mid_temporal, net.mid[0].bias, padding=3)
+        ends = front.new_zeros(2 * G, TIMBRAL_FEATS, 4 * EDGE)
+        ends[:G, :, EDGE:] = front[:, :TIMBRAL_FEATS, :3 * EDGE]
+        ends[G:, :, :3 * EDGE] = front[:, :TIMBRAL_FEATS, P - 3 * EDGE:]
+        ends = conv1d(ends, fb.mid_timbral)
+        zc = torch.cat([zc[:, :, :2 * EDGE] + ends[:G], zc[:, :, 2 * EDGE:P - 2 * EDGE]
+                        + mid[:, 2 * EDGE:P - 2 * EDGE].transpose(1, 2), zc[:, :, P - 2 * EDGE:] + ends[G:]], dim=2)
+        taggram = torch.sigmoid(net.head_after_conv(front, zc))
+        return patch, timbral, mid, f0, fs[0], fs[1], zs, ze, taggram
+
+
+def state_of(fb: MusicnnBatch, idx) -> list[torch.Tensor]:
+    """The caches of slots ``idx`` in patch order, PushGraph's inputs before the new frames."""
+    idx = np.asarray(idx)
+    st = fb.state
+    b, a = same_padding(fb.temporal[0][0])
+    g = len(idx)
+    return [fb._rows(n, idx, 0, P) for n in ("patch", "timbral", "mid", "f0", "f1", "f2")] + [
+        st["zs0"].view(-1, TEMPORAL_CH, BANDS)[fb._ring(idx, 0, b, b)].view(g, b, TEMPORAL_CH, BANDS),
+        st["ze0"].view(-1, TEMPORAL_CH, BANDS)[fb._ring(idx, P - a, a, a)].view(g, a, TEMPORAL_CH, BANDS)]
+
+
+# ----------------------------------------------------------------------------- ahead-of-time compiled
+
+def cache_dir() -> Path:
+    """Where the compiled pushes are kept: ``$NYSTREAM_PUSH_CACHE``, else
+    ``$XDG_CACHE_HOME/nystream/push`` (``~/.cache/nystream/push``)."""
+    if os.environ.get("NYSTREAM_PUSH_CACHE"):
+        return Path(os.environ["NYSTREAM_PUSH_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nystream" / "push"
+
+
+def compiling_enabled() -> bool:
+    """``NYSTREAM_COMPILED_PUSH=0`` keeps every hop eager (the test suite's default: tests/conftest.py)."""
+    return os.environ.get("NYSTREAM_COMPILED_PUSH", "1") != "0"
+
+
+def package_key(checksum: str, k: int, threads: int) -> str:
+    """A compiled push's name: what it was built from (this code, torch, the CPU's instruction
+    set, the weights, the torch threads its kernels are written for) and k, so that any change
+    builds anew."""
+    here = Path(__file__).resolve().parent
+    code = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("__init__.py", "stream.py", "batch.py", "graph.py")))
+    code.update(f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()} {checksum} {threads}".encode())
+    return f"push-k{k}-{code.hexdigest()[:16]}"
+
+
+BUSY = 3                                                   # the build's exit status when another process is building
+
+
+def build_packages(model: str, ks: list[int], threads: int, out: Path) -> int:
+    """Compile PushGraph for each k into ``out``/KEY.pt2 for ``threads`` torch threads (inductor
+    writes the thread count into its kernels): CompiledPushes' subprocess, one compile worker.
+    Returns 0, or BUSY where a live process holds the build's lock."""
+    import torch._inductor.config as inductor
+    from . import build_musicnn
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / "build.lock"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(lock.read_text() or 0), 0)
+            return BUSY
+        except (ProcessLookupError, ValueError):             # its builder died: take the lock over
+            lock.unlink(missing_ok=True)
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    try:
+        torch.set_num_threads(threads)
+        inductor.compile_threads = 1
+        net, checksum = build_musicnn(model)
+        net.requires_grad_(False)
+        fb = MusicnnBatch(net, 1)
+        fb.reset(0)
+        for k in ks:
+            path = out / f"{package_key(checksum, k, threads)}.pt2"
+            if path.exists():
+                continue
+            inputs = tuple(t.clone() for t in state_of(fb, [0])) + (torch.zeros(1, k, BANDS),)
+            with torch.no_grad():
+                program = torch.export.export(PushGraph(fb, k).eval(), inputs, strict=False)
+            partial = out / f"{path.stem}.{os.getpid()}.part.pt2"
+            torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+            partial.replace(path)                          # whole or absent: a reader never sees a part
+    finally:
+        lock.unlink(missing_ok=True)
+    return 0
+
+
+class CompiledPushes:
+    """One front end's compiled PushGraph for each k of ``ks``, shared by its streams, kept in
+    ``cache_dir``: loaded at once where there (torch's C++ package loader, some 30 ms each: no
+    import of inductor), else built first by a subprocess at the lowest priority (about a minute
+    on 2 cores) that ``get`` looks at, at most once a second, and loads from when it ends.
+    ``get(k)``: the loaded push (a call on the inputs' list) or None; ``status``: 'building',
+    'waiting' (another process builds), 'compiled' or 'eager: REASON' (a failed build is not
+    tried again for the same key: delete its .failed file to retry)."""
+
+    LOOK_S = 1.0                                           # between looks at a build
+
+    def __init__(self, model: str, checksum: str, ks: tuple[int, ...]):
+        self.model, self.ks, self.threads = model, tuple(ks), torch.get_num_threads()
+        self.paths = {k: cache_dir() / f"{package_key(checksum, k, self.threads)}.pt2" for k in self.ks}
+        self.failed = cache_dir() / f"{package_key(checksum, 0, self.threads)}.failed"
+        self.pushes: dict[int, object] = {}
+        self.build, self.next_look = None, 0.0
+        if self.failed.exists():
+            self.status = f"eager: {self.failed.read_text(errors='replace').strip()}"
+        elif self._all_there():
+            self._load()
+        else:
+            self._start_build()
+
+    def _all_there(self) -> bool:
+        return all(p.exists() for p in self.paths.values())
+
+    def _load(self) -> None:
+        try:
+            loaders = {k: torch._C._aoti.AOTIModelPackageLoader(str(p), "model", False, 1, -1)
+                       for k, p in self.paths.items()}
+        except Exception as e:                             # a damaged file: built again next time
+            for p in self.paths.values():
+                p.unlink(missing_ok=True)
+            self.status = f"eager: the compiled push could not be loaded ({type(e).__name__}); removed"
+            return
+        self.pushes = {k: loader.run for k, loader in loaders.items()}
+        self.status = "compiled"
+
+    def _start_build(self) -> None:
+        try:
+            cache_dir().mkdir(parents=True, exist_ok=True)
+            with open(self.failed.with_suffix(".log"), "w") as log:    # the child's own file: no pipe to fill
+                self.build = subprocess.Popen(
+                    [sys.executable, "-m", "audio.musicnn.graph", self.model, ",".join(map(str, self.ks)),
+                     str(self.threads), str(cache_dir())],
+                    stdout=subprocess.DEVNULL, stderr=log, cwd=Path(__file__).resolve().parents[2],
+                    preexec_fn=lambda: os.nice(19))
+            self.status = "building"
+        except OSError as e:                               # an unwritable cache, no process to spare
+            self.status = f"eager: the compiled push could not be built ({e})"
+
+    def get(self, k: int):
+        if self.build is not None or self.status == "waiting":
+            self._look()
+        return self.pushes.get(k)
+
+    def _look(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if now < self.next_look:
+            return
+        self.next_look = now + self.LOOK_S
+        if self.build is None:                             # waiting for another process's build
+            if self._all_there():
+                self._load()
+            elif not (cache_dir() / "build.lock").exists():
+                self._start_build()                        # it ended without them: build here
+            return
+        code = self.build.poll()
+        if code is None:
+            return
+        self.build = None
+        if code == BUSY:
+            self.status = "waiting"
+        elif self._all_there():
+            self._load()
+        else:
+            log = self.failed.with_suffix(".log")
+            lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            reason = f"the compiled push could not be built ({lines[-1][:200] if lines else f'exit status {code}'})"
+            if code != -9:                                 # killed (``close``): tried again next time
+                try:
+                    self.failed.write_text(reason + "\n")
+                except OSError:
+                    pass
+            self.status = f"eager: {reason}"
+
+    def wait(self, timeout: float = 900.0) -> str:
+        """Until the build (or another process's) is over, at most ``timeout`` s; the status."""
+        deadline = time.monotonic() + timeout
+        while self.status in ("building", "waiting") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            self._look()
+        return self.status
+
+    def close(self) -> None:
+        """Stop a build still running (the next start builds again)."""
+        if self.build is not None and self.build.poll() is None:
+            self.build.kill()
+            self.build.wait()
+
+
+class GraphStream:
+    """``push(frames (k, 96)) -> (50,)`` taggram of the newest 187 frames, ``last_macs`` its
+    multiply-accumulates, ``reset()``; the caches (CACHE_NAMES) in patch order in ``state``.
+    A hop of 1 <= k <= SHIFT_MAX frames runs PushGraph, compiled where ``pushes`` has it for k
+    (CompiledPushes), else eager; a longer one (a jump) and the multiply-accumulates come from
+    a MusicnnBatch of one slot, whose arithmetic the graph is. ``like``: another GraphStream of
+    the same network whose batch of one slot (the silence's caches, the tap tables, jumps),
+    eager graphs and counts this one shares, so that a new stream's first hops cost no set-up;
+    streams that share them push one at a time (as one engine's do)."""
+
+    def __init__(self, net: Musicnn, pushes: CompiledPushes | None = None, like: "GraphStream | None" = None):
+        if like is not None and like.batch.net is not net:
+            raise ValueError("GraphStream(like=...) must run the same network")
+        self.batch = like.batch if like else MusicnnBatch(net, 1, accumulate=CPU_ACCUMULATE)
+        self.graphs: dict[int, object] = like.graphs if like else {}
+        self.macs_of: dict[int, int] = like.macs_of if like else {}
+        self.pushes = pushes
+        self.reset()
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """A stream preceded by silence (MusicnnStream.reset)."""
+        self.batch.reset(0)
+        self.state = [t.clone() for t in state_of(self.batch, [0])]
+        self.last = self.batch.state["last"][0].clone()
+        self.last_macs = 0
+
+    def _macs(self, k: int) -> int:
+        """The multiply-accumulates of a shift by k (MusicnnBatch's count; the same every hop)."""
+        if k not in self.macs_of:
+            scratch = MusicnnBatch(self.batch.net, 1, accumulate=CPU_ACCUMULATE)
+            scratch.reset(0)
+            scratch.push([0], [np.zeros((k, BANDS), np.float32)])
+            self.macs_of[k] = int(scratch.macs[0])
+        return self.macs_of[k]
+
+    @torch.no_grad()
+    def push(self, frames: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """frames: (k, 96) new log-mel frames (k may be 0) -> (50,) taggram of the patch."""
+        new = torch.as_tensor(np.asarray(frames, dtype=np.float32)).reshape(-1, BANDS)
+        k = min(len(new), P)
+        if k == 0:
+            self.last_macs = 0
+            return self.last
+        if k > SHIFT_MAX:                                  # a jump: the batch recomputes every cache
+            self.batch.start[0] = 0
+            self.batch.state["patch"][0] = self.state[0][0]
+            self.last = self.batch.push([0], [new[-k:].numpy()])[0]
+            self.state = [t.clone() for t in state_of(self.batch, [0])]
+            self.last_macs = int(self.batch.macs[0])
+            return self.last
+        run = self.pushes.get(k) if self.pushes is not None else None
+        if run is None:                                    # the graph eager, called as the compiled one is
+            if k not in self.graphs:
+                graph = PushGraph(self.batch, k).eval()
+                self.graphs[k] = lambda inputs, graph=graph: graph(*inputs)
+            run = self.graphs[k]
+        *self.state, taggram = run([*self.state, new[None]])
+        self.last, self.last_macs = taggram[0], self._macs(k)
+        return self.last
+
+
+if __name__ == "__main__":                                 # CompiledPushes' build: MODEL K[,K...] THREADS DIR
+    model, ks, threads, out = sys.argv[1:5]
+    t0 = time.perf_counter()
+    code = build_packages(model, [int(k) for k in ks.split(",")], int(threads), Path(out))
+    print(f"{'busy' if code else 'built'} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    sys.exit(code)
