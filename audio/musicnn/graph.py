@@ -133,14 +133,21 @@ def compiling_enabled() -> bool:
     return os.environ.get("NYSTREAM_COMPILED_PUSH", "1") != "0"
 
 
-def package_key(checksum: str, k: int, threads: int) -> str:
-    """A compiled push's name: what it was built from (this code, torch, the CPU's instruction
-    set, the weights, the torch threads its kernels are written for) and k, so that any change
-    builds anew."""
+def package_key(model: str, checksum: str, k: int, threads: int) -> str:
+    """A compiled push's name: its model, k and the torch threads its kernels are written for,
+    and a digest of what else it was built from (this code, torch, the CPU's instruction set,
+    the weights), so that any change builds anew; a build removes the libraries of the same
+    model, k and threads that it replaces (``stale``)."""
     here = Path(__file__).resolve().parent
     code = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("__init__.py", "stream.py", "batch.py", "graph.py")))
-    code.update(f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()} {checksum} {threads}".encode())
-    return f"push-k{k}-{code.hexdigest()[:16]}"
+    code.update(f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()} {checksum}".encode())
+    return f"push-{model}-k{k}-t{threads}-{code.hexdigest()[:16]}"
+
+
+def stale(out: Path, key: str) -> list[Path]:
+    """The files of ``out`` for the same model, k and threads as ``key`` but another digest."""
+    prefix = key.rsplit("-", 1)[0] + "-"
+    return [p for p in out.glob(prefix + "*") if not p.name.startswith(key) and ".part." not in p.name]
 
 
 BUSY = 3                                                   # the build's exit status when another process is building
@@ -173,7 +180,8 @@ def build_packages(model: str, ks: list[int], threads: int, out: Path) -> int:
         fb = MusicnnBatch(net, 1)
         fb.reset(0)
         for k in ks:
-            path = out / f"{package_key(checksum, k, threads)}.pt2"
+            key = package_key(model, checksum, k, threads)
+            path = out / f"{key}.pt2"
             if path.exists():
                 continue
             inputs = tuple(t.clone() for t in state_of(fb, [0])) + (torch.zeros(1, k, BANDS),)
@@ -182,6 +190,8 @@ def build_packages(model: str, ks: list[int], threads: int, out: Path) -> int:
             partial = out / f"{path.stem}.{os.getpid()}.part.pt2"
             torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
             partial.replace(path)                          # whole or absent: a reader never sees a part
+            for old in stale(out, key) + stale(out, package_key(model, checksum, 0, threads)):
+                old.unlink(missing_ok=True)                # what this code's libraries replace
     finally:
         lock.unlink(missing_ok=True)
     return 0
@@ -200,8 +210,8 @@ class CompiledPushes:
 
     def __init__(self, model: str, checksum: str, ks: tuple[int, ...]):
         self.model, self.ks, self.threads = model, tuple(ks), torch.get_num_threads()
-        self.paths = {k: cache_dir() / f"{package_key(checksum, k, self.threads)}.pt2" for k in self.ks}
-        self.failed = cache_dir() / f"{package_key(checksum, 0, self.threads)}.failed"
+        self.paths = {k: cache_dir() / f"{package_key(model, checksum, k, self.threads)}.pt2" for k in self.ks}
+        self.failed = cache_dir() / f"{package_key(model, checksum, 0, self.threads)}.failed"
         self.pushes: dict[int, object] = {}
         self.build, self.next_look = None, 0.0
         if self.failed.exists():

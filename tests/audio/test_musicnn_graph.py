@@ -71,11 +71,19 @@ def test_the_compiled_push_is_built_once_loaded_after_and_within_float32_roundin
     net, net64, checksum = nets
     monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
     monkeypatch.setenv("NYSTREAM_COMPILED_PUSH", "1")
+    threads = torch.get_num_threads()
+    old = [tmp_path / f"push-MSD_musicnn-k16-t{threads}-{'0' * 16}.pt2",          # an older code's, replaced
+           tmp_path / f"push-MSD_musicnn-k0-t{threads}-{'0' * 16}.failed"]
+    other = tmp_path / f"push-MSD_musicnn-k15-t{threads}-{'0' * 16}.pt2"           # another k's: kept
+    for p in old + [other]:
+        p.write_text("x")
     pushes = CompiledPushes("MSD_musicnn", checksum, (16,))
     assert pushes.status == "building" and pushes.get(16) is None
     assert pushes.wait(600) == "compiled" and pushes.get(16) is not None
+    assert not any(p.exists() for p in old) and other.exists()
+    other.unlink()
     built = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt2")}
-    assert [p.name for p in built] == [f"{package_key(checksum, 16, torch.get_num_threads())}.pt2"]
+    assert [p.name for p in built] == [f"{package_key('MSD_musicnn', checksum, 16, threads)}.pt2"]
     again = CompiledPushes("MSD_musicnn", checksum, (16,))             # another front end: loads it at once
     assert again.status == "compiled" and again.build is None and {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt2")} == built
     rng = np.random.default_rng(4)
