@@ -11,9 +11,9 @@ the rows a hop changes. Eager, its taggrams equal MusicnnBatch's bit for bit at 
 Its hops of the steady sizes (15 and 16 frames for 0.25 s) run PushGraph compiled ahead of time
 by AOTInductor (``torch._inductor.aoti_compile_and_package``): a shared library per k, built once
 per machine, torch version, weights, code and thread count in a low-priority subprocess and kept
-in the cache directory (``cache_dir``); loaded in milliseconds (``CompiledPushes``). Until it is there, or where it cannot be built
-(no C++ compiler), the same graph runs eagerly, and hops of other sizes (a stream's first, a jump)
-always do. Its figures: docs/front-ends.md.
+in the cache directory (``cache_dir``); loaded in milliseconds (``CompiledPushes``). Until it is
+there, or where it cannot be built (no C++ compiler), the same graph runs eagerly, and hops of
+other sizes (a stream's first, a jump) always do. Its figures: docs/front-ends.md.
 
 Shapes: G streams, P = 187 patch rows, k new frames, C' = 51 temporal channels."""
 import hashlib
@@ -108,12 +108,12 @@ class PushGraph(nn.Module):
 
 
 def state_of(fb: MusicnnBatch, idx) -> list[torch.Tensor]:
-    """The caches of slots ``idx`` in patch order, PushGraph's inputs before the new frames."""
+    """The caches of slots ``idx`` in patch order (CACHE_NAMES), PushGraph's inputs before the new frames."""
     idx = np.asarray(idx)
     st = fb.state
     b, a = same_padding(fb.temporal[0][0])
     g = len(idx)
-    return [fb._rows(n, idx, 0, P) for n in ("patch", "timbral", "mid", "f0", "f1", "f2")] + [
+    return [fb._rows(n, idx, 0, P) for n in CACHE_NAMES[:6]] + [
         st["zs0"].view(-1, TEMPORAL_CH, BANDS)[fb._ring(idx, 0, b, b)].view(g, b, TEMPORAL_CH, BANDS),
         st["ze0"].view(-1, TEMPORAL_CH, BANDS)[fb._ring(idx, P - a, a, a)].view(g, a, TEMPORAL_CH, BANDS)]
 
@@ -153,6 +153,31 @@ def stale(out: Path, key: str) -> list[Path]:
 BUSY = 3                                                   # the build's exit status when another process is building
 
 
+def take_lock(lock: Path) -> bool:
+    """Create ``lock`` holding this process's pid; False where a live process holds it (a dead
+    one's is taken over)."""
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            pid = int(lock.read_text())
+            if pid <= 0:                                   # (0 and below name process groups)
+                raise ValueError(pid)
+            os.kill(pid, 0)                                # its builder is alive (or another user's)
+            return False
+        except PermissionError:
+            return False
+        except (ProcessLookupError, ValueError, FileNotFoundError):   # it died: take the lock over
+            lock.unlink(missing_ok=True)
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:                        # another process took it first
+                return False
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
 def build_packages(model: str, ks: list[int], threads: int, out: Path) -> int:
     """Compile PushGraph for each k into ``out``/KEY.pt2 for ``threads`` torch threads (inductor
     writes the thread count into its kernels): CompiledPushes' subprocess, one compile worker.
@@ -161,17 +186,8 @@ def build_packages(model: str, ks: list[int], threads: int, out: Path) -> int:
     from . import build_musicnn
     out.mkdir(parents=True, exist_ok=True)
     lock = out / "build.lock"
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            os.kill(int(lock.read_text() or 0), 0)
-            return BUSY
-        except (ProcessLookupError, ValueError):             # its builder died: take the lock over
-            lock.unlink(missing_ok=True)
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
+    if not take_lock(lock):
+        return BUSY
     try:
         torch.set_num_threads(threads)
         inductor.compile_threads = 1
@@ -243,8 +259,7 @@ class CompiledPushes:
                 self.build = subprocess.Popen(
                     [sys.executable, "-m", "audio.musicnn.graph", self.model, ",".join(map(str, self.ks)),
                      str(self.threads), str(cache_dir())],
-                    stdout=subprocess.DEVNULL, stderr=log, cwd=Path(__file__).resolve().parents[2],
-                    preexec_fn=lambda: os.nice(19))
+                    stdout=subprocess.DEVNULL, stderr=log, cwd=Path(__file__).resolve().parents[2])
             self.status = "building"
         except OSError as e:                               # an unwritable cache, no process to spare
             self.status = f"eager: the compiled push could not be built ({e})"
@@ -362,6 +377,7 @@ class GraphStream:
 
 
 if __name__ == "__main__":                                 # CompiledPushes' build: MODEL K[,K...] THREADS DIR
+    os.nice(19)                                            # the lowest priority: the streams' hops come first
     model, ks, threads, out = sys.argv[1:5]
     t0 = time.perf_counter()
     code = build_packages(model, [int(k) for k in ks.split(",")], int(threads), Path(out))

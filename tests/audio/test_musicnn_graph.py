@@ -15,7 +15,7 @@ import torch
 
 from audio import musicnn
 from audio.musicnn.batch import MusicnnBatch
-from audio.musicnn.graph import BUSY, CompiledPushes, GraphStream, build_packages, package_key
+from audio.musicnn.graph import BUSY, CompiledPushes, GraphStream, build_packages, package_key, take_lock
 from test_musicnn_batch import frames, patch_of, taggram_tol
 
 # 0.25 s hops bring 15 or 16 frames; also none, one, more than the K = 32 and 64 branches'
@@ -119,6 +119,19 @@ def test_a_build_that_cannot_compile_leaves_the_push_eager_with_its_reason(nets,
     t0 = os.stat(pushes.failed).st_mtime_ns
     later = CompiledPushes("MSD_musicnn", checksum, (16,))                 # not tried again
     assert later.build is None and later.status == pushes.status and os.stat(later.failed).st_mtime_ns == t0
+
+
+def test_a_dead_builders_lock_is_taken_over_and_a_live_ones_is_not(tmp_path):
+    import subprocess
+    import sys
+    lock = tmp_path / "build.lock"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for held_by in (dead.stdout.strip(), "not a pid", ""):
+        lock.write_text(held_by)
+        assert take_lock(lock) and lock.read_text() == str(os.getpid())
+    assert not take_lock(lock) and lock.read_text() == str(os.getpid())   # held (by this live process)
+    lock.unlink()
+    assert take_lock(lock)
 
 
 def test_a_build_finding_a_live_builders_lock_waits_for_it(nets, tmp_path, monkeypatch):
