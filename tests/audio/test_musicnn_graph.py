@@ -4,7 +4,8 @@ with the same multiply-accumulates, and within float32 rounding of the float64 n
 ahead of time (AOTInductor, built into a directory of the test's own), its taggrams stay within
 float32 rounding of the float64 network, and a second front end loads it without building; a
 build that cannot compile leaves every hop eager with a one-line reason, not tried again; a build
-that finds another live builder's lock waits for it."""
+that finds another live builder's lock waits for it, and a dead builder's lock is taken over; only
+a single stream starts a build."""
 import copy
 import os
 import time
