@@ -87,6 +87,7 @@ def test_classify_defaults_to_musicnn_and_the_shipped_trained_models(tmp_path):
     path = write(tmp_path / "a.wav", tone(3.0, 22050, 440.0), 22050)
     r = classify(path, "--jsonl")
     assert r.returncode == 0, r.stderr
+    assert "# the musicnn push" not in r.stderr            # compiling off (tests/conftest.py)
     *records, verdict = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(records) == 12 and verdict["hops"] == 12
     first = records[0]
@@ -134,3 +135,17 @@ def test_a_run_that_ends_before_its_first_row_writes_no_csv_and_says_so(tmp_path
     r = classify(path, "--window", "8", "--csv", out)
     assert r.returncode == 1 and "corrupt or truncated after 0.0 s" in r.stderr, r.stderr
     assert f"no rows, {out} not written" in r.stderr and not out.exists()
+
+
+def test_one_stream_says_how_its_musicnn_push_ran(tmp_path, monkeypatch):
+    """With the compiled push on and an empty cache, a short run ends before the library is
+    built (its build needs a C++ compiler: here none, so it ends soon after): the run says, in
+    one line, that its hops were eager while it builds."""
+    monkeypatch.setenv("NYSTREAM_COMPILED_PUSH", "1")
+    monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path / "push"))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    path = write(tmp_path / "a.wav", tone(3.0, 22050, 440.0), 22050)
+    r = classify(path, "--jsonl")
+    assert r.returncode == 0, r.stderr
+    line = [x for x in r.stderr.splitlines() if x.startswith("# the musicnn push: ")]
+    assert line == ["# the musicnn push: eager while its compiled form builds in the background (about a minute, once)"], r.stderr
