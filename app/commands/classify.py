@@ -324,6 +324,7 @@ def classify(args, device: str) -> int:
               file=sys.stderr)
     pushes = getattr(frontend, "pushes", None)             # one stream's compiled musicnn push (CPU)
     if pushes is not None:
+        pushes.look()                                      # a build that ended: how
         print(f"# the musicnn push: {PUSH_STATUS.get(pushes.status, pushes.status)}", file=sys.stderr)
     if sources.failed or engine.errors:
         code = code or 1

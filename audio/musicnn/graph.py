@@ -265,13 +265,14 @@ class CompiledPushes:
             self.status = f"eager: the compiled push could not be built ({e})"
 
     def get(self, k: int):
-        if self.build is not None or self.status == "waiting":
-            self._look()
+        self.look()
         return self.pushes.get(k)
 
-    def _look(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        if now < self.next_look:
+    def look(self) -> None:
+        """Where a build runs (or another process's): see whether it ended, at most once a
+        second, and load what it built (``status`` then says how it ended)."""
+        now = time.monotonic()
+        if self.build is None and self.status != "waiting" or now < self.next_look:
             return
         self.next_look = now + self.LOOK_S
         if self.build is None:                             # waiting for another process's build
@@ -304,7 +305,7 @@ class CompiledPushes:
         deadline = time.monotonic() + timeout
         while self.status in ("building", "waiting") and time.monotonic() < deadline:
             time.sleep(0.2)
-            self._look()
+            self.look()
         return self.status
 
     def close(self) -> None:

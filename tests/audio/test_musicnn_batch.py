@@ -59,6 +59,14 @@ def patch_of(history: list[np.ndarray]) -> torch.Tensor:
     return torch.from_numpy(x[-musicnn.PATCH_FRAMES:]).double()[None]
 
 
+def logits64_of(net64, history: list[np.ndarray]) -> torch.Tensor:
+    """(50,) the float64 network's logits on the stream's newest 187 frames."""
+    x = net64.normalize(patch_of(history))
+    with torch.no_grad():
+        return net64.head(torch.cat([net64.timbral_valid(torch.nn.functional.pad(x, (0, 0, 3, 3))),
+                                     net64.temporal_same(x)], dim=2))[0]
+
+
 @pytest.mark.parametrize("device, accumulate", MODES)
 def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_network(nets, device, accumulate, errors):
     net, net64 = nets
@@ -87,10 +95,7 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
         for i, s in enumerate(slots):
             histories[s].append(pushed[i])
             singles[s].push(pushed[i])
-            with torch.no_grad():
-                logits64 = net64.head(torch.cat([net64.timbral_valid(torch.nn.functional.pad(
-                    net64.normalize(patch_of(histories[s])), (0, 0, 3, 3))),
-                    net64.temporal_same(net64.normalize(patch_of(histories[s])))], dim=2))[0]
+            logits64 = logits64_of(net64, histories[s])
             worst = max(worst, (got[i].double() - torch.sigmoid(logits64)).abs().max().item())
             tol = min(tol, taggram_tol(logits64))
             if 0 < ks[s] <= musicnn.PATCH_FRAMES - max(musicnn.TEMPORAL):      # (0: the last taggram again)

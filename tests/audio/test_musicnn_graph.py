@@ -17,7 +17,7 @@ import torch
 from audio import musicnn
 from audio.musicnn.batch import MusicnnBatch
 from audio.musicnn.graph import BUSY, CompiledPushes, GraphStream, build_packages, package_key, take_lock
-from test_musicnn_batch import frames, patch_of, taggram_tol
+from test_musicnn_batch import frames, logits64_of, taggram_tol
 
 # 0.25 s hops bring 15 or 16 frames; also none, one, more than the K = 32 and 64 branches'
 # end-edge rows (40), a jump past the temporal kernels, a whole patch
@@ -29,13 +29,6 @@ def nets():
     net, checksum = musicnn.build_musicnn()
     net.requires_grad_(False)
     return net, copy.deepcopy(net).double(), checksum
-
-
-def taggram64(net64, history) -> torch.Tensor:
-    x = net64.normalize(patch_of(history))
-    with torch.no_grad():
-        return net64.head(torch.cat([net64.timbral_valid(torch.nn.functional.pad(x, (0, 0, 3, 3))),
-                                     net64.temporal_same(x)], dim=2))[0]
 
 
 def test_the_eager_graph_is_the_batch_of_one_bit_for_bit(nets, errors):
@@ -58,7 +51,7 @@ def test_the_eager_graph_is_the_batch_of_one_bit_for_bit(nets, errors):
             assert torch.equal(got, want), (i, k)
             assert stream.last_macs == batch.macs[0], (i, k)
             histories[i].append(x)
-            logits = taggram64(net64, histories[i])
+            logits = logits64_of(net64, histories[i])
             worst = max(worst, (got.double() - torch.sigmoid(logits)).abs().max().item())
             tol = min(tol, taggram_tol(logits))
     assert streams[1].batch is first.batch and streams[1].graphs is first.graphs
@@ -95,7 +88,7 @@ def test_the_compiled_push_is_built_once_loaded_after_and_within_float32_roundin
         got, want = compiled.push(x), eager.push(x)
         assert compiled.last_macs == eager.last_macs
         history.append(x)
-        logits = taggram64(net64, history)
+        logits = logits64_of(net64, history)
         worst = max(worst, (got.double() - torch.sigmoid(logits)).abs().max().item())
         tol = min(tol, taggram_tol(logits))
         apart = max(apart, (got - want).abs().max().item())
