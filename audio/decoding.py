@@ -298,3 +298,13 @@ def _decode_with_librosa(path: Path, first_error: Exception):
                              f"librosa: {reason(e)})") from e
     data = np.atleast_2d(data).T if data.ndim == 1 else data.T
     return data.astype(np.float32), rate
+
+
+def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:
+    """(mono float32 at the file's own rate, rate, info), as librosa.load(sr=None) gave it:
+    channels averaged in float32. Non-finite samples are zeroed (counted in info)."""
+    data, rate = read_native(path)                    # header claims checked, sized from what is read
+    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0].copy()
+    bad = ~np.isfinite(mono)
+    mono[bad] = 0.0
+    return mono, int(rate), {"rate": int(rate), "channels": data.shape[1], "nonfinite": int(bad.sum())}

@@ -75,6 +75,10 @@ class FrontEnd(Protocol):
         """A file's tokens (T, D) on the grid its token files use, and decode info."""
         ...
 
+    def push_status(self) -> str | None:
+        """How its one stream's network runs, where that can change (the compiled musicnn push), or None."""
+        ...
+
 
 class _Slots:
     """Per-slot log-mel state beside a batched network; a subclass says how one hop's mel
@@ -166,6 +170,9 @@ class VGGishFrontEnd:
         from .tokens import tokens_for_file
         return tokens_for_file(path, self.embedder)
 
+    def push_status(self) -> None:
+        return None
+
 
 class _VGGishStream:
     def __init__(self, embedder):
@@ -250,12 +257,18 @@ class MusicnnFrontEnd:
     def file_tokens(self, path, batch_size: int = 16):
         """Tokens of a file on the original implementation's grid (resampy 0.2.2 kaiser_best
         resampling, patches every 61 frames): (P, 50) and decode info."""
+        from .decoding import decode_native
         signal, rate, info = decode_native(path)
         y = musicnn_mel.resample_kaiser_best(signal, rate)
         patches = musicnn_mel.offline_patches(y)
         out = [self.net(torch.from_numpy(patches[i:i + batch_size]).to(self.device)).cpu()
                for i in range(0, len(patches), batch_size)]
         return torch.cat(out), info
+
+    def push_status(self) -> str | None:
+        """'compiled (AOTInductor)', eager while it builds, or eager and why; None where no stream
+        has asked for the compiled push (many streams, CUDA, recomputed, or compiling off)."""
+        return None if self.pushes is None else self.pushes.words()
 
 
 class _MusicnnStream:
@@ -359,17 +372,6 @@ def _on_host(t: torch.Tensor) -> np.ndarray:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     return host.numpy()
-
-
-def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:
-    """(mono float32 at the file's own rate, rate, info), as librosa.load(sr=None) gave it:
-    channels averaged in float32. Non-finite samples are zeroed (counted in info)."""
-    from .decoding import read_native
-    data, rate = read_native(path)                    # header claims checked, sized from what is read
-    mono = data.mean(axis=1, dtype=np.float32) if data.shape[1] > 1 else data[:, 0].copy()
-    bad = ~np.isfinite(mono)
-    mono[bad] = 0.0
-    return mono, int(rate), {"rate": int(rate), "channels": data.shape[1], "nonfinite": int(bad.sum())}
 
 
 # ----------------------------------------------------------------------------- building

@@ -322,18 +322,12 @@ def classify(args, device: str) -> int:
     if rows is not None:
         print(f"# {rows.rows} rows in {args.csv}" if rows.created else f"# no rows, {args.csv} not written",
               file=sys.stderr)
-    pushes = getattr(frontend, "pushes", None)             # one stream's compiled musicnn push (CPU)
-    if pushes is not None:
-        pushes.look()                                      # a build that ended: how
-        print(f"# the musicnn push: {PUSH_STATUS.get(pushes.status, pushes.status)}", file=sys.stderr)
+    push = frontend.push_status()                         # one stream's compiled musicnn push (CPU)
+    if push is not None:
+        print(f"# the musicnn push: {push}", file=sys.stderr)
     if sources.failed or engine.errors:
         code = code or 1
     return code
-
-
-PUSH_STATUS = {"compiled": "compiled (AOTInductor)",
-               "building": "eager while its compiled form builds in the background (about a minute, once)",
-               "waiting": "eager while another process builds its compiled form"}
 
 
 def hops_progress(args, source):

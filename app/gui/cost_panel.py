@@ -2,7 +2,8 @@
 
 - FLOPs per step (log axis), one line per model, gaps where a model was off;
 - latency per step: a rolling median (5 s) with a light p10-p90 band per model (log axis);
-- the front end's latency on its own axis (it is 10-100x a model step and would squash them).
+- the front end's latency on its own axis (it is 10-100x a model step and would squash them),
+  its title saying whether the musicnn push runs compiled or eager.
 
 The time plots share their x axis (steps); the legend sits above the data, and clicking a
 model's entry hides or shows all of that model's curves. Hovering a plot reads its values out.
@@ -20,6 +21,7 @@ from .plot_kit import axis_plot, gapped, model_brush, model_pen, rolling_quantil
 
 ROLLING_STEPS = 20            # latency median / band over 20 hops (5 s)
 FRONT = "front end"
+FRONT_TITLE = "Front end latency per hop"
 
 
 class ModelCurves:
@@ -79,7 +81,8 @@ class CostPanel(QWidget):
         view.addItem(self.legend, row=0, col=0)
         self.flops_plot = axis_plot(view, 1, 0, "FLOPs per step", "FLOPs", log_y=True)
         self.latency_plot = axis_plot(view, 2, 0, "Latency: 5 s median, p10-p90 band", "ms", log_y=True)
-        self.front_plot = axis_plot(view, 3, 0, "Front end latency per hop", "ms")
+        self.front_plot = axis_plot(view, 3, 0, FRONT_TITLE, "ms")
+        self.push: str | None = None                        # how the front end's network runs: ``set_push``
         self.front_plot.setLabel("bottom", "step")
         for p in (self.latency_plot, self.front_plot):
             p.setXLink(self.flops_plot)                      # aligned, whatever joins or leaves
@@ -96,6 +99,15 @@ class CostPanel(QWidget):
         self.flops_kind = "sda"
         self.series: tuple = (np.array([]), {}, None)       # what the read-out reads
         view.scene().sigMouseMoved.connect(self.hover)
+
+    def set_push(self, words: str | None) -> None:
+        """How the front end's network runs (the front end's ``push_status``): short in the
+        front-end plot's title, whole in its tool tip."""
+        self.push = words
+        short = ("" if words is None else " (compiled)" if words.startswith("compiled")
+                 else " (eager, compiling)" if words.startswith("eager while") else " (eager)")
+        self.front_plot.setTitle(FRONT_TITLE + short)
+        self.front_plot.setToolTip(words or "")
 
     def save(self, settings) -> None:
         settings.setValue("cost/flops_kind", self.flops_kind)

@@ -367,6 +367,11 @@ class MainWindow(QMainWindow):
             elif kind == "ready":
                 self.facts = f = rest[0]
                 self.spectrogram.set_spectrogram(f.bands, f.mel_levels, f.frame_ms)
+                self.cost.set_push(None)
+            elif kind == "push":
+                self.cost.set_push(rest[0])
+                if rest[0] is not None and rest[0].startswith("eager: "):
+                    self.statusBar().showMessage(f"The musicnn push runs {rest[0]}", 15000)
             elif kind == "warn":
                 self.show_error(rest[0])
             elif kind == "error":

@@ -14,7 +14,8 @@ reads end of file, and a watchdog checks the parent's pid twice a second).
 Messages, window -> engine: ("run", run_id, FrontEndSpec, SourceSpec, [(name, ModelSpec, kwargs)]),
 ("call", method, args, kwargs), ("pause", on), ("stop",), ("exit",). Engine -> window, each
 tagged with its run_id: ("ready", id, front-end facts), ("warn", id, text), ("step", id, new
-kinds, packed hop, mel), ("error", id, text), ("finished", id).
+kinds, packed hop, mel), ("push", id, how the front end's network runs, or None: on its first
+hop and whenever it changes), ("error", id, text), ("finished", id).
 """
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ class EngineProcess:
     # ------------------------------------------------------------------ results
     def poll(self) -> list[tuple]:
         """What arrived for the current run, in order: ("step", StepResult) with its ``mel``,
-        ("ready", FrontEndFacts), ("warn", text), ("error", text), ("finished",), and once,
+        ("ready", FrontEndFacts), ("push", text or None), ("warn", text), ("error", text), ("finished",), and once,
         if the process died, ("died", cause)."""
         out = []
         try:
@@ -202,7 +203,7 @@ class Run:
     processing thread."""
 
     def __init__(self, run_id: int, frontend, source: SourceSpec, engine, outbox: Outbox):
-        self.run_id, self.spec, self.engine, self.outbox = run_id, source, engine, outbox
+        self.run_id, self.frontend, self.spec, self.engine, self.outbox = run_id, frontend, source, engine, outbox
         self.source = None
         self.stopping = False
         self.codec = StepCodec()
@@ -215,10 +216,15 @@ class Run:
             self.source = self.spec.open()
             if self.stopping:
                 return
+            said = None                                  # (the window starts from None at 'ready')
             for r in self.engine.run([self.source], warm=True):
                 seen = len(self.codec.kinds)
                 packed = self.codec.pack(r)
                 self.outbox.put(("step", self.run_id, self.codec.kinds[seen:], packed, r.mel))
+                push = self.frontend.push_status()       # how its network runs, when that changes
+                if push != said:
+                    said = push
+                    self.outbox.put(("push", self.run_id, push))
                 if self.stopping:
                     break
             for _, why in self.engine.errors:        # the stream left early (a model's non-finite answer)

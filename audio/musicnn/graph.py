@@ -300,6 +300,13 @@ class CompiledPushes:
                     pass
             self.status = f"eager: {reason}"
 
+    def words(self) -> str:
+        """``status`` as a user reads it, after a look at the build."""
+        self.look()
+        return {"compiled": "compiled (AOTInductor)",
+                "building": "eager while its compiled form builds in the background (about a minute, once)",
+                "waiting": "eager while another process builds its compiled form"}.get(self.status, self.status)
+
     def wait(self, timeout: float = 900.0) -> str:
         """Until the build (or another process's) is over, at most ``timeout`` s; the status."""
         deadline = time.monotonic() + timeout

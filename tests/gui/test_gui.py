@@ -300,12 +300,24 @@ def test_trained_checkpoint_runs_beside_untrained_models(make_window, qtbot, tmp
     assert "RANDOM front end: not meaningful" in w.top_label.text()
 
 
-def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, qtbot, music_file):
+def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, qtbot, music_file, tmp_path,
+                                                                monkeypatch):
     """Defaults (no VGGish option): the musicnn front end and every shipped checkpoint, trained,
-    each fed every 4th hop; nothing untrained; the spectrogram shows 96 musicnn bands."""
+    each fed every 4th hop; nothing untrained; the spectrogram shows 96 musicnn bands. The
+    front-end plot's title says how the musicnn push runs: here, compiling on, eager because a
+    build failed before (its .failed file, for any thread count the engine process may use)."""
+    from audio.musicnn import build_musicnn
+    from audio.musicnn.graph import package_key
+    _, checksum = build_musicnn("MSD_musicnn")
+    for threads in range(1, 9):
+        (tmp_path / f"{package_key('MSD_musicnn', checksum, 0, threads)}.failed").write_text("no compiler here\n")
+    monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
+    monkeypatch.setenv("NYSTREAM_COMPILED_PUSH", "1")
     w = make_window(source=f"file:{music_file}", variants=None, random_vggish=None)
     wait_steps(qtbot, w, 6)
     qtbot.wait(100)
+    assert w.cost.front_plot.titleLabel.text.endswith("per hop (eager)")
+    assert w.cost.push == "eager: no compiler here" and w.cost.front_plot.toolTip() == w.cost.push
     last = w.history[-1]
     assert w.frontend_box.currentData() == "musicnn" and last.frontend.startswith("musicnn")
     assert set(last.models) == {"regular", "continual", "nystrom", "continual_nystrom",
@@ -330,6 +342,7 @@ def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, q
     qtbot.waitUntil(lambda: bool(w.history) and w.history[-1].frontend.startswith("RANDOM VGGish"),
                     timeout=WAIT_MS)
     assert not any(m.trained for m in w.history[-1].models.values())
+    assert w.cost.push is None and w.cost.front_plot.titleLabel.text == "Front end latency per hop"
 
 
 def test_closing_ends_the_engine_process_and_every_thread(make_window, qtbot):
