@@ -18,7 +18,8 @@ recomputed: ``accumulate``). What changes is the layout:
   one group's timbral rows are one matrix product per branch, its temporal updates one product
   per branch with the streams side by side in the columns (the tap matrices depend on k only);
 * only the temporal rows a hop changed are reduced over frequency (a per-slot feature cache;
-  an edge ring's maxima on CUDA by one gather for all slots, on the CPU slot by slot in place);
+  an edge ring's maxima and sums on CUDA by one gather or scatter for all slots, on the CPU
+  slot by slot in place: ``slotwise``);
 * the mid-end's first convolution is split by its input channels: its timbral part (408 of 561
   channels) is a stream value for every row whose window holds interior timbral rows only, so
   it is cached per ring row and computed for the k rows that became such and the 6 + 6 at the
@@ -104,7 +105,7 @@ class MusicnnBatch:
         self.accumulate = per_branch(default_accumulate(self.device.type, net.tf32) if accumulate is None
                                      else accumulate)                                  # per temporal branch
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
-        self.slotwise_max = not cuda                   # _features: per slot in place, or one gather
+        self.slotwise = not cuda                       # edge rings: per slot in place, or one gather / scatter
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
         self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)
         self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
@@ -268,8 +269,7 @@ class MusicnnBatch:
             b, a = same_padding(kernel)
             if self.accumulate[j] and k < b:
                 out = self._taps_for(j, ("out", k), range(k, b), range(0, k)) @ old[:, :k]
-                st[f"zs{j}"].view(-1, TEMPORAL_CH, BANDS).index_add_(
-                    0, self._ring(idx, k, b - k, b), out.view(-1, TEMPORAL_CH, BANDS), alpha=-1.0)
+                self._ring_add(st[f"zs{j}"], idx, k, b - k, b, out.view(len(idx), b - k, TEMPORAL_CH, BANDS), alpha=-1.0)
         self.start[idx] += k                                                           # old row p is now p - k
         macs = 0
         for j, (kernel, bn, _, _, _) in enumerate(self.temporal):
@@ -303,28 +303,44 @@ class MusicnnBatch:
         # frames P-k .. P-1 only, a new row sums its window's frames from P-k-b on (one product
         # each: no zero taps). The first k of these rows leave the end ring (interior now), the
         # last a stay in it
-        z = torch.cat([self._taps_for(j, ("old", k), range(P - k - a, P - k), range(P - k, P)) @ patch[:, P - k:],
-                       self._taps_for(j, ("new", k), range(P - k, P), range(P - k - b, P)) @ patch[:, P - k - b:]],
-                      dim=1).view(G, a + k, TEMPORAL_CH, BANDS)
-        out, stay = z[:, :k], z[:, k:]
-        m = min(k, a)                                    # old end-edge rows among the first k
-        out[:, :m] += ze.index_select(0, self._ring(idx, P - k - a, m, a)).view(G, m, TEMPORAL_CH, BANDS)
-        if k > a:                                        # new rows that are interior at once
-            out[:, m:] += bias
+        old = (self._taps_for(j, ("old", k), range(P - k - a, P - k), range(P - k, P)) @ patch[:, P - k:]
+               ).view(G, a, TEMPORAL_CH, BANDS)
+        new = (self._taps_for(j, ("new", k), range(P - k, P), range(P - k - b, P)) @ patch[:, P - k - b:]
+               ).view(G, k, TEMPORAL_CH, BANDS)
+        if k > a:                                        # (a short branch, a long hop) new rows interior at once
+            out = torch.cat([old, new[:, :k - a] + bias], dim=1)
+            out[:, :a] += ze.index_select(0, self._ring(idx, P - k - a, a, a)).view(G, a, TEMPORAL_CH, BANDS)
+            ze[self._ring(idx, P - a, a, a)] = (new[:, k - a:] + bias).reshape(-1, TEMPORAL_CH, BANDS)
+        else:
+            out = old[:, :k]
+            out += ze.index_select(0, self._ring(idx, P - k - a, k, a)).view(G, k, TEMPORAL_CH, BANDS)
+            self._ring_add(st[f"ze{j}"], idx, P - a, a - k, a, old[:, k:])
+            ze[self._ring(idx, P - k, k, a)] = (new + bias).view(-1, TEMPORAL_CH, BANDS)   # the ring rows ``out`` left
         st[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k)] = bn.max_relu(out, dim=3).reshape(-1, TEMPORAL_CH)
-        ze[self._ring(idx, P - m, m, a)] = bias          # the new rows in the end ring start from the bias
-        ze.index_add_(0, self._ring(idx, P - a, a, a), stay.reshape(-1, TEMPORAL_CH, BANDS))
         self._features(idx, bn, st[f"zs{j}"], st[f"f{j}"], 0, b)
         self._features(idx, bn, st[f"ze{j}"], st[f"f{j}"], P - a, a)
         return TEMPORAL_CH * BANDS * (max(b - k, 0) * k + n * (kernel - 1) + a * k + k * (k + b))
+
+    def _ring_add(self, z: Tensor, idx: np.ndarray, first: int, count: int, n: int, rows: Tensor,
+                  alpha: float = 1.0) -> None:
+        """Add alpha x rows (G, count, C', 96) to patch rows first .. first + count - 1 of slots
+        idx in their ring z (C, n, C', 96): on the CPU slot by slot (a slot's rows are
+        contiguous, so nothing is copied), on CUDA in one call."""
+        if not self.slotwise:
+            z.view(-1, TEMPORAL_CH, BANDS).index_add_(0, self._ring(idx, first, count, n),
+                                                      rows.reshape(-1, TEMPORAL_CH, BANDS), alpha=alpha)
+            return
+        local = (self.start[idx][:, None] + np.arange(first, first + count)) % n
+        for g, slot in enumerate(idx.tolist()):
+            z[slot].index_add_(0, torch.from_numpy(local[g]), rows[g], alpha=alpha)
 
     def _features(self, idx: np.ndarray, bn, z: Tensor, f: Tensor, first: int, n: int) -> None:
         """Features f (C, P, C') of patch rows first .. first + n - 1 of slots idx from their
         pre-activations z (C, n, C', 96), a ring that these rows fill (row p in ring row
         (start + p) mod n), put in patch order. On the CPU the max over each slot's ring as it
         lies (nothing copied); on CUDA one gather for every slot (a launch per slot would cost
-        more than the copy): ``slotwise_max``. Both give the same floats."""
-        if self.slotwise_max:
+        more than the copy): ``slotwise``. Both give the same floats."""
+        if self.slotwise:
             peaks = z.new_empty(len(idx), n, TEMPORAL_CH)                             # ring order
             for g, slot in enumerate(idx.tolist()):
                 torch.amax(z[slot], dim=2, out=peaks[g])

@@ -166,12 +166,12 @@ def recomputing_costs(k: int, accumulate: tuple) -> int:
 
 
 def test_the_features_gathered_as_on_cuda_are_the_per_slot_ones_bit_for_bit(nets):
-    """CUDA takes the edge rings' maxima by one gather for all slots, the CPU slot by slot in
-    place: on the CPU both ways, over joins at different hops and every kind of hop, give the
+    """CUDA takes the edge rings' maxima by one gather and adds to them by one scatter for all
+    slots, the CPU slot by slot in place: on the CPU both ways, over joins at different hops and every kind of hop, give the
     same taggrams and state, bit for bit (a max is exact)."""
     net = nets[0]
     pair = [MusicnnBatch(net, capacity=3, accumulate=True) for _ in range(2)]
-    pair[1].slotwise_max = False
+    pair[1].slotwise = False
     rng = np.random.default_rng(3)
     for hop in range(12):
         for batch in pair:
