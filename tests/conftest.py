@@ -45,8 +45,9 @@ def shared_data():
 
 
 # the longest modules, longest first, handed out before the others
-FIRST = ("test_ray.py", "test_gui.py", "test_onnx_export.py", "test_classify_cli.py", "test_audio_musicnn.py",
-         "test_train_evaluate.py", "test_serve_ray.py")
+FIRST = ("test_ray.py", "test_gui.py", "test_onnx_export.py", "test_sda_stability.py", "test_musicnn_graph.py",
+         "test_sda_equality.py", "test_microphone_jack.py", "test_serve_ray.py", "test_classify_cli.py",
+         "test_serve_workers.py", "test_hostile_clients.py", "test_serve.py")
 
 
 def pytest_collection_modifyitems(config, items):
