@@ -144,6 +144,9 @@ def gui_body(runs: dict) -> str:
     row("end-to-end delay median / p95 (ms)", lambda r: f"{r['delay_ms_median']:.0f} / {r['delay_ms_p95']:.0f}",
         "p95 <= " + " / ".join(str(goals[k]["delay"]) for k in cols))
     row("real-time factor (engine process)", lambda r: f"{r['rtf']:.2f}", "<= 0.3 with two hogs")
+    row("first hop after Start, a fresh engine process (s)",
+        lambda r: "-" if r.get("first_hop_s") is None else f"{r['first_hop_s']:.2f}")
+    row("the musicnn push", lambda r: r.get("push") or "-")
     row("frame time median / p95 (ms)", lambda r: f"{r['frame_ms_median']:.1f} / {r['frame_ms_p95']:.1f}",
         "median <= 12")
     row("window thread CPU per frame, painting included, median / p95 (ms)",
@@ -320,7 +323,10 @@ SECTIONS = [
      "`bench --gui SECONDS [--hogs N]`: the real window (offscreen) on the real-time demo signal with six "
      "models (the five shipped musicnn models and an untrained 2-block continual Nyström); the engine "
      "(source, front end, models) runs in its own process, the window only draws. Delay: from a hop's "
-     "last sample to its result drawn. Frame time: the window thread's work on a frame with new hops "
+     "last sample to its result drawn. First hop: from Start (a fresh engine process: spawned, "
+     "the front end and models built) to the first hop drawn. The musicnn push: how the engine's one "
+     "stream ran it at the end (compiled, or eager and why; docs/front-ends.md). "
+     "Frame time: the window thread's work on a frame with new hops "
      "(plots at most 20 frames a second; ranking, table and status bar once a second; hidden panels "
      "skipped); the CPU line adds Qt's painting of that frame. `--hogs 2` runs two busy-looping "
      "processes beside it, a laptop whose cores are busy.",

@@ -89,6 +89,9 @@ def print_gui(r: dict) -> None:
     print(f"  end-to-end delay, hop's last sample -> drawn: median {r['delay_ms_median']:.0f} ms, "
           f"p95 {r['delay_ms_p95']:.0f} ms (goal <= {goal} ms)")
     print(f"  real-time factor {r['rtf']:.2f} (engine process); dropped hops {r['dropped_hops']}")
+    if r.get("first_hop_s") is not None:
+        push = f"; the musicnn push: {r['push']}" if r.get("push") else ""
+        print(f"  first hop {r['first_hop_s']:.2f} s after Start (a fresh engine process){push}")
 
 
 def print_soak(r: dict) -> None:

@@ -3,7 +3,8 @@ real-time demo signal with six models, the front end on every hop: with musicnn 
 shipped trained models and an untrained 2-block continual Nyström; with VGGish the four variants,
 continual Nyström with fixed landmarks and a 2-block continual Nyström, all untrained. Measures the
 window's frame time (each panel's too), the end-to-end delay from a hop's last sample to its drawn
-result, the real-time factor and drops; ``--hogs N`` runs N busy-looping processes beside it (a
+result, the real-time factor and drops, the first hop's time after Start (a fresh engine process)
+and how the musicnn push ran; ``--hogs N`` runs N busy-looping processes beside it (a
 laptop whose cores are busy). `bench --soak SECONDS` is the same run, long: it samples the resident
 memory of the window's process and of the engine process every 10 s and reports it at the start,
 after 5 minutes and at the end (an hour-long run must stay flat in both).
@@ -76,8 +77,18 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
                            random_vggish=0 if vggish and not vggish_weights else None,
                            autostart=False), settings)
     w.show()
+    started = time.monotonic()
     w.start()
     engine_pid = w.engine.process.pid
+    first_hop = []                                         # seconds from Start to the first hop drawn
+
+    def look_for_the_first_hop():
+        if w.history:
+            first_hop.append(time.monotonic() - started)
+            watcher.stop()
+    watcher = QTimer()
+    watcher.timeout.connect(look_for_the_first_hop)
+    watcher.start(10)
     if vggish:
         w.engine.add_model("continual_nystrom 2-block",
                            ModelSpec(config=ModelConfig(variant="continual_nystrom", layers=2)))
@@ -128,6 +139,7 @@ def _gui(seconds, vggish_weights, frontend, progress, hogs) -> dict:
         "rtf": statistics.fmean(proc) / HOP_MS,
         "dropped_hops": history[-1].dropped_hops if history else 0,
         "frontend": history[-1].frontend if history else "",
+        "first_hop_s": first_hop[0] if first_hop else None, "push": w.cost.push,
         "rss_mb": rss, "engine_rss_mb": engine_rss, "delay_ms_worst_p95": worst_p95[0],
         "rss_growth_after_5min_mb": growth_after(rss, wall),
         "engine_rss_growth_after_5min_mb": growth_after(engine_rss, wall),

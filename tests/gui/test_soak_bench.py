@@ -20,6 +20,8 @@ def test_soak_reports_memory_drops_and_delay_and_keeps_the_history_small(qapp, m
     assert [t for t, _ in r["engine_rss_mb"]] == [t for t, _ in r["rss_mb"]]
     assert all(100 < mb < 4000 for t, mb in r["engine_rss_mb"] if t > 10), r["engine_rss_mb"]
     assert len(seen) >= 5 and seen[-1][2] == r["dropped_hops"]
+    # the first hop arrived after Start, within the run; the suite keeps the push eager
+    assert 0 < r["first_hop_s"] < r["seconds"] and r["push"] is None
     assert r["rss_growth_after_5min_mb"] is None is r["engine_rss_growth_after_5min_mb"]   # too short
     log = windows[0].history
     assert len(log) == r["hops"] and log.nbytes < 1000 * len(log)     # < 1 KB per hop with six models
