@@ -3,8 +3,8 @@ is MusicnnBatch's push of one slot bit for bit at every hop, whatever number of 
 with the same multiply-accumulates, and within float32 rounding of the float64 network; compiled
 ahead of time (AOTInductor, built into a directory of the test's own), its taggrams stay within
 float32 rounding of the float64 network, and a second front end loads it without building; a
-build that cannot compile leaves every hop eager with a one-line reason, not tried again; a build
-that finds another live builder's lock waits for it, and a dead builder's lock is taken over; only
+build that cannot compile leaves every hop eager with a one-line reason, not tried again; a
+damaged library is removed, every hop eager, with a one-line reason; a build that finds another live builder's lock waits for it, and a dead builder's lock is taken over; only
 a single stream starts a build."""
 import copy
 import os
@@ -113,6 +113,23 @@ def test_a_build_that_cannot_compile_leaves_the_push_eager_with_its_reason(nets,
     t0 = os.stat(pushes.failed).st_mtime_ns
     later = CompiledPushes("MSD_musicnn", checksum, (16,))                 # not tried again
     assert later.build is None and later.status == pushes.status and os.stat(later.failed).st_mtime_ns == t0
+
+
+def test_a_damaged_library_is_removed_and_every_hop_stays_eager(nets, tmp_path, monkeypatch):
+    """A library cut short or overwritten in the cache: not loaded, removed (built again at the
+    next start), the reason in one line; no build now."""
+    net, _, checksum = nets
+    monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
+    threads = torch.get_num_threads()
+    for k, junk in ((15, b""), (16, b"PK\x03\x04 not a whole package")):
+        (tmp_path / f"{package_key('MSD_musicnn', checksum, k, threads)}.pt2").write_bytes(junk)
+    pushes = CompiledPushes("MSD_musicnn", checksum, (15, 16))
+    assert pushes.status.startswith("eager: the compiled push could not be loaded (") and "\n" not in pushes.status
+    assert pushes.build is None and pushes.get(16) is None and not list(tmp_path.glob("*.pt2"))
+    stream, batch = GraphStream(net, pushes), MusicnnBatch(net, 1)
+    batch.reset(0)
+    x = frames(np.random.default_rng(6), 16)
+    assert torch.equal(stream.push(x), batch.push([0], [x])[0])
 
 
 def test_a_dead_builders_lock_is_taken_over_and_a_live_ones_is_not(tmp_path):
