@@ -290,8 +290,11 @@ class CompiledPushes:
         elif self._all_there():
             self._load()
         else:
-            log = self.failed.with_suffix(".log")
-            lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            try:                                           # (a cache emptied meanwhile: no log)
+                log = self.failed.with_suffix(".log").read_text(errors="replace")
+            except OSError:
+                log = ""
+            lines = [line.strip() for line in log.splitlines() if line.strip()]
             reason = f"the compiled push could not be built ({lines[-1][:200] if lines else f'exit status {code}'})"
             if code != -9:                                 # killed (``close``): tried again next time
                 try:

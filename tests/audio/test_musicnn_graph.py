@@ -3,8 +3,9 @@ is MusicnnBatch's push of one slot bit for bit at every hop, whatever number of 
 with the same multiply-accumulates, and within float32 rounding of the float64 network; compiled
 ahead of time (AOTInductor, built into a directory of the test's own), its taggrams stay within
 float32 rounding of the float64 network, and a second front end loads it without building; a
-build that cannot compile leaves every hop eager with a one-line reason, not tried again; a
-damaged library is removed, every hop eager, with a one-line reason; a build that finds another live builder's lock waits for it, and a dead builder's lock is taken over; only
+build that cannot compile leaves every hop eager with a one-line reason, not tried again (also
+when its log is gone); a damaged library is removed, every hop eager, with a one-line reason; a
+build that finds another live builder's lock waits for it, and a dead builder's lock is taken over; only
 a single stream starts a build."""
 import copy
 import os
@@ -113,6 +114,23 @@ def test_a_build_that_cannot_compile_leaves_the_push_eager_with_its_reason(nets,
     t0 = os.stat(pushes.failed).st_mtime_ns
     later = CompiledPushes("MSD_musicnn", checksum, (16,))                 # not tried again
     assert later.build is None and later.status == pushes.status and os.stat(later.failed).st_mtime_ns == t0
+
+
+def test_a_build_that_ends_without_its_log_still_says_why_in_one_line(nets, tmp_path, monkeypatch):
+    """The cache emptied while a build ran (its log gone with it): the status says how the
+    builder ended, and the next hop runs on, eager."""
+    import subprocess
+    import sys
+    net, _, checksum = nets
+    monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
+    pushes = CompiledPushes("MSD_musicnn", checksum, (16,))
+    pushes.close()                                                          # the real build, stopped
+    pushes.build = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])   # a builder that fails
+    pushes.failed.with_suffix(".log").unlink()
+    pushes.build.wait()
+    stream = GraphStream(net, pushes)
+    stream.push(frames(np.random.default_rng(7), 16))                      # looks at the build: no error
+    assert pushes.status == "eager: the compiled push could not be built (exit status 1)"
 
 
 def test_a_damaged_library_is_removed_and_every_hop_stays_eager(nets, tmp_path, monkeypatch):
