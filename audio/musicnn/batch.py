@@ -207,11 +207,14 @@ class MusicnnBatch:
     def _dev(self, a: np.ndarray) -> Tensor:
         return on_device(a, self.device)
 
+    def _ring_rows(self, idx: np.ndarray, first: int, count: int, n: int) -> np.ndarray:
+        """(G, count) ring rows of patch rows first .. first + count - 1 of slots idx in a ring of
+        n rows (patch row p in ring row (start + p) mod n)."""
+        return (self.start[np.asarray(idx)][:, None] + np.arange(first, first + count)) % n
+
     def _ring(self, idx: np.ndarray, first: int, count: int, n: int = P) -> Tensor:
-        """(G * count,) flat indices (slot * n + ring row) of patch rows first .. first + count - 1
-        of slots idx in a ring of n rows (patch row p in ring row (start + p) mod n)."""
-        s = np.asarray(idx)[:, None]
-        return self._dev((s * n + (self.start[s] + np.arange(first, first + count)[None]) % n).reshape(-1))
+        """(G * count,) flat indices (slot * n + ring row) of those rows."""
+        return self._dev((np.asarray(idx)[:, None] * n + self._ring_rows(idx, first, count, n)).reshape(-1))
 
     def _rows(self, name: str, idx: np.ndarray, first: int, count: int) -> Tensor:
         """(G, count, C): patch rows first .. first + count - 1 of state ``name`` (slots, P, C),
@@ -330,9 +333,9 @@ class MusicnnBatch:
             z.view(-1, TEMPORAL_CH, BANDS).index_add_(0, self._ring(idx, first, count, n),
                                                       rows.reshape(-1, TEMPORAL_CH, BANDS), alpha=alpha)
             return
-        local = (self.start[idx][:, None] + np.arange(first, first + count)) % n
+        local = torch.from_numpy(self._ring_rows(idx, first, count, n))
         for g, slot in enumerate(idx.tolist()):
-            z[slot].index_add_(0, torch.from_numpy(local[g]), rows[g], alpha=alpha)
+            z[slot].index_add_(0, local[g], rows[g], alpha=alpha)
 
     def _features(self, idx: np.ndarray, bn, z: Tensor, f: Tensor, first: int, n: int) -> None:
         """Features f (C, P, C') of patch rows first .. first + n - 1 of slots idx from their
@@ -344,7 +347,7 @@ class MusicnnBatch:
             peaks = z.new_empty(len(idx), n, TEMPORAL_CH)                             # ring order
             for g, slot in enumerate(idx.tolist()):
                 torch.amax(z[slot], dim=2, out=peaks[g])
-            local = np.arange(len(idx))[:, None] * n + (self.start[idx][:, None] + np.arange(first, first + n)) % n
+            local = np.arange(len(idx))[:, None] * n + self._ring_rows(idx, first, n, n)
             peaks = peaks.view(-1, TEMPORAL_CH).index_select(0, self._dev(local.reshape(-1)))
         else:                                                                           # patch order
             peaks = z.view(-1, TEMPORAL_CH, BANDS).index_select(0, self._ring(idx, first, n, n)).amax(dim=2)

@@ -303,12 +303,14 @@ class CompiledPushes:
                     pass
             self.status = f"eager: {reason}"
 
+    WORDS = {"compiled": "compiled (AOTInductor)",
+             "building": "eager while its compiled form builds in the background (about a minute, once)",
+             "waiting": "eager while another process builds its compiled form"}
+
     def words(self) -> str:
         """``status`` as a user reads it, after a look at the build."""
         self.look()
-        return {"compiled": "compiled (AOTInductor)",
-                "building": "eager while its compiled form builds in the background (about a minute, once)",
-                "waiting": "eager while another process builds its compiled form"}.get(self.status, self.status)
+        return self.WORDS.get(self.status, self.status)
 
     def wait(self, timeout: float = 900.0) -> str:
         """Until the build (or another process's) is over, at most ``timeout`` s; the status."""
@@ -353,12 +355,12 @@ class GraphStream:
         self.last_macs = 0
 
     def _macs(self, k: int) -> int:
-        """The multiply-accumulates of a shift by k (MusicnnBatch's count; the same every hop)."""
+        """The multiply-accumulates of a shift by k: MusicnnBatch's count (the same every hop),
+        from a hop of silence in the batch's slot (which only a jump reads, after refilling it)."""
         if k not in self.macs_of:
-            scratch = MusicnnBatch(self.batch.net, 1, accumulate=CPU_ACCUMULATE)
-            scratch.reset(0)
-            scratch.push([0], [np.zeros((k, BANDS), np.float32)])
-            self.macs_of[k] = int(scratch.macs[0])
+            self.batch.reset(0)
+            self.batch.push([0], [np.zeros((k, BANDS), np.float32)])
+            self.macs_of[k] = int(self.batch.macs[0])
         return self.macs_of[k]
 
     @torch.no_grad()
