@@ -47,6 +47,11 @@ class MusicnnWeightsError(AudioError):
     hint = "Run `make setup` (it installs musicnn==0.1.0 --no-deps), or choose the VGGish front end."
 
 
+class PrecisionError(AudioError):
+    """A precision the front end or this hardware cannot run (audio/musicnn: ``precision_problem``)."""
+    hint = "Choose precision float32, which runs everywhere."
+
+
 class FrontEndMismatchError(AudioError):
     """A model trained on tokens of one front end was asked to run on another's."""
     hint = "Choose the front end the model was trained on under Front end."

@@ -21,9 +21,12 @@ import numpy as np
 import torch
 
 from . import melspec
+from .errors import PrecisionError
+from .musicnn import PRECISION_WORDS
 from .musicnn import mel as musicnn_mel
 from .musicnn.batch import MusicnnBatch
 from .musicnn.graph import STEADY_FRAMES, CompiledPushes, GraphStream, compiling_enabled
+from .vggish import vggish_flops
 
 from .frontend_names import FRONTENDS
 DEFAULT_FRONTEND = "musicnn"
@@ -204,18 +207,6 @@ class _VGGishSlots(_Slots):
         return patch[-melspec.FRAMES_PER_HOP:]
 
 
-def vggish_flops() -> int:
-    """FLOPs (2 x MACs) of VGGish on one 96 x 64 patch: 4 conv stages + 3 dense layers."""
-    macs, h, w, cin = 0, 96, 64, 1
-    for cout, convs in ((64, 1), (128, 1), (256, 2), (512, 2)):
-        for _ in range(convs):
-            macs += h * w * 9 * cin * cout
-            cin = cout
-        h, w = h // 2, w // 2
-    macs += cin * h * w * 4096 + 4096 * 4096 + 4096 * 128
-    return 2 * macs
-
-
 # ----------------------------------------------------------------------------- musicnn
 
 class MusicnnFrontEnd:
@@ -223,16 +214,19 @@ class MusicnnFrontEnd:
     mel_levels, frame_ms = (0.0, 4.0), 1e3 * musicnn_mel.FRAME_HOP / musicnn_mel.SAMPLE_RATE  # log10(1e4 x + 1)
     native_spacing = round(musicnn_mel.PATCH_HOP * musicnn_mel.FRAME_HOP / melspec.HOP)   # 4
 
-    def __init__(self, model: str = "MSD_musicnn", *, device="cpu", continual: bool = True, tf32: bool = False):
-        from .musicnn import build_musicnn
+    def __init__(self, model: str = "MSD_musicnn", *, device="cpu", continual: bool = True, precision: str = "float32"):
+        from .musicnn import build_musicnn, precision_problem
         device = torch.device(device)
         if device.type == "cuda" and not torch.cuda.is_available():
             device = torch.device("cpu")
+        problem = precision_problem(precision, device, continual)
+        if problem:
+            raise PrecisionError(problem)
         self.net, self.checksum = build_musicnn(model, device=device)
-        self.net.tf32 = tf32 = bool(tf32) and device.type == "cuda"     # audio/musicnn: ``precision``
+        self.net.precision = precision                                   # audio/musicnn: ``precision``
         self.model, self.device, self.continual, self.random = model, device, continual, False
         self.description = (f"musicnn {model} (pretrained, {'continual' if continual else 'recomputed'}"
-                            f"{', TF32' if tf32 else ''})")
+                            f"{'' if precision == 'float32' else ', ' + PRECISION_WORDS[precision]})")
         self.pushes = None                    # one stream's compiled pushes: ``stream``
         musicnn_mel.mel_basis()               # computed now, not on the first hop
         self.warm = _MusicnnStream(self.net, continual)   # first-call costs (kernels, tap tables) now too;
@@ -243,7 +237,7 @@ class MusicnnFrontEnd:
         """One stream's state; on the CPU, continual, the first loads (or builds) the compiled pushes
         all share (audio/musicnn/graph.py ``CompiledPushes``), which slots of many streams never do."""
         if self.pushes is None and self.continual and self.device.type == "cpu" and compiling_enabled():
-            self.pushes = CompiledPushes(self.model, self.checksum, STEADY_FRAMES)
+            self.pushes = CompiledPushes(self.model, self.checksum, STEADY_FRAMES, self.net.precision)
         return _MusicnnStream(self.net, self.continual, self.pushes, like=self.warm.net)
 
     def batch(self, capacity: int):
@@ -378,11 +372,14 @@ def _on_host(t: torch.Tensor) -> np.ndarray:
 
 def build_frontend(name: str = DEFAULT_FRONTEND, *, device="cpu", vggish_weights=None,
                    random_vggish: int | None = None, musicnn_model: str = "MSD_musicnn",
-                   continual: bool = True, allow_download: bool = True, tf32: bool = False) -> FrontEnd:
-    """A ready front end; raises MusicnnWeightsError / VGGishWeightsError with what to do.
-    ``tf32``: musicnn's network on CUDA in TF32 (audio/musicnn: ``precision``)."""
+                   continual: bool = True, allow_download: bool = True, precision: str = "float32") -> FrontEnd:
+    """A ready front end; raises MusicnnWeightsError / VGGishWeightsError / PrecisionError with
+    what to do. ``precision``: musicnn's arithmetic (audio/musicnn: ``PRECISIONS``); VGGish
+    runs float32 and refuses any other."""
     if name == "musicnn":
-        return MusicnnFrontEnd(musicnn_model, device=device, continual=continual, tf32=tf32)
+        return MusicnnFrontEnd(musicnn_model, device=device, continual=continual, precision=precision)
+    if precision != "float32":
+        raise PrecisionError(f"precision {precision} is for the musicnn front end (VGGish runs float32)")
     if name == "vggish":
         from .vggish import build_embedder
         return VGGishFrontEnd(build_embedder(vggish_weights, random_seed=random_vggish,

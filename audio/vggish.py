@@ -140,3 +140,15 @@ def build_embedder(weights: str | Path | None = None, *, random_seed: int | None
         pca = (torch.as_tensor(params["pca_eigen_vectors"]).float().to(device),
                torch.as_tensor(params["pca_means"]).reshape(-1, 1).float().to(device))
     return Embedder(model.eval().to(device), device, random_seed is not None, desc, checksum, pca)
+
+
+def vggish_flops() -> int:
+    """FLOPs (2 x MACs) of VGGish on one 96 x 64 patch: 4 conv stages + 3 dense layers."""
+    macs, h, w, cin = 0, 96, 64, 1
+    for cout, convs in ((64, 1), (128, 1), (256, 2), (512, 2)):
+        for _ in range(convs):
+            macs += h * w * 9 * cin * cout
+            cin = cout
+        h, w = h // 2, w // 2
+    macs += cin * h * w * 4096 + 4096 * 4096 + 4096 * 128
+    return 2 * macs

@@ -19,10 +19,10 @@ SIZES = {"cpu": (8, 16), "cuda": (1024, 4096)}
 
 
 def frontend_modes_bench(device: str = "cpu", sizes: tuple[int, ...] | None = None, hops: int = 25,
-                         warm: int = 10, tf32: bool = False) -> list[dict]:
+                         warm: int = 10, mode: str = "float32") -> list[dict]:
     from audio.frontends import build_frontend
 
-    net = build_frontend("musicnn", device=device, tf32=tf32).net
+    net = build_frontend("musicnn", device=device, precision=mode).net
     rows = []
     for streams in sizes or SIZES[device]:
         rng = np.random.default_rng(0)
@@ -33,16 +33,16 @@ def frontend_modes_bench(device: str = "cpu", sizes: tuple[int, ...] | None = No
             except torch.OutOfMemoryError:                   # CUDA: the state of thousands of streams
                 print(f"  {streams:6d} streams, front end with accumulators in {names[0]}: out of memory", flush=True)
                 rows += [{"streams": streams, "mode": m, "out_of_memory": True,
-                          "default": is_default(m, device, net.tf32)} for m in names]
+                          "default": is_default(m, device, net.precision)} for m in names]
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows
 
 
-def is_default(mode: str, device: str, tf32: bool = False) -> bool:
+def is_default(mode: str, device: str, precision: str = "float32") -> bool:
     """Whether ``mode`` is what MusicnnBatch keeps by default on ``device`` (for any number of streams)."""
     from audio.musicnn.batch import default_accumulate, per_branch
-    return per_branch(MODES[mode]) == default_accumulate(device, tf32)
+    return per_branch(MODES[mode]) == default_accumulate(device, precision)
 
 
 def time_modes(net, names: list[str], streams: int, frames: list, hops: int, warm: int) -> list[dict]:
@@ -69,7 +69,7 @@ def time_modes(net, names: list[str], streams: int, frames: list, hops: int, war
     for m, b in batches.items():
         state = sum(t.numel() * t.element_size() for t in b.state.values()) / b.capacity
         rows.append({"streams": streams, "mode": m, "accumulate": list(b.accumulate),
-                     "default": is_default(m, b.device.type, net.tf32),
+                     "default": is_default(m, b.device.type, net.precision),
                      "push_ms_median": statistics.median(times[m]),
                      "mflops_per_stream_hop": 2 * statistics.mean(macs[m]) / 1e6,
                      "state_mb_per_stream": state / 1e6})
@@ -79,12 +79,12 @@ def time_modes(net, names: list[str], streams: int, frames: list, hops: int, war
     return rows
 
 
-def modes_table(rows: list[dict], device: str, tf32: bool = False) -> list[str]:
+def modes_table(rows: list[dict], device: str, precision: str = "float32") -> list[str]:
     """The stored rows, each marked (default) where it is the code's default now."""
     out = ["| streams | temporal accumulators | push median (ms) | MFLOPs per stream-hop | state per stream (MB) |",
            "| ---: | --- | ---: | ---: | ---: |"]
     for r in rows:
-        mode = r["mode"] + (" (default)" if is_default(r["mode"], device, tf32) else "")
+        mode = r["mode"] + (" (default)" if is_default(r["mode"], device, precision) else "")
         out.append(f"| {r['streams']} | {mode} | out of memory | | |" if r.get("out_of_memory") else
                    f"| {r['streams']} | {mode} | {r['push_ms_median']:.1f} | {r['mflops_per_stream_hop']:.0f} | "
                    f"{r['state_mb_per_stream']:.1f} |")

@@ -265,10 +265,11 @@ def streams_body(runs: dict) -> str:
                     f"frames per stream, {models}, the probabilities copied back; no audio, "
                     "log-mel or records):", ""] + tensor_table(r) + [
                     "", f"Tensor work within 125 ms: **{capacity_text(r['tensor'])}** ({r['device']}).", ""]
-        if "tf32_error" in r:
-            e = r["tf32_error"]
-            out += [f"TF32 against float32 (the same {e['streams']} demo streams through both, "
-                    f"{e['steps']} model steps): taggrams differ by at most {e['taggram_max_abs']:.1e}, the "
+        if "precision_error" in r:
+            from audio.musicnn import PRECISION_WORDS
+            e = r["precision_error"]
+            out += [f"{PRECISION_WORDS[e['precision']]} against float32 ({e['streams']} streams through both, "
+                    f"{e['sources']}; {e['steps']} model steps): taggrams differ by at most {e['taggram_max_abs']:.1e}, the "
                     f"models' probabilities by {e['probability_max_abs']:.1e}; the top genre differs in "
                     f"{100 * e['top_differs']:.2f} % of the steps, and {e['verdicts_changed']} of {e['verdicts']} "
                     f"verdicts change.", ""]
@@ -277,7 +278,7 @@ def streams_body(runs: dict) -> str:
                     "(audio/musicnn/batch.py; 15 or 16 random log-mel frames per stream"
                     + (", the three ways taking turns hop by hop in one process" if r["device"] == "cpu" else
                        ", one way after another") + "):", ""] \
-                + modes_table(r["frontend_modes"], r["device"], r.get("tf32", False)) + [""]
+                + modes_table(r["frontend_modes"], r["device"], r["precision"]) + [""]
         if "steps" in r:
             out += ["One stream's model step past warm-up (median):", ""] + step_table(r) + [""]
     return "\n".join(out) + "\n"
@@ -365,7 +366,7 @@ SECTIONS = [
      "once, each part and S in a fresh process; the engines take turns in blocks of calls.",
      engines_body),
     ("Many streams in one engine", "streams-",
-     "`bench --streams [--device cpu|cuda [--tf32]] [--models NAME,...] [--streams-from S]`: S demo streams "
+     "`bench --streams [--device cpu|cuda] [--precision float32|tf32|bf16] [--models NAME,...] [--streams-from S]`: S demo streams "
      "(seeds 0..S-1) in one engine, S = 1, 2, 4, ... (or from S, halving while that is over) "
      "until the p95 hop passes half a hop (125 ms), then S halving the gap between the last two until it is "
      "at most an eighth of the lower (each S in a fresh process), timed past every model's warm-up. A hop: every stream's "
@@ -374,7 +375,7 @@ SECTIONS = [
      "then each of the five shipped models (or those named) stepped once for all streams (models/stream/batch.py; on the CPU the "
      "continual ones step their steady streams in one call of the compiled backend). FLOPs per stream-hop: the front end's and the five models' "
      "(the formulas of the single-stream steps); GFLOP/s against one float32 `torch.mm` (2 x 512^3 FLOPs on "
-     "the CPU, 2 x 8192^3 on CUDA, TF32 off also for a `--tf32` run). A row's resident memory is what the engine and its streams added to the "
+     "the CPU, 2 x 8192^3 on CUDA, TF32 off also for a `--precision tf32` run). A row's resident memory is what the engine and its streams added to the "
      "process; a run that says *held* reads it after the heap's free memory is given back to the system "
      "(glibc malloc_trim), with the memory before beside it (up to 64 MB of free heap are kept for the next "
      "hop's temporaries). Memory per added stream: the median of the slopes between every two rows from half "

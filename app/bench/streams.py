@@ -31,7 +31,7 @@ REAL_TIME_MS = 1e3 * HOP_SECONDS / 2          # p95 hop at most half a hop: 125 
 
 def device_peak(device: str) -> float:
     """GFLOP/s of one float32 matrix product: 512^3 on the CPU (attention.matmul_peak),
-    8192^3 on CUDA (TF32 off, as the float32 front end runs; a `--tf32` run is set against it too)."""
+    8192^3 on CUDA (TF32 off, as the float32 front end runs; a `--precision tf32` run is set against it too)."""
     from .attention import matmul_peak
     if device != "cuda":
         return matmul_peak(2 * 512 ** 3)
@@ -55,13 +55,13 @@ class UnknownModelError(ValueError):
     """A model named to the bench that is not shipped."""
 
 
-def bench_setup(device: str, models=None, tf32: bool = False):
+def bench_setup(device: str, models=None, mode: str = "float32"):
     """(musicnn front end, its lineup): the shipped models, or those of them named in ``models``
     (UnknownModelError naming the shipped ones for a name that is not)."""
     from app.runtime.lineup import default_lineup
     from audio.frontends import build_frontend
 
-    frontend = build_frontend("musicnn", device=device, tf32=tf32)
+    frontend = build_frontend("musicnn", device=device, precision=mode)
     entries = default_lineup(frontend, device)
     if models:
         known = {e.name: e for e in entries}
@@ -88,12 +88,12 @@ def steady_after(entries, every_hop: bool = False) -> int:
     return 1 + max((1 if every_hop else e.spacing) * (steps_to_steady(e.model.cfg) - 1) for e in entries)
 
 
-def streams_row(device: str, streams: int, hops: int, warm: int, threads: int, models=None, tf32: bool = False) -> dict:
+def streams_row(device: str, streams: int, hops: int, warm: int, threads: int, models=None, mode: str = "float32") -> dict:
     """One row, in a fresh process (``streams_bench``): the engine's hop for ``streams`` demo
     streams, and the resident memory the engine and its streams added to the process."""
     from app.runtime.engine import Engine
     torch.set_num_threads(threads)
-    frontend, entries = bench_setup(device, models, tf32)
+    frontend, entries = bench_setup(device, models, mode)
     release_free_heap()
     base = rss_mb()
     engine = Engine(frontend, entries, capacity=streams)
@@ -151,21 +151,21 @@ def per_stream_mb(rows: list[dict]) -> float:
 
 
 def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, max_streams: int = 1 << 16,
-                  models=None, tf32: bool = False, start: int = 1) -> dict:
+                  models=None, mode: str = "float32", start: int = 1) -> dict:
     """Rows in the order ``next_streams`` asks for them, each in a fresh process (spawned; one at a
     time), so that one row's memory, heap and warm caches are not the next one's."""
     import multiprocessing
 
-    frontend, entries = bench_setup(device, models, tf32)
+    frontend, entries = bench_setup(device, models, mode)
     warm = steady_after(entries) if warm is None else warm
     rows = []
     with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
         while (streams := next_streams(rows, max_streams, start=start)) is not None:
-            rows.append(pool.apply(streams_row, (device, streams, hops, warm, torch.get_num_threads(), models, tf32)))
+            rows.append(pool.apply(streams_row, (device, streams, hops, warm, torch.get_num_threads(), models, mode)))
     rows.sort(key=lambda r: r["streams"])
     ok = [r["streams"] for r in rows if r["hop_ms_p95"] <= REAL_TIME_MS]
     return {"device": device, "threads": torch.get_num_threads(), "frontend": frontend.description,
-            "models": [e.name for e in entries], "tf32": frontend.net.tf32, "rows": rows,
+            "models": [e.name for e in entries], "precision": frontend.net.precision, "rows": rows,
             "peak_gflops": device_peak(device), "mb_per_stream": per_stream_mb(rows),
             "mb_per_stream_from": "held after the free heap is given back, the median slope between every two "
                                   "rows from half the largest count up",
@@ -173,7 +173,7 @@ def streams_bench(device: str = "cpu", hops: int = 24, warm: int | None = None, 
 
 
 def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, max_streams: int = 1 << 16,
-                 models=None, tf32: bool = False, start: int = 1) -> dict:
+                 models=None, mode: str = "float32", start: int = 1) -> dict:
     """The hop's batched tensor work alone for S = 1, 2, 4, ... streams until its p95 passes 125 ms
     (or the device's memory runs out): the musicnn network's push of 15 or 16 random log-mel
     frames per stream, each shipped model's step on the taggrams, the probabilities copied back."""
@@ -185,7 +185,7 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, m
 
     many_streams_heap()                               # as Engine.warm() sets it
 
-    frontend, entries = bench_setup(device, models, tf32)
+    frontend, entries = bench_setup(device, models, mode)
     warm = steady_after(entries, every_hop=True) if warm is None else warm
     rng = np.random.default_rng(0)
     rows, streams = [], start
@@ -231,63 +231,9 @@ def tensor_bench(device: str = "cpu", hops: int = 12, warm: int | None = None, m
     return {"rows": rows, "capacity": max(ok) if ok else 0, "hops": hops, "warm": warm}
 
 
-def streams_key(device: str, models=None, tf32: bool = False) -> str:
-    """The stored run's name: streams-DEVICE[-MODEL...][-tf32]."""
-    return "-".join(["streams", device, *(m.replace("/", "-") for m in models or ()), *(["tf32"] if tf32 else [])])
-
-
-def tf32_error(models=None, sources=None, streams: int = 64, seconds: float = 30.0) -> dict:
-    """TF32 against float32 on CUDA, the same streams through both (``sources(i)``: the i-th
-    stream's source, made afresh for each; default the demo signal, seed i): the largest
-    taggram difference (both networks' pushes of the streams' log-mel frames), and, from two
-    engines with the lineup, the largest probability difference, the share of steps whose top
-    genre differs, and the streams whose verdict (the genre most often on top) differs."""
-    import numpy as np
-
-    from app.runtime.engine import Engine
-    from app.runtime.verdict import Tally
-    from audio.musicnn.batch import MusicnnBatch
-    from audio.musicnn.mel import StreamingMel, log_mel_of_frames
-
-    sources = sources or (lambda i: demo_stream(i, seconds))
-    runs, taggrams = {}, {}
-    for tf32 in (False, True):
-        frontend, entries = bench_setup("cuda", models, tf32)
-        net, mels = MusicnnBatch(frontend.net, streams), [StreamingMel() for _ in range(streams)]
-        hops = [iter(sources(i)) for i in range(streams)]
-        out = []
-        for s in range(streams):
-            net.reset(s)
-        while True:
-            step = [next(h, None) for h in hops]
-            if any(x is None for x in step):
-                break
-            out.append(net.push(list(range(streams)), [log_mel_of_frames(m.frames(x)) for m, x in zip(mels, step)]).cpu())
-        taggrams[tf32] = torch.stack(out)                                       # (hops, S, 50)
-        engine = Engine(frontend, entries, capacity=streams)
-        runs[tf32] = list(engine.run(sources(i) for i in range(streams)))
-    by_stream = {tf32: {} for tf32 in runs}
-    worst, differ, steps = 0.0, 0, 0
-    assert [(r.source, r.step) for r in runs[False]] == [(r.source, r.step) for r in runs[True]]
-    for a, b in zip(runs[False], runs[True]):
-        by_stream[False].setdefault(a.source, []).append(a)
-        by_stream[True].setdefault(b.source, []).append(b)
-        for name, m in a.models.items():
-            worst = max(worst, float(np.abs(np.subtract(m.probabilities, b.models[name].probabilities)).max()))
-            differ += m.top[0] != b.models[name].top[0]
-            steps += 1
-    changed = 0
-    for src in by_stream[False]:
-        a = {v.name: v.genre for v in Tally.of(by_stream[False][src]).verdicts()}
-        b = {v.name: v.genre for v in Tally.of(by_stream[True][src]).verdicts()}
-        changed += sum(a[k] != b.get(k) for k in a)
-    row = {"streams": streams, "taggram_max_abs": float((taggrams[True] - taggrams[False]).abs().max()),
-           "probability_max_abs": worst, "top_differs": differ / max(steps, 1), "steps": steps,
-           "verdicts_changed": changed, "verdicts": len(by_stream[False]) * len(runs[False][0].models)}
-    print(f"  TF32 against float32, {streams} streams: taggrams differ by at most {row['taggram_max_abs']:.2e}, "
-          f"probabilities by {row['probability_max_abs']:.2e}; the top genre differs in {row['top_differs']:.2%} "
-          f"of {steps} model steps; {changed} of {row['verdicts']} verdicts change", flush=True)
-    return row
+def streams_key(device: str, models=None, mode: str = "float32") -> str:
+    """The stored run's name: streams-DEVICE[-MODEL...][-PRECISION] (none for float32)."""
+    return "-".join(["streams", device, *(m.replace("/", "-") for m in models or ()), *([mode] if mode != "float32" else [])])
 
 
 def step_bench(device: str = "cpu", steps: int = 200, models=None) -> list[dict]:

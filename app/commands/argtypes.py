@@ -123,21 +123,31 @@ POSITIVE = integer(1)
 SECONDS = number(above=0)
 
 
-def add_device_arguments(p, what: str = "where the front end and models run", tf32: bool = True) -> None:
-    """--device cpu|cuda (compute, the same name in every command) and, if asked, --tf32."""
+def add_device_arguments(p, what: str = "where the front end and models run", precision: bool = True) -> None:
+    """--device cpu|cuda (compute, the same name in every command) and, if asked, --precision."""
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=what)
-    if tf32:
-        p.add_argument("--tf32", action="store_true",
-                       help="with --device cuda: musicnn's network in TF32 with cuDNN (its error: docs/front-ends.md)")
+    if precision:
+        from audio.frontend_names import PRECISIONS
+        p.add_argument("--precision", choices=PRECISIONS, default="float32",
+                       help="musicnn's arithmetic: float32 (default, exact to float32 rounding); tf32: with "
+                            "--device cuda, TF32 with cuDNN; bf16: the continual front end's timbral products "
+                            "in bf16, on a CPU with avx512_bf16 or AMX or a GPU with bf16 tensor cores (their "
+                            "speed and error against float32: docs/front-ends.md)")
 
 
 def compute_device(args, command: str) -> str:
     """``args.device``, checked: CUDA asked for where there is none is an error (exit 1), never
-    a run on the CPU; --tf32 needs --device cuda."""
+    a run on the CPU; a --precision this device or front end cannot run is one too."""
     import torch
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"{command}: --device cuda: no CUDA device here (torch {torch.__version__}"
                          f"{', a CPU-only build' if torch.version.cuda is None else ''})")
-    if getattr(args, "tf32", False) and args.device != "cuda":
-        raise SystemExit(f"{command}: --tf32 is for --device cuda (the CPU has no TF32)")
+    mode = getattr(args, "precision", "float32")
+    if mode != "float32":
+        from audio.musicnn import precision_problem
+        if getattr(args, "frontend", None) == "vggish" or getattr(args, "vggish_weights", None):
+            raise SystemExit(f"{command}: --precision {mode} is for the musicnn front end (VGGish runs float32)")
+        problem = precision_problem(mode, args.device, not getattr(args, "recompute_frontend", False))
+        if problem:
+            raise SystemExit(f"{command}: --{problem}")
     return args.device

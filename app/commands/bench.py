@@ -38,7 +38,7 @@ def add_arguments(p) -> None:
     p.add_argument("--streams", action="store_true",
                    help="instead: S = 1, 2, 4, ... demo streams in one engine (musicnn and the shipped "
                         "models) until the p95 hop passes 125 ms; the real-time capacity")
-    add_device_arguments(p, "with --streams: where it runs", tf32=False)
+    add_device_arguments(p, "with --streams: where it runs")
     p.add_argument("--models", type=lambda v: [m for m in v.split(",") if m], default=None, metavar="NAME[,NAME]",
                    help="with --streams: only these shipped models, e.g. 'continual_nystrom' (default: all five)")
     p.add_argument("--streams-from", type=POSITIVE, default=1, metavar="S",
@@ -46,8 +46,6 @@ def add_arguments(p) -> None:
     p.add_argument("--streams-to", type=POSITIVE, default=None, metavar="S",
                    help="with --streams: stop doubling past S streams (a quick look at small batches: "
                         "no front-end ways table; stored apart, as streams-...-toS)")
-    p.add_argument("--tf32", action="store_true",
-                   help="with --streams --device cuda: musicnn's network in TF32, and its error against float32")
     p.add_argument("--serve", type=POSITIVE, metavar="N",
                    help="instead: N WebSocket clients streaming real audio in real time to `serve` on "
                         "loopback; latency, dropped hops, server CPU and memory per stream")
@@ -162,26 +160,27 @@ def run(args) -> int:
 
         from app.bench.frontend_modes import frontend_modes_bench
         from app.bench.streams import (UnknownModelError, print_streams, step_bench, streams_bench,
-                                               streams_key, tensor_bench, tf32_error)
+                                               streams_key, tensor_bench)
         compute_device(args, "bench")
         if args.threads:
             torch.set_num_threads(args.threads)
         try:                                               # a model that is not shipped: said before any row
             cap = dict(max_streams=args.streams_to) if args.streams_to else {}
-            r = streams_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from, **cap)
+            r = streams_bench(args.device, models=args.models, mode=args.precision, start=args.streams_from, **cap)
         except UnknownModelError as e:
             print(f"error: --models: {e}", file=sys.stderr)
             return 1
-        r["tensor"] = tensor_bench(args.device, models=args.models, tf32=args.tf32, start=args.streams_from, **cap)
-        if args.tf32:
-            r["tf32_error"] = tf32_error(models=args.models)
+        r["tensor"] = tensor_bench(args.device, models=args.models, mode=args.precision, start=args.streams_from, **cap)
+        if args.precision != "float32":
+            from app.bench.precision import precision_error
+            r["precision_error"] = precision_error(args.device, args.precision, models=args.models)
         if cap:
             r["capped_at"] = r["tensor"]["capped_at"] = args.streams_to
         else:
-            r["frontend_modes"] = frontend_modes_bench(args.device, tf32=args.tf32)
+            r["frontend_modes"] = frontend_modes_bench(args.device, mode=args.precision)
         r["steps"] = step_bench(args.device, models=args.models)
         print_streams(r)
-        page(streams_key(args.device, args.models, args.tf32) + (f"-to{args.streams_to}" if cap else ""), r)
+        page(streams_key(args.device, args.models, args.precision) + (f"-to{args.streams_to}" if cap else ""), r)
     if args.engines:
         from app.bench.engines import engines_bench, print_engines
         r = engines_bench(threads=args.threads, only=args.only)

@@ -256,7 +256,7 @@ def classify(args, device: str) -> int:
     trained = [f"{e.name} ({e.path})" for e in entries if e.trained]
     what = (f"{sources.count} files, {capacity} at a time" if args.path and sources.count > 1
             else f"{args.demo} streams" if (args.demo or 0) > 1 else first[0].name)
-    print(f"# {device_text(device, args.tf32)}; source {what}; front end: {frontend.description}"
+    print(f"# {device_text(device, args.precision)}; source {what}; front end: {frontend.description}"
           + (f"; trained: {', '.join(trained)}" if trained else "")
           + (f"; UNTRAINED models (random weights, seed {args.seed}), marked *: "
              f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)

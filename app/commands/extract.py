@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
                    help="overwrite an existing --out (an interrupted extraction resumes without it)")
     add_frontend_arguments(p)
     p.add_argument("--batch-size", type=POSITIVE, default=64, help="VGGish batch size")
-    add_device_arguments(p, "where the front end runs", tf32=False)
+    add_device_arguments(p, "where the front end runs", precision=False)
     add_ray_arguments(p)
 
 

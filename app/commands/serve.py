@@ -54,7 +54,7 @@ def hub_spec(args):
     from app.runtime.frontend_args import FrontEndSpec, frontend_name, random_seed
     from app.serve.spec import HubSpec
     fe = FrontEndSpec(frontend_name(args), args.vggish_weights, random_seed(args), True, args.device,
-                      tf32=args.tf32)
+                      precision=args.precision)
     shape = {"layers": args.layers, "window": args.window, "landmarks": args.landmarks, "seed": args.seed}
     delay = {} if args.batch_delay_ms is None else {"batch_delay_ms": args.batch_delay_ms}
     per_address = args.max_streams_per_address

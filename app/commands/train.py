@@ -42,7 +42,7 @@ def add_arguments(p) -> None:
     p.add_argument("--crop-min", type=integer(0), default=d.crop_min,
                    help="train on random contiguous crops of at least this many tokens "
                         "(0: whole sequences, the paper's setting)")
-    add_device_arguments(p, "where to train", tf32=False)
+    add_device_arguments(p, "where to train", precision=False)
 
 
 @command("train", add_arguments)

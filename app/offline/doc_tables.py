@@ -120,15 +120,16 @@ def frontend_speed(run: dict) -> str:
 def frontend_modes(runs: dict) -> str:
     """The batched musicnn push by which temporal branches keep accumulators, from the stored
     `bench --streams` runs that measured it (CPU, and CUDA in TF32); the default is the code's."""
+    from audio.musicnn import PRECISION_WORDS
     from audio.musicnn.batch import default_accumulate
     lines = ["| device | streams | branches accumulating | push, median ms | MFLOPs per stream-hop "
              "| state MB per stream | the default |", "| --- | ---: | --- | ---: | ---: | ---: | --- |"]
     notes = []
     for run in runs.values():
         data = run["data"]
-        device = "CPU" if data["device"] == "cpu" else f"{run['machine'].get('gpu', 'CUDA')}, TF32" if data["tf32"] \
-            else run["machine"].get("gpu", "CUDA")
-        default = default_accumulate(data["device"], data["tf32"])
+        device = ("CPU" if data["device"] == "cpu" else run["machine"].get("gpu", "CUDA")) \
+            + ("" if data["precision"] == "float32" else f", {PRECISION_WORDS[data['precision']]}")
+        default = default_accumulate(data["device"], data["precision"])
         for r in data["frontend_modes"]:
             lines.append(f"| {device} | {r['streams']:,} | {r['mode']} | {r['push_ms_median']:.1f} "
                          f"| {r['mflops_per_stream_hop']:.0f} | {r['state_mb_per_stream']:.1f} "

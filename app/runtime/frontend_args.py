@@ -44,7 +44,7 @@ def frontend_name(args) -> str:
 
 
 def frontend_or_random(name: str, *, device="cpu", vggish_weights=None, random_vggish=None,
-                       continual: bool = True, on_missing=None, allow_download: bool = True, tf32: bool = False):
+                       continual: bool = True, on_missing=None, allow_download: bool = True, precision: str = "float32"):
     """``build_frontend``; if VGGish weights are missing and ``on_missing`` is given, it hears
     the VGGishWeightsError and a RANDOM VGGish (seed ``random_vggish`` or 0) is used instead."""
     from audio.errors import VGGishWeightsError
@@ -52,7 +52,7 @@ def frontend_or_random(name: str, *, device="cpu", vggish_weights=None, random_v
     try:
         return build_frontend(name, device=device, vggish_weights=vggish_weights,
                               random_vggish=random_vggish, continual=continual,
-                              allow_download=allow_download, tf32=tf32)
+                              allow_download=allow_download, precision=precision)
     except VGGishWeightsError as e:
         if on_missing is None:
             raise
@@ -69,7 +69,7 @@ def frontend_from_args(args, device="cpu"):
                               random_vggish=random_seed(args),
                               continual=not getattr(args, "recompute_frontend", False),
                               on_missing=say if getattr(args, "fallback_random_vggish", False) else None,
-                              tf32=getattr(args, "tf32", False))
+                              precision=getattr(args, "precision", "float32"))
 
 
 @dataclass(frozen=True)
@@ -81,19 +81,21 @@ class FrontEndSpec:
     continual: bool = True
     device: str = "cpu"
     allow_download: bool = False
-    tf32: bool = False                # musicnn on CUDA in TF32 (audio/musicnn: ``precision``)
+    precision: str = "float32"        # musicnn's arithmetic (audio/musicnn: ``PRECISIONS``)
 
     def build(self, on_missing=None):
         """The front end (``on_missing``: see frontend_or_random)."""
         return frontend_or_random(self.name, device=self.device, vggish_weights=self.vggish_weights,
                                   random_vggish=self.random_vggish, continual=self.continual,
-                                  on_missing=on_missing, allow_download=self.allow_download, tf32=self.tf32)
+                                  on_missing=on_missing, allow_download=self.allow_download, precision=self.precision)
 
 
-def device_text(device: str, tf32: bool = False) -> str:
-    """What runs where, for a run's header: 'device cpu, float32' or the GPU's name."""
-    if device != "cuda":
-        return "device cpu, float32"
-    import torch
-    return (f"device cuda ({torch.cuda.get_device_name()}), float32"
-            + (", musicnn's network in TF32" if tf32 else ""))
+def device_text(device: str, precision: str = "float32") -> str:
+    """What runs where, for a run's header: 'device cpu, float32' or the GPU's name, and
+    musicnn's precision where it is not float32."""
+    from audio.musicnn import PRECISION_WORDS
+    where = "device cpu"
+    if device == "cuda":
+        import torch
+        where = f"device cuda ({torch.cuda.get_device_name()})"
+    return f"{where}, float32" + ("" if precision == "float32" else f", musicnn in {PRECISION_WORDS[precision]}")

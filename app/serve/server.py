@@ -159,11 +159,11 @@ def serve_forever(spec, token: str | None, host: str, port: int) -> int:
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
     where = host_port(host, sock.getsockname()[1])
-    tf32 = getattr(getattr(spec, "frontend", None), "tf32", False)
+    precision = getattr(getattr(spec, "frontend", None), "precision", "float32")
 
     def started(hub):
         print(f"# serving ws://{where}/v1/stream: up to {hub.capacity} streams, front end {hub.frontend}, "
-              f"models {', '.join(hub.models)}, {device_text(hub.device, tf32)}{', token required' if token else ''}",
+              f"models {', '.join(hub.models)}, {device_text(hub.device, precision)}{', token required' if token else ''}",
               file=sys.stderr, flush=True)
     serve_app(spec, token, sock, started)
     print("# stopped", file=sys.stderr, flush=True)

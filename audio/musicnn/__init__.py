@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from ..assets import assets_dir
 from ..errors import MusicnnWeightsError
+from ..frontend_names import PRECISIONS
 
 WEIGHTS_DIR = assets_dir() / "musicnn"
 MODELS = ("MSD_musicnn",)
@@ -70,37 +71,76 @@ class BatchNorm(nn.Module):
         return x * scale + shift
 
 
+PRECISION_WORDS = {"float32": "float32", "tf32": "TF32", "bf16": "bf16 timbral products"}
+
+
 @contextmanager
-def precision(tf32: bool, device: torch.device | str):
-    """The network's arithmetic on CUDA. Default float32, within the error model of float32 dot
-    products as on the CPU: TF32 off (torch allows it in cuDNN by default) and cuDNN off. cuDNN
-    picks each convolution's algorithm by timing (transform-based ones among them), so a
-    stream's values would depend on the batch it ran in. Every computation of the network runs
-    inside this, a new slot's silence caches included. Without cuDNN, ``conv1d`` (the mid-end) is one batched
-    matrix product per tap; other convolutions are ATen's own, one product per batch row (so the
-    batched front end keeps every temporal branch's accumulators in float32; `--recompute-frontend`
-    convolves its temporal branches).
-    ``tf32`` (`--tf32`): cuDNN on, its algorithms chosen by timing, and the
-    matrix products and convolutions on the tensor cores with 10-bit mantissas (its error
-    against float32: docs/front-ends.md). The switches are the process's: on CUDA one network
+def precision(mode: str, device: torch.device | str):
+    """The network's arithmetic on CUDA (``mode``: PRECISIONS). Default float32, within the error
+    model of float32 dot products as on the CPU: TF32 off (torch allows it in cuDNN by default)
+    and cuDNN off. cuDNN picks each convolution's algorithm by timing (transform-based ones among
+    them), so a stream's values would depend on the batch it ran in. Every computation of the
+    network runs inside this, a new slot's silence caches included. Without cuDNN, ``conv1d``
+    (the mid-end) is one batched matrix product per tap; other convolutions are ATen's own, one
+    product per batch row (so the batched front end keeps every temporal branch's accumulators
+    in float32; `--recompute-frontend` convolves its temporal branches).
+    "tf32" (`--precision tf32`): cuDNN on, its algorithms chosen by timing, and the matrix
+    products and convolutions on the tensor cores with 10-bit mantissas. "bf16" sets them as
+    float32 does (its bf16 products, the timbral ones of ``timbral_dtype``, sum in float32 on
+    CUDA too). Their errors against float32: docs/front-ends.md. The switches are the process's: on CUDA one network
     computes at a time (one engine, one lane); on the CPU (``device``), where they do nothing,
     they are left alone, so that a server's lanes, each pushing in a thread of its own, never
     interleave their settings."""
     if torch.device(device).type != "cuda":
         yield
         return
+    tf32 = mode == "tf32"
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     knobs = (matmul, cudnn, cudnn.conv, cudnn.rnn)
-    saved = [k.fp32_precision for k in knobs], cudnn.enabled, cudnn.benchmark
+    saved = [k.fp32_precision for k in knobs], cudnn.enabled, cudnn.benchmark, matmul.allow_bf16_reduced_precision_reduction
     for k in knobs:
         k.fp32_precision = "tf32" if tf32 else "ieee"
-    cudnn.enabled, cudnn.benchmark = bool(tf32), True
+    cudnn.enabled, cudnn.benchmark = tf32, True
+    matmul.allow_bf16_reduced_precision_reduction = False      # bf16 products: sums in float32
     try:
         yield
     finally:
         for k, v in zip(knobs, saved[0]):
             k.fp32_precision = v
-        cudnn.enabled, cudnn.benchmark = saved[1:]
+        cudnn.enabled, cudnn.benchmark, matmul.allow_bf16_reduced_precision_reduction = saved[1:]
+
+
+def timbral_dtype(mode: str) -> torch.dtype:
+    """The continual front ends' timbral products' dtype: bfloat16 in "bf16", else float32. They
+    are 62 % of a continual hop's multiply-accumulates and hold no state (each row is computed
+    once from its frames and kept), so their rounding does not build up over a stream; the
+    temporal accumulators, the mid-end and the back-end stay float32."""
+    return torch.bfloat16 if mode == "bf16" else torch.float32
+
+
+def bf16_hardware() -> bool:
+    """Whether this CPU computes bf16 products natively (avx512_bf16 or AMX); without them
+    oneDNN emulates bf16, slower than float32."""
+    cpu = torch.cpu
+    return any(getattr(cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def precision_problem(mode: str, device: torch.device | str, continual: bool = True) -> str | None:
+    """Why the network cannot run in ``mode`` here, or None."""
+    kind = torch.device(device).type
+    if mode not in PRECISIONS:
+        return f"unknown precision {mode!r}; valid: {', '.join(PRECISIONS)}"
+    if mode == "tf32" and kind != "cuda":
+        return "precision tf32 is for --device cuda (the CPU has no TF32)"
+    if mode == "bf16":
+        if not continual:
+            return "precision bf16 is for the continual front end (the recomputed network is the float32 reference)"
+        if kind == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return f"precision bf16 needs a GPU with bf16 tensor cores ({torch.cuda.get_device_name()} has none)"
+        if kind == "cpu" and not bf16_hardware():
+            return (f"precision bf16 needs a CPU with avx512_bf16 or AMX (this one: "
+                    f"{torch.backends.cpu.get_cpu_capability()}, where bf16 is emulated, slower than float32)")
+    return None
 
 
 def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, padding: int = 0, *,
@@ -141,7 +181,7 @@ class Musicnn(nn.Module):
     """(B, 187, 96) log-mel -> (B, 50) tag probabilities. Split into stages so that the
     continual front end (audio/musicnn/stream.py) can cache per-frame results."""
 
-    tf32 = False            # CUDA: matrix products and convolutions in TF32 (``precision``)
+    precision = "float32"   # PRECISIONS: the continual front ends' arithmetic (``precision``)
 
     def __init__(self):
         super().__init__()
@@ -211,7 +251,7 @@ class Musicnn(nn.Module):
 
     def forward(self, mel: Tensor) -> Tensor:
         """(B, T, 96) log-mel patch (T = 187 for the trained models) -> (B, 50) taggram."""
-        with precision(self.tf32, mel.device):
+        with precision(self.precision, mel.device):
             x = self.normalize(mel)
             timbral = self.timbral_valid(F.pad(x, (0, 0, 3, 3)))
             front = torch.cat([timbral, self.temporal_same(x)], dim=2)

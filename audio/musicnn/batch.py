@@ -61,12 +61,12 @@ def per_branch(accumulate: bool | tuple | list) -> tuple[bool, ...]:
     return (bool(accumulate),) * len(TEMPORAL)
 
 
-def default_accumulate(device_type: str, tf32: bool = False) -> tuple[bool, ...]:
+def default_accumulate(device_type: str, mode: str = "float32") -> tuple[bool, ...]:
     """Which temporal branches keep accumulators by default (``MusicnnBatch``): the K = 128 one
-    only on the CPU and on CUDA in TF32 (with cuDNN); every branch on CUDA in float32 (cuDNN
+    only on the CPU and on CUDA in TF32 (with cuDNN); every branch on CUDA in float32 or bf16 (cuDNN
     off, ``precision``: a branch without them would convolve by ATen's own kernel, one product
     per stream). The same for every number of streams measured (see ``MusicnnBatch``)."""
-    return per_branch(True if device_type == "cuda" and not tf32 else CPU_ACCUMULATE)
+    return per_branch(True if device_type == "cuda" and mode != "tf32" else CPU_ACCUMULATE)
 
 
 def on_device(a: np.ndarray, device: torch.device) -> Tensor:
@@ -102,12 +102,12 @@ class MusicnnBatch:
         self.net, self.capacity = net, capacity
         self.device = next(net.buffers()).device
         cuda = self.device.type == "cuda"
-        self.accumulate = per_branch(default_accumulate(self.device.type, net.tf32) if accumulate is None
+        self.accumulate = per_branch(default_accumulate(self.device.type, net.precision) if accumulate is None
                                      else accumulate)                                  # per temporal branch
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
         self.slotwise = not cuda                       # edge rings: per slot in place, or one gather / scatter
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
-        self.timbral = one.timbral.branches                                           # (w, bn, weight, bias)
+        self.timbral, self.timbral_dtype = one.timbral.branches, one.timbral.dtype    # (w, bn, weight, bias)
         self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
         pad = TEMPORAL_CONV_CH - TEMPORAL_CH
         self.conv = [(torch.nn.functional.pad(a.weight, (0, 0, 0, 0, 0, 0, 0, pad)),
@@ -116,7 +116,7 @@ class MusicnnBatch:
         w = net.mid[0].weight                                                         # (64, 561, 7)
         self.mid_timbral = w[:, :TIMBRAL_FEATS].contiguous()
         self.mid_temporal = w[:, TIMBRAL_FEATS:].contiguous()
-        with precision(net.tf32, self.device):          # the silence's caches as every push computes
+        with precision(net.precision, self.device):          # the silence's caches as every push computes
             self.template = self._state_of(one)
         self.state = {name: t.new_zeros((capacity, *t.shape)) for name, t in self.template.items()}
         self.start = np.zeros(capacity, np.int64)        # rows moved since the slot's reset (ring origin)
@@ -164,7 +164,7 @@ class MusicnnBatch:
     def push_rows(self, slots: list[int], rows: Tensor, counts: list[int]) -> Tensor:
         """The same with every stream's frames in one tensor on the network's device: rows
         (sum counts, 96), stream i's the counts[i] after the streams' before it."""
-        with precision(self.net.tf32, self.device):
+        with precision(self.net.precision, self.device):
             return self._push(np.asarray(slots, np.int64), rows, np.asarray(counts, np.int64))
 
     def _push(self, slots: np.ndarray, new: Tensor, counts: np.ndarray) -> Tensor:
@@ -227,10 +227,11 @@ class MusicnnBatch:
         branches, one matrix product per branch (its im2col the only copy of the frames)."""
         n, rows = x.shape[0], x.shape[1] - 2 * EDGE
         out = x.new_empty(n, rows, TIMBRAL_FEATS)
-        for i, (w, bn, weight, bias) in enumerate(self.timbral):
+        x = x.to(self.timbral_dtype)
+        for i, branch in enumerate(self.timbral):
+            w = branch[0]
             cols = x.unfold(1, 2 * EDGE + 1, 1).unfold(2, w, 1).reshape(-1, (2 * EDGE + 1) * w)
-            z = torch.addmm(bias, cols, weight).view(n * rows, BANDS - w + 1, -1)     # (n rows, F, 208)
-            out[:, :, i * TIMBRAL_CH:(i + 1) * TIMBRAL_CH] = timbral_features(bn, z).view(n, rows, -1)
+            out[:, :, i * TIMBRAL_CH:(i + 1) * TIMBRAL_CH] = timbral_features(branch, cols).view(n, rows, -1)
         return out
 
     def _mid_rows(self, timbral: Tensor) -> Tensor:

@@ -133,15 +133,15 @@ def compiling_enabled() -> bool:
     return os.environ.get("NYSTREAM_COMPILED_PUSH", "1") != "0"
 
 
-def package_key(model: str, checksum: str, k: int, threads: int) -> str:
-    """A compiled push's name: its model, k and the torch threads its kernels are written for,
-    and a digest of what else it was built from (this code, torch, the CPU's instruction set,
-    the weights), so that any change builds anew; a build removes the libraries of the same
-    model, k and threads that it replaces (``stale``)."""
+def package_key(model: str, checksum: str, k: int, threads: int, mode: str = "float32") -> str:
+    """A compiled push's name: its model, precision (``mode``), k and the torch threads its
+    kernels are written for, and a digest of what else it was built from (this code, torch, the
+    CPU's instruction set, the weights), so that any change builds anew; a build removes the
+    libraries of the same model, precision, k and threads that it replaces (``stale``)."""
     here = Path(__file__).resolve().parent
     code = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("__init__.py", "stream.py", "batch.py", "graph.py")))
     code.update(f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()} {checksum}".encode())
-    return f"push-{model}-k{k}-t{threads}-{code.hexdigest()[:16]}"
+    return f"push-{model}-{mode}-k{k}-t{threads}-{code.hexdigest()[:16]}"
 
 
 def stale(out: Path, key: str) -> list[Path]:
@@ -178,9 +178,10 @@ def take_lock(lock: Path) -> bool:
     return True
 
 
-def build_packages(model: str, ks: list[int], threads: int, out: Path) -> int:
-    """Compile PushGraph for each k into ``out``/KEY.pt2 for ``threads`` torch threads (inductor
-    writes the thread count into its kernels): CompiledPushes' subprocess, one compile worker.
+def build_packages(model: str, mode: str, ks: list[int], threads: int, out: Path) -> int:
+    """Compile PushGraph in precision ``mode`` for each k into ``out``/KEY.pt2 for ``threads``
+    torch threads (inductor writes the thread count into its kernels): CompiledPushes'
+    subprocess, one compile worker.
     Returns 0, or BUSY where a live process holds the build's lock."""
     import torch._inductor.config as inductor
     from . import build_musicnn
@@ -193,10 +194,11 @@ def build_packages(model: str, ks: list[int], threads: int, out: Path) -> int:
         inductor.compile_threads = 1
         net, checksum = build_musicnn(model)
         net.requires_grad_(False)
+        net.precision = mode
         fb = MusicnnBatch(net, 1)
         fb.reset(0)
         for k in ks:
-            key = package_key(model, checksum, k, threads)
+            key = package_key(model, checksum, k, threads, mode)
             path = out / f"{key}.pt2"
             if path.exists():
                 continue
@@ -206,7 +208,7 @@ def build_packages(model: str, ks: list[int], threads: int, out: Path) -> int:
             partial = out / f"{path.stem}.{os.getpid()}.part.pt2"
             torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
             partial.replace(path)                          # whole or absent: a reader never sees a part
-            for old in stale(out, key) + stale(out, package_key(model, checksum, 0, threads)):
+            for old in stale(out, key) + stale(out, package_key(model, checksum, 0, threads, mode)):
                 old.unlink(missing_ok=True)                # what this code's libraries replace
     finally:
         lock.unlink(missing_ok=True)
@@ -224,10 +226,10 @@ class CompiledPushes:
 
     LOOK_S = 1.0                                           # between looks at a build
 
-    def __init__(self, model: str, checksum: str, ks: tuple[int, ...]):
-        self.model, self.ks, self.threads = model, tuple(ks), torch.get_num_threads()
-        self.paths = {k: cache_dir() / f"{package_key(model, checksum, k, self.threads)}.pt2" for k in self.ks}
-        self.failed = cache_dir() / f"{package_key(model, checksum, 0, self.threads)}.failed"
+    def __init__(self, model: str, checksum: str, ks: tuple[int, ...], mode: str = "float32"):
+        self.model, self.mode, self.ks, self.threads = model, mode, tuple(ks), torch.get_num_threads()
+        self.paths = {k: cache_dir() / f"{package_key(model, checksum, k, self.threads, mode)}.pt2" for k in self.ks}
+        self.failed = cache_dir() / f"{package_key(model, checksum, 0, self.threads, mode)}.failed"
         self.pushes: dict[int, object] = {}
         self.build, self.next_look = None, 0.0
         if self.failed.exists():
@@ -257,7 +259,7 @@ class CompiledPushes:
             cache_dir().mkdir(parents=True, exist_ok=True)
             with open(self.failed.with_suffix(".log"), "w") as log:    # the child's own file: no pipe to fill
                 self.build = subprocess.Popen(
-                    [sys.executable, "-m", "audio.musicnn.graph", self.model, ",".join(map(str, self.ks)),
+                    [sys.executable, "-m", "audio.musicnn.graph", self.model, self.mode, ",".join(map(str, self.ks)),
                      str(self.threads), str(cache_dir())],
                     stdout=subprocess.DEVNULL, stderr=log, cwd=Path(__file__).resolve().parents[2])
             self.status = "building"
@@ -389,10 +391,10 @@ class GraphStream:
         return self.last
 
 
-if __name__ == "__main__":                                 # CompiledPushes' build: MODEL K[,K...] THREADS DIR
+if __name__ == "__main__":                                 # CompiledPushes' build: MODEL PRECISION K[,K...] THREADS DIR
     os.nice(19)                                            # the lowest priority: the streams' hops come first
-    model, ks, threads, out = sys.argv[1:5]
+    model, mode, ks, threads, out = sys.argv[1:6]
     t0 = time.perf_counter()
-    code = build_packages(model, [int(k) for k in ks.split(",")], int(threads), Path(out))
+    code = build_packages(model, mode, [int(k) for k in ks.split(",")], int(threads), Path(out))
     print(f"{'busy' if code else 'built'} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     sys.exit(code)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from . import (BANDS, precision, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
+from . import (BANDS, precision, timbral_dtype, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
                       head_macs, patch_macs, same_padding, timbral_macs_per_frame)
 
 
@@ -50,10 +50,14 @@ class SignedBN:
         return F.relu(m * self.sign) * self.scale + self.shift
 
 
-def timbral_features(bn: SignedBN, z: Tensor) -> Tensor:
-    """(R, F, TIMBRAL_COLS) timbral pre-activations over F frequency positions -> (R, 204)
-    features: the max over frequency, the zero filters that pad the product dropped."""
-    return bn.after_max(z.amax(dim=1)[:, :TIMBRAL_CH])
+def timbral_features(branch: tuple, cols: Tensor) -> Tensor:
+    """One timbral branch (w, bn, weight (7 w, TIMBRAL_COLS), bias (204,)) on its im2col rows
+    cols (R F, 7 w) in the weights' dtype -> (R, 204) float32 features: one matrix product, the
+    max over the F frequency positions, the zero filters that pad the product dropped, then the
+    bias (max z + b = max (z + b): rounding is monotone, so in floats too) and BN(ReLU(.))."""
+    w, bn, weight, bias = branch
+    z = (cols @ weight).view(-1, BANDS - w + 1, TIMBRAL_COLS)
+    return bn.after_max(z.amax(dim=1)[:, :TIMBRAL_CH].float() + bias)
 
 
 class TimbralCache:
@@ -63,25 +67,26 @@ class TimbralCache:
     channel's weights negated where its batch-norm scale is negative (see SignedBN). The
     product has TIMBRAL_COLS = 208 columns, the 204 filters and 4 of zeros: with a multiple of
     16 columns torch's CPU matrix product runs faster for the same 204 useful ones, for 2 % more
-    multiply-accumulates (docs/benchmarks.md, design measurements)."""
+    multiply-accumulates (docs/benchmarks.md, design measurements). The product's operands
+    are in ``timbral_dtype`` of the network's precision (``dtype``)."""
     EDGE = 3
 
     def __init__(self, net: Musicnn):
-        self.branches = []
+        self.branches, self.dtype = [], timbral_dtype(net.precision)
         for conv, bn, w in zip(net.timbral, net.timbral_bn, TIMBRAL):
             sbn = SignedBN(bn)
             pad = TIMBRAL_COLS - TIMBRAL_CH
             weight = F.pad(conv.weight.flatten(1).t() * sbn.sign, (0, pad))          # (7 w, 208)
-            self.branches.append((w, sbn, weight.contiguous(), F.pad(conv.bias * sbn.sign, (0, pad))))
+            self.branches.append((w, sbn, weight.to(self.dtype).contiguous(), conv.bias * sbn.sign))
 
     def segments(self, xs: list[Tensor]) -> list[Tensor]:
         """(L_i, 96) normalised segments (padding in place) -> [(L_i - 6, 408)]."""
         sizes = [len(x) - 6 for x in xs]
         outs = []
-        for w, bn, weight, bias in self.branches:
-            cols = torch.cat([x.unfold(0, 7, 1).unfold(1, w, 1).reshape(-1, 7 * w) for x in xs])
-            z = torch.addmm(bias, cols, weight).view(sum(sizes), BANDS - w + 1, -1)
-            outs.append(timbral_features(bn, z))
+        for branch in self.branches:
+            w = branch[0]
+            cols = torch.cat([x.to(self.dtype).unfold(0, 7, 1).unfold(1, w, 1).reshape(-1, 7 * w) for x in xs])
+            outs.append(timbral_features(branch, cols))
         return list(torch.cat(outs, dim=1).split(sizes))
 
     def reset(self, patch: Tensor) -> None:
@@ -211,7 +216,7 @@ class MusicnnStream:
         """The caches of a patch of silence, computed in the network's precision like every push
         (on CUDA outside it, cuDNN's TF32 convolutions would put every taggram whose patch
         still holds that silence past the float32 error bound)."""
-        with precision(self.net.tf32, self.device):
+        with precision(self.net.precision, self.device):
             silence = torch.zeros(1, PATCH_FRAMES, BANDS, device=self.device)
             self.patch = self.net.normalize(silence)[0]                   # (187, 96) normalised
             self.timbral.reset(self.patch)
@@ -222,7 +227,7 @@ class MusicnnStream:
     @torch.no_grad()
     def push(self, frames: np.ndarray | Tensor) -> Tensor:
         """frames: (k, 96) new log-mel frames (k may be 0) -> (50,) taggram of the patch."""
-        with precision(self.net.tf32, self.device):
+        with precision(self.net.precision, self.device):
             return self._push(frames)
 
     def _push(self, frames: np.ndarray | Tensor) -> Tensor:

@@ -62,15 +62,16 @@ def test_the_benchmark_page_is_written_from_the_stored_runs(tmp_path):
 
 def test_every_stored_streams_run_reaches_the_page_cpu_first(tmp_path):
     """Runs of `bench --streams` are stored by device, models and precision
-    (streams-DEVICE[-MODEL...][-tf32]); the page shows every one of them, the CPU's first, and
+    (streams-DEVICE[-MODEL...][-PRECISION]); the page shows every one of them, the CPU's first, and
     a TF32 run its error against float32 and the front end's default way as the code has it."""
     from app.bench import page as bench_page
     from app.bench.streams import streams_key
     stored = bench_page.ROOT / "docs" / "benchmarks"
     store = tmp_path / "runs"
     store.mkdir()
-    keys = ["streams-cpu", streams_key("cuda", ["continual_nystrom"], True), streams_key("cuda", None, True)]
+    keys = ["streams-cpu", streams_key("cuda", ["continual_nystrom"], "tf32"), streams_key("cuda", None, "tf32")]
     assert keys[1:] == ["streams-cuda-continual_nystrom-tf32", "streams-cuda-tf32"]
+    assert streams_key("cpu", None, "float32") == "streams-cpu" and streams_key("cpu", None, "bf16") == "streams-cpu-bf16"
     for key, name in zip(keys, ["streams-cpu", keys[1], keys[1]]):
         entry = json.loads((stored / f"{name}.json").read_text())
         entry["kind"] = key
@@ -78,7 +79,7 @@ def test_every_stored_streams_run_reaches_the_page_cpu_first(tmp_path):
     text = bench_page.render(store)
     at = [text.index(f"*`{json.loads((store / f'{k}.json').read_text())['command']}`") for k in keys]
     assert at[0] < min(at[1:]) and text.count("## Many streams in one engine") == 1
-    assert text.count("TF32 against float32 (the same 64 demo streams") == 2
+    assert text.count("TF32 against float32 (64 streams through both, the demo signal, seeds 0-63, 30 s each;") == 2
     assert "| 4096 | K = 128 only (default) |" in text and "| 8 | K = 128 only (default) |" in text
 
 
@@ -192,7 +193,7 @@ def test_frontend_modes_table_compares_the_three_ways_on_the_same_pushes():
     assert [r["default"] for r in rows] == [False, True, False]
     table = modes_table(rows, "cpu")
     assert len(table) == 2 + len(rows) and [("(default)" in line) for line in table[2:]] == [False, True, False]
-    on_cuda = [("(default)" in line) for line in modes_table(rows, "cuda", tf32=False)[2:]]
+    on_cuda = [("(default)" in line) for line in modes_table(rows, "cuda", "float32")[2:]]
     assert on_cuda == [True, False, False]                  # CUDA in float32: every branch's accumulators
 
 
@@ -247,3 +248,18 @@ def test_the_engines_bench_runs_each_installed_engine_within_float32_rounding(tm
     text = page.read_text()
     assert "## The front end by inference engine" in text and "| streams | torch | onnxruntime" in text
     assert f"({push['torch']['median_ms'] / push['onnxruntime']['median_ms']:.2f}x)" in text
+
+
+def test_the_precision_study_sets_the_same_streams_side_by_side():
+    """float32 against itself differs nowhere (the study pairs each stream's hops and steps with
+    their own); bf16 (where this CPU has it) differs, on the same steps and verdicts."""
+    from app.bench.precision import precision_error
+    from app.bench.streams import demo_stream
+    from audio.musicnn import bf16_hardware
+    sources = [lambda i=i: demo_stream(i, 3.0) for i in range(2)]
+    same = precision_error("cpu", "float32", models=["continual"], sources=sources)
+    assert (same["taggram_max_abs"], same["probability_max_abs"], same["top_differs"], same["verdicts_changed"]) == (0, 0, 0, 0)
+    assert same["streams"] == 2 and same["verdicts"] == 2 and same["steps"] > 0
+    if bf16_hardware():
+        low = precision_error("cpu", "bf16", models=["continual"], sources=sources)
+        assert low["taggram_max_abs"] > 0 and (low["steps"], low["verdicts"]) == (same["steps"], same["verdicts"])

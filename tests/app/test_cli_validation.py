@@ -45,13 +45,17 @@ def test_bad_arguments_are_usage_errors_at_parse_time(argv, words, capsys):
 
 
 @pytest.mark.parametrize("argv,words", [
-    (["classify", "--demo", "2", "--tf32"], "classify: --tf32 is for --device cuda (the CPU has no TF32)"),
-    (["serve", "--tf32"], "serve: --tf32 is for --device cuda (the CPU has no TF32)"),
-    (["bench", "--streams", "--tf32"], "bench: --tf32 is for --device cuda (the CPU has no TF32)"),
+    (["classify", "--demo", "2", "--precision", "tf32"], "classify: --precision tf32 is for --device cuda (the CPU has no TF32)"),
+    (["serve", "--precision", "tf32"], "serve: --precision tf32 is for --device cuda (the CPU has no TF32)"),
+    (["bench", "--streams", "--precision", "tf32"], "bench: --precision tf32 is for --device cuda (the CPU has no TF32)"),
+    (["classify", "--demo", "2", "--precision", "bf16", "--recompute-frontend"],
+     "classify: --precision bf16 is for the continual front end (the recomputed network is the float32 reference)"),
+    (["classify", "--demo", "2", "--precision", "bf16", "--frontend", "vggish"],
+     "classify: --precision bf16 is for the musicnn front end (VGGish runs float32)"),
     (["bench", "--streams", "--models", "continual,bogus"],
      "error: --models: no shipped model bogus; shipped: regular, continual, nystrom, continual_nystrom"),
 ])
-def test_tf32_without_cuda_and_unknown_models_are_one_line_errors_before_any_work(argv, words):
+def test_precisions_this_run_cannot_have_and_unknown_models_are_one_line_errors_before_any_work(argv, words):
     r = subprocess.run([sys.executable, "main.py", *argv], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith(words), r.stderr
     assert "Traceback" not in r.stderr

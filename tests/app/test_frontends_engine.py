@@ -125,7 +125,7 @@ def test_engine_error_for_unknown_spacing():
 def test_vggish_flop_formula_equals_torch_flop_counter():
     from torch.utils.flop_counter import FlopCounterMode
 
-    from audio.frontends import vggish_flops
+    from audio.vggish import vggish_flops
     from audio.vggish import build_embedder
     embedder = build_embedder(random_seed=0)
     with FlopCounterMode(display=False) as counter:

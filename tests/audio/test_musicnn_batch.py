@@ -131,15 +131,18 @@ def test_the_precision_switches_are_set_only_on_cuda_and_given_back(device):
     """musicnn.precision: on the CPU it touches none of torch's process-wide switches (a
     server's lanes push in threads of their own: interleaved settings and restores once left
     cuDNN's conv and RNN flags apart, which torch.export then refused); on CUDA it sets them
-    for the network (float32: TF32 and cuDNN off; TF32: both on) and gives them back."""
+    for the network (float32 and bf16: TF32 and cuDNN off; TF32: both on; bf16 products summed in
+    float32 in every way) and gives them back."""
     b = torch.backends
     state = lambda: (b.cuda.matmul.fp32_precision, b.cudnn.fp32_precision, b.cudnn.conv.fp32_precision,  # noqa: E731
-                     b.cudnn.rnn.fp32_precision, b.cudnn.enabled, b.cudnn.benchmark)
+                     b.cudnn.rnn.fp32_precision, b.cudnn.enabled, b.cudnn.benchmark,
+                     b.cuda.matmul.allow_bf16_reduced_precision_reduction)
     before = state()
-    for tf32 in (False, True):
-        with musicnn.precision(tf32, device):
+    for mode in musicnn.PRECISIONS:
+        tf32 = mode == "tf32"
+        with musicnn.precision(mode, device):
             inside = state()
-            assert inside == before if device == "cpu" else inside == (("tf32" if tf32 else "ieee"),) * 4 + (tf32, True)
+            assert inside == before if device == "cpu" else inside == (("tf32" if tf32 else "ieee"),) * 4 + (tf32, True, False)
         assert state() == before
     assert isinstance(b.cudnn.allow_tf32, bool)          # the legacy reading still answers
 

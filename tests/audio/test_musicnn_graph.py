@@ -67,16 +67,18 @@ def test_the_compiled_push_is_built_once_loaded_after_and_within_float32_roundin
     monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
     monkeypatch.setenv("NYSTREAM_COMPILED_PUSH", "1")
     threads = torch.get_num_threads()
-    old = [tmp_path / f"push-MSD_musicnn-k16-t{threads}-{'0' * 16}.pt2",          # an older code's, replaced
-           tmp_path / f"push-MSD_musicnn-k0-t{threads}-{'0' * 16}.failed"]
-    other = tmp_path / f"push-MSD_musicnn-k15-t{threads}-{'0' * 16}.pt2"           # another k's: kept
-    for p in old + [other]:
+    old = [tmp_path / f"push-MSD_musicnn-float32-k16-t{threads}-{'0' * 16}.pt2",  # an older code's, replaced
+           tmp_path / f"push-MSD_musicnn-float32-k0-t{threads}-{'0' * 16}.failed"]
+    others = [tmp_path / f"push-MSD_musicnn-float32-k15-t{threads}-{'0' * 16}.pt2",   # another k's: kept
+              tmp_path / f"push-MSD_musicnn-bf16-k16-t{threads}-{'0' * 16}.pt2"]     # another precision's: kept
+    for p in old + others:
         p.write_text("x")
     pushes = CompiledPushes("MSD_musicnn", checksum, (16,))
     assert pushes.status == "building" and pushes.get(16) is None
     assert pushes.wait(600) == "compiled" and pushes.get(16) is not None
-    assert not any(p.exists() for p in old) and other.exists()
-    other.unlink()
+    assert not any(p.exists() for p in old) and all(p.exists() for p in others)
+    for p in others:
+        p.unlink()
     built = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt2")}
     assert [p.name for p in built] == [f"{package_key('MSD_musicnn', checksum, 16, threads)}.pt2"]
     again = CompiledPushes("MSD_musicnn", checksum, (16,))             # another front end: loads it at once
@@ -169,7 +171,7 @@ def test_a_build_finding_a_live_builders_lock_waits_for_it(nets, tmp_path, monke
     _, _, checksum = nets
     lock = tmp_path / "build.lock"
     lock.write_text(str(os.getpid()))                                     # this process: alive
-    assert build_packages("MSD_musicnn", [16], 1, tmp_path) == BUSY
+    assert build_packages("MSD_musicnn", "float32", [16], 1, tmp_path) == BUSY
     assert not list(tmp_path.glob("*.pt2")) and lock.exists()
     monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
     pushes = CompiledPushes("MSD_musicnn", checksum, (16,))
