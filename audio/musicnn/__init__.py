@@ -114,7 +114,8 @@ def timbral_dtype(mode: str) -> torch.dtype:
     """The continual front ends' timbral products' dtype: bfloat16 in "bf16", else float32. They
     are 62 % of a continual hop's multiply-accumulates and hold no state (each row is computed
     once from its frames and kept), so their rounding does not build up over a stream; the
-    temporal accumulators, the mid-end and the back-end stay float32."""
+    temporal branches (whose accumulators, where kept, carry sums from hop to hop), the mid-end
+    and the back-end stay float32."""
     return torch.bfloat16 if mode == "bf16" else torch.float32
 
 

@@ -48,8 +48,8 @@ from .stream import MusicnnStream, timbral_features, toeplitz_taps
 
 P, EDGE = PATCH_FRAMES, 3
 CPU_CHUNK = 8                                          # streams computed together on the CPU
-CPU_ACCUMULATE = (True, False, False)                  # temporal branches (K = 128, 64, 32) with accumulators on the CPU
-TEMPORAL_CONV_CH = 56                                  # a recomputing branch's convolution: 51 filters, 5 of zeros
+CPU_ACCUMULATE = (False, False, False)                 # temporal branches (K = 128, 64, 32) with accumulators on the CPU
+TF32_ACCUMULATE = (True, False, False)                 # and on CUDA in TF32
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 MID_TIMBRAL_MACS = 7 * TIMBRAL_FEATS * MID_CH          # the first mid-end convolution's timbral part, per row
 
@@ -62,11 +62,12 @@ def per_branch(accumulate: bool | tuple | list) -> tuple[bool, ...]:
 
 
 def default_accumulate(device_type: str, mode: str = "float32") -> tuple[bool, ...]:
-    """Which temporal branches keep accumulators by default (``MusicnnBatch``): the K = 128 one
-    only on the CPU and on CUDA in TF32 (with cuDNN); every branch on CUDA in float32 or bf16 (cuDNN
-    off, ``precision``: a branch without them would convolve by ATen's own kernel, one product
-    per stream). The same for every number of streams measured (see ``MusicnnBatch``)."""
-    return per_branch(True if device_type == "cuda" and mode != "tf32" else CPU_ACCUMULATE)
+    """Which temporal branches keep accumulators by default (``MusicnnBatch``): none on the CPU;
+    on CUDA every branch in float32 or bf16 (cuDNN off, ``precision``) and the K = 128 one in
+    TF32 (with cuDNN): the ways measured fastest (docs/benchmarks.md, design measurements)."""
+    if device_type != "cuda":
+        return CPU_ACCUMULATE
+    return TF32_ACCUMULATE if mode == "tf32" else per_branch(True)
 
 
 def on_device(a: np.ndarray, device: torch.device) -> Tensor:
@@ -81,15 +82,13 @@ class MusicnnBatch:
 
     ``accumulate`` (per temporal branch, K = 128, 64, 32) keeps a branch's pre-activations of
     its K - 1 edge rows (127, 63 or 31 rows of 51 x 96 floats: 2.5, 1.2 or 0.6 MB per slot) and
-    updates them by the frames that leave and arrive: the fewest multiply-accumulates. A branch
-    without them keeps only its features and recomputes the k + K - 1 rows a hop changes, by one
-    convolution per end of the patch: no scattered adds, more multiply-accumulates (4.0x for
-    K = 128, 2.2x for 64, 1.4x for 32, at 16 frames, the convolution's padding included). The
-    default on the CPU accumulates the K = 128 branch only: as fast as accumulating all three,
-    faster than recomputing all three, with less state per slot. On CUDA in TF32 the same; in
-    float32 every branch. A recomputing branch's convolution has TEMPORAL_CONV_CH = 56 output
-    channels, its 51 filters and 5 of zeros: oneDNN's convolution is faster so, for 10 % more
-    multiply-accumulates.
+    updates them by the frames that leave and arrive: the fewest multiply-accumulates, and
+    memory-bound (every edge row is read and written each hop). A branch without them keeps only
+    its features and recomputes the k + K - 1 rows a hop changes, by one matrix product per end
+    of the patch with the streams side by side in its columns (``_recompute``): no state, 3.8x
+    the multiply-accumulates for K = 128, 2.3x for 64, 1.6x for 32 at 16 frames, at the matrix
+    product's speed. The default on the CPU recomputes every branch; on CUDA in TF32 the K = 128
+    branch accumulates, in float32 and bf16 every branch.
 
     ``chunk``: streams computed together (CPU: 8, so that a hop's temporaries stop growing with
     the streams, at no cost in time; CUDA: all of them, in the fewest launches). The figures
@@ -109,9 +108,6 @@ class MusicnnBatch:
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
         self.timbral, self.timbral_dtype = one.timbral.branches, one.timbral.dtype    # (w, bn, weight, bias)
         self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
-        pad = TEMPORAL_CONV_CH - TEMPORAL_CH
-        self.conv = [(torch.nn.functional.pad(a.weight, (0, 0, 0, 0, 0, 0, 0, pad)),
-                      torch.nn.functional.pad(a.bias, (0, pad))) for a in one.temporal]   # (56, 1, K, 1), (56,)
         self._taps: dict = {}
         w = net.mid[0].weight                                                         # (64, 561, 7)
         self.mid_timbral = w[:, :TIMBRAL_FEATS].contiguous()
@@ -281,14 +277,26 @@ class MusicnnBatch:
             if self.accumulate[j]:
                 macs += self._edge_rows(j, idx, patch, k)
                 continue
-            tail = torch.nn.functional.pad(patch[:, P - k - a - b:], (0, 0, 0, a))      # -> rows P-k-a .. P-1
-            head = torch.nn.functional.pad(patch[:, :b + a], (0, 0, b, 0))              # -> rows 0 .. b-1
-            rows = torch.cat([bn.max_relu(torch.nn.functional.conv2d(seg[:, None], *self.conv[j])[:, :TEMPORAL_CH]
-                                          .permute(0, 2, 1, 3), dim=3)
-                              for seg in (tail, head)], dim=1)                           # (G, k+K-1, C'): one cyclic run
+            rows, more = self._recompute(j, patch, k)                                  # (G, k+K-1, C'): one cyclic run
             st[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k + kernel - 1)] = rows.reshape(-1, TEMPORAL_CH)
-            macs += TEMPORAL_CONV_CH * BANDS * (k + kernel - 1) * kernel
+            macs += more
         return macs
+
+    def _recompute(self, j: int, patch: Tensor, k: int) -> tuple[Tensor, int]:
+        """(G, k + K - 1, C') features of branch j's rows P-k-a .. P-1 (frames P-k-a-b .. P-1) then
+        0 .. b-1 (frames 0 .. K-2) of the new patch (G, P, 96), and the multiply-accumulates per
+        stream: each end one product of its Toeplitz taps (rows C', frames) with the streams'
+        frames side by side (frames, G 96), the max over frequency, then the bias."""
+        kernel, bn, _, bias, _ = self.temporal[j]
+        b, a = same_padding(kernel)
+        G, feats, macs = patch.shape[0], [], 0
+        for key, rows, frames in ((("tail", k), range(P - k - a, P), range(P - k - a - b, P)),
+                                  (("head",), range(0, b), range(0, kernel - 1))):
+            taps = self._taps_for(j, key, rows, frames)                                 # (R C', F)
+            x = patch[:, frames.start:frames.stop].transpose(0, 1).reshape(len(frames), G * BANDS)
+            feats.append((taps @ x).view(len(rows), TEMPORAL_CH, G, BANDS).amax(dim=3).permute(2, 0, 1))   # (G, R, C')
+            macs += taps.numel() * BANDS
+        return bn.after_max(torch.cat(feats, dim=1) + bias), macs
 
     def _edge_rows(self, j: int, idx: np.ndarray, patch: Tensor, k: int) -> int:
         """Branch j's edge rings after the origin moved by k (old start-edge rows already lost

@@ -3,8 +3,8 @@ stream that runs it compiled.
 
 ``PushGraph``: MusicnnBatch's push (audio/musicnn/batch.py) for G streams that each bring k new
 frames, its caches in patch order (no ring, no host indices) in and out: the shape an inference
-engine compiles. The CPU default's branches: K = 128 keeps accumulators, K = 64 and 32 recompute
-the rows a hop changes. Eager, its taggrams equal MusicnnBatch's bit for bit at one stream
+engine compiles. The CPU default's branches: every temporal branch recomputes the rows a hop
+changes. Eager, its taggrams equal MusicnnBatch's bit for bit at one stream
 (tests/audio/test_musicnn_graph.py).
 
 ``GraphStream``: one stream's push on the CPU (the window's and ``classify``'s single-stream hop).
@@ -25,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import melspec
-from . import BANDS, TEMPORAL, TEMPORAL_CH, Musicnn, conv1d, same_padding
+from . import BANDS, TEMPORAL, Musicnn, conv1d, same_padding
 from .batch import CPU_ACCUMULATE, EDGE, P, TIMBRAL_FEATS, MusicnnBatch
 from .mel import FRAME_HOP
 
@@ -37,7 +36,7 @@ from .mel import FRAME_HOP
 # musicnn frames a 0.25 s hop brings (15.625 on average): the sizes the compiled pushes are for
 STEADY_FRAMES = (melspec.HOP // FRAME_HOP, -(-melspec.HOP // FRAME_HOP))
 SHIFT_MAX = P - max(TEMPORAL)         # more new frames: every cache from the new patch (MusicnnBatch's jump)
-CACHE_NAMES = ("patch", "timbral", "mid", "f0", "f1", "f2", "zs0", "ze0")
+CACHE_NAMES = ("patch", "timbral", "mid", "f0", "f1", "f2")
 
 
 class PushGraph(nn.Module):
@@ -46,45 +45,22 @@ class PushGraph(nn.Module):
         if fb.accumulate != CPU_ACCUMULATE or not 0 < k <= SHIFT_MAX:
             raise ValueError(f"PushGraph takes the CPU default's branches and 1 <= k <= {SHIFT_MAX} frames")
         self.fb, self.k = fb, k
-        K0 = fb.temporal[0][0]
-        b0, a0 = same_padding(K0)
-        self.taps_out = fb._taps_for(0, ("out", k), range(k, b0), range(0, k))
-        self.taps_start = fb._taps_for(0, ("start", k), range(b0 - k, b0), range(0, K0 - 1))
-        self.taps_old = fb._taps_for(0, ("old", k), range(P - k - a0, P - k), range(P - k, P))
-        self.taps_new = fb._taps_for(0, ("new", k), range(P - k, P), range(P - k - b0, P))
+        dummy = torch.zeros(1, P, BANDS, device=fb.device)
+        for j in range(len(TEMPORAL)):                   # the tap tables, made now: constants of the graph
+            fb._recompute(j, dummy, k)
 
-    def forward(self, patch, timbral, mid, f0, f1, f2, zs0, ze0, new):
+    def forward(self, patch, timbral, mid, f0, f1, f2, new):
         """patch (G, P, 96) normalised, timbral (G, P, 408), mid (G, P, 64), f0..f2 (G, P, C'),
-        zs0 (G, b, C', 96), ze0 (G, a, C', 96), new (G, k, 96) log-mel frames -> the same caches
-        after the hop, then the taggrams (G, 50)."""
+        new (G, k, 96) log-mel frames -> the same caches after the hop, then the taggrams (G, 50)."""
         fb, k, net = self.fb, self.k, self.fb.net
         G = patch.shape[0]
-        x = net.normalize(new)                                             # (G, k, 96)
-        old = patch
-        patch = torch.cat([old[:, k:], x], dim=1)                          # (G, P, 96)
-        # K = 128, accumulating
-        K0, bn0, _, bias0, _ = fb.temporal[0]
-        b, a = same_padding(K0)
-        bias = bias0.view(-1, 1)
-        lose = (self.taps_out @ old[:, :k]).view(G, b - k, TEMPORAL_CH, BANDS)
-        fresh = (self.taps_start @ patch[:, :K0 - 1]).view(G, k, TEMPORAL_CH, BANDS) + bias
-        zs = torch.cat([zs0[:, k:] - lose, fresh], dim=1)                  # rows 0 .. b-1
-        z = torch.cat([self.taps_old @ patch[:, P - k:], self.taps_new @ patch[:, P - k - b:]],
-                      dim=1).view(G, a + k, TEMPORAL_CH, BANDS)            # rows P-k-a .. P-1
-        out = z[:, :k] + ze0[:, :k]                                        # rows P-k-a .. P-a-1 (k <= a)
-        ze = torch.cat([ze0[:, k:] + z[:, k:a], z[:, a:] + bias], dim=1)    # rows P-a .. P-1
-        f0 = torch.cat([bn0.after_max(zs.amax(dim=3)), f0[:, b + k:P - a],
-                        bn0.max_relu(out, dim=3), bn0.after_max(ze.amax(dim=3))], dim=1)
-        # K = 64, 32: the rows a hop changes, recomputed
+        patch = torch.cat([patch[:, k:], net.normalize(new)], dim=1)       # (G, P, 96)
+        # the temporal rows a hop changed, recomputed: P-k-a .. P-1 then 0 .. b-1
         fs = []
-        for j, f in ((1, f1), (2, f2)):
-            Kj, bnj, _, _, _ = fb.temporal[j]
-            bj, aj = same_padding(Kj)
-            tail = F.pad(patch[:, P - k - aj - bj:], (0, 0, 0, aj))
-            head = F.pad(patch[:, :bj + aj], (0, 0, bj, 0))
-            t_rows, h_rows = (bnj.max_relu(F.conv2d(seg[:, None], *fb.conv[j])[:, :TEMPORAL_CH].permute(0, 2, 1, 3), dim=3)
-                              for seg in (tail, head))
-            fs.append(torch.cat([h_rows, f[:, bj + k:P - aj], t_rows], dim=1))
+        for j, f in enumerate((f0, f1, f2)):
+            b, a = same_padding(fb.temporal[j][0])
+            rows, _ = fb._recompute(j, patch, k)
+            fs.append(torch.cat([rows[:, k + a:], f[:, b + k:P - a], rows[:, :k + a]], dim=1))
         # timbral: rows P-3-k .. P-4 became interior; mid rows P-6-k .. P-7
         rows = fb._timbral_rows(patch[:, P - k - 2 * EDGE:])                # (G, k, 408)
         timbral = torch.cat([timbral[:, k:P - EDGE], rows, timbral[:, P - EDGE:]], dim=1)
@@ -95,7 +71,7 @@ class PushGraph(nn.Module):
         edges = fb._timbral_rows(torch.cat([torch.cat([zeros, patch[:, :2 * EDGE]], dim=1),
                                             torch.cat([patch[:, -2 * EDGE:], zeros], dim=1)]))
         tim = torch.cat([edges[:G], timbral[:, EDGE:P - EDGE], edges[G:]], dim=1)
-        front = torch.cat([tim, f0, fs[0], fs[1]], dim=2).transpose(1, 2).contiguous()   # (G, 561, P)
+        front = torch.cat([tim] + fs, dim=2).transpose(1, 2).contiguous()              # (G, 561, P)
         zc = conv1d(front[:, TIMBRAL_FEATS:], fb.mid_temporal, net.mid[0].bias, padding=3)
         ends = front.new_zeros(2 * G, TIMBRAL_FEATS, 4 * EDGE)
         ends[:G, :, EDGE:] = front[:, :TIMBRAL_FEATS, :3 * EDGE]
@@ -104,18 +80,12 @@ class PushGraph(nn.Module):
         zc = torch.cat([zc[:, :, :2 * EDGE] + ends[:G], zc[:, :, 2 * EDGE:P - 2 * EDGE]
                         + mid[:, 2 * EDGE:P - 2 * EDGE].transpose(1, 2), zc[:, :, P - 2 * EDGE:] + ends[G:]], dim=2)
         taggram = torch.sigmoid(net.head_after_conv(front, zc))
-        return patch, timbral, mid, f0, fs[0], fs[1], zs, ze, taggram
+        return patch, timbral, mid, *fs, taggram
 
 
 def state_of(fb: MusicnnBatch, idx) -> list[torch.Tensor]:
     """The caches of slots ``idx`` in patch order (CACHE_NAMES), PushGraph's inputs before the new frames."""
-    idx = np.asarray(idx)
-    st = fb.state
-    b, a = same_padding(fb.temporal[0][0])
-    g = len(idx)
-    return [fb._rows(n, idx, 0, P) for n in CACHE_NAMES[:6]] + [
-        st["zs0"].view(-1, TEMPORAL_CH, BANDS)[fb._ring(idx, 0, b, b)].view(g, b, TEMPORAL_CH, BANDS),
-        st["ze0"].view(-1, TEMPORAL_CH, BANDS)[fb._ring(idx, P - a, a, a)].view(g, a, TEMPORAL_CH, BANDS)]
+    return [fb._rows(n, np.asarray(idx), 0, P) for n in CACHE_NAMES]
 
 
 # ----------------------------------------------------------------------------- ahead-of-time compiled

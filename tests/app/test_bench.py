@@ -80,7 +80,7 @@ def test_every_stored_streams_run_reaches_the_page_cpu_first(tmp_path):
     at = [text.index(f"*`{json.loads((store / f'{k}.json').read_text())['command']}`") for k in keys]
     assert at[0] < min(at[1:]) and text.count("## Many streams in one engine") == 1
     assert text.count("TF32 against float32 (64 streams through both, the demo signal, seeds 0-63, 30 s each;") == 2
-    assert "| 4096 | K = 128 only (default) |" in text and "| 8 | K = 128 only (default) |" in text
+    assert "| 4096 | K = 128 only (default) |" in text and "| 8 | none (default) |" in text
 
 
 def test_the_onnx_rows_time_the_three_steps_of_one_model_and_reach_the_page(tmp_path):
@@ -190,11 +190,12 @@ def test_frontend_modes_table_compares_the_three_ways_on_the_same_pushes():
     assert state == sorted(state, reverse=True)
     row = 51 * 96 * 4 / 1e6
     assert state[0] - state[1] == pytest.approx((63 + 31) * row) and state[1] - state[2] == pytest.approx(127 * row)
-    assert [r["default"] for r in rows] == [False, True, False]
+    assert [r["default"] for r in rows] == [False, False, True]                   # the CPU: none
     table = modes_table(rows, "cpu")
-    assert len(table) == 2 + len(rows) and [("(default)" in line) for line in table[2:]] == [False, True, False]
+    assert len(table) == 2 + len(rows) and [("(default)" in line) for line in table[2:]] == [False, False, True]
     on_cuda = [("(default)" in line) for line in modes_table(rows, "cuda", "float32")[2:]]
     assert on_cuda == [True, False, False]                  # CUDA in float32: every branch's accumulators
+    assert [("(default)" in line) for line in modes_table(rows, "cuda", "tf32")[2:]] == [False, True, False]
 
 
 def test_a_capped_run_says_its_capacity_is_at_least_its_last_row():

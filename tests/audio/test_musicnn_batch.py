@@ -15,7 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from audio import musicnn
-from audio.musicnn.batch import TEMPORAL_CONV_CH, MusicnnBatch
+from audio.musicnn.batch import MusicnnBatch
 from audio.musicnn.stream import MusicnnStream
 from error_model import EPS32
 
@@ -32,8 +32,8 @@ def taggram_tol(logits64: torch.Tensor) -> float:
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-# (device, accumulate): every temporal branch by accumulators (CUDA's default below 4,096 streams),
-# the K = 128 one only (the CPU's), every branch's rows recomputed (CUDA's from 4,096); on each device
+# (device, accumulate): every temporal branch by accumulators (CUDA's in float32 and bf16),
+# the K = 128 one only (CUDA's in TF32), every branch's rows recomputed (the CPU's); on each device
 HYBRID = (True, False, False)
 MODES = [("cpu", True), ("cpu", HYBRID), ("cpu", False), pytest.param("cuda", True, marks=CUDA),
          pytest.param("cuda", HYBRID, marks=CUDA), pytest.param("cuda", False, marks=CUDA)]
@@ -152,9 +152,10 @@ def recomputing_costs(k: int, accumulate: tuple) -> int:
     every row): per branch with accumulators of its edge rows only, the min(k, b) rows that
     became start-edge rows summed over K - 1 frames, leaving frames taken from b - k rows
     instead of b, and arriving frames without MusicnnStream's zero taps (the a old end-edge rows
-    take the k new frames, not k + b: a b fewer); per branch without them, k + K - 1 rows of K
-    taps instead of the accumulators' updates (b k leaving, (a + k)(k + b) arriving), in 56
-    channels; less the first mid-end
+    take the k new frames, not k + b: a b fewer); per branch without them, the two products of
+    ``_recompute`` (the k + a end rows over frames P-k-a-b .. P-1, the b start rows over frames
+    0 .. K-2, zero taps included) instead of the accumulators' updates (b k leaving, (a + k)(k + b)
+    arriving); less the first mid-end
     convolution's timbral part, which the batch computes for the k rows that became interior
     and the 6 + 6 at the patch's ends, not for all 187."""
     extra = 0                                     # taps x rows x channels
@@ -162,8 +163,8 @@ def recomputing_costs(k: int, accumulate: tuple) -> int:
         b, a = musicnn.same_padding(K)
         if acc:
             extra += (min(k, b) * (K - 1) + max(b - k, 0) * k - b * k - a * b) * musicnn.TEMPORAL_CH
-        else:                                     # the convolution's 56 channels: 51 filters, 5 of zeros
-            extra += (k + K - 1) * K * TEMPORAL_CONV_CH - (b * k + (a + k) * (k + b)) * musicnn.TEMPORAL_CH
+        else:
+            extra += ((k + a) * (k + a + b) + b * (K - 1) - (b * k + (a + k) * (k + b))) * musicnn.TEMPORAL_CH
     saved = (musicnn.PATCH_FRAMES - 12 - k) * 7 * 2 * musicnn.TIMBRAL_CH * musicnn.MID_CH
     return extra * musicnn.BANDS - saved
 
