@@ -45,7 +45,7 @@ def shared_data():
 
 
 # the longest modules, longest first, handed out before the others
-FIRST = ("test_ray.py", "test_gui.py", "test_onnx_export.py", "test_sda_stability.py", "test_musicnn_graph.py",
+FIRST = ("test_ray.py", "test_gui.py", "test_onnx_export.py", "test_sda_stability.py", "test_musicnn_graph.py", "test_musicnn_precision.py",
          "test_sda_equality.py", "test_microphone_jack.py", "test_serve_ray.py", "test_classify_cli.py",
          "test_serve_workers.py", "test_hostile_clients.py", "test_serve.py")
 
