@@ -46,7 +46,7 @@ from . import (BANDS, conv1d, precision, MID_CH, PATCH_FRAMES, TAGS, TEMPORAL, T
                       head_macs, same_padding, timbral_macs_per_frame)
 from .stream import MusicnnStream, timbral_features, toeplitz_taps
 
-P, EDGE = PATCH_FRAMES, 3
+P, EDGE, SHIFT_MAX = PATCH_FRAMES, 3, PATCH_FRAMES - max(TEMPORAL)   # SHIFT_MAX: more new frames are a jump
 CPU_CHUNK = 8                                          # streams computed together on the CPU
 CPU_ACCUMULATE = (False, False, False)                 # temporal branches (K = 128, 64, 32) with accumulators on the CPU
 TF32_ACCUMULATE = (True, False, False)                 # and on CUDA in TF32
@@ -188,7 +188,7 @@ class MusicnnBatch:
             idx = slots[members]
             rows = offsets[members][:, None] + np.arange(k)                          # (G, k)
             x = self.net.normalize(new[self._dev(rows.reshape(-1))].view(len(members), k, BANDS))
-            if k > P - max(TEMPORAL):                    # a jump: every cache from the new patch
+            if k > SHIFT_MAX:                            # a jump: every cache from the new patch
                 self._refill(idx, x)
             else:
                 self._shift(idx, x, k)
@@ -283,19 +283,19 @@ class MusicnnBatch:
         return macs
 
     def _recompute(self, j: int, patch: Tensor, k: int) -> tuple[Tensor, int]:
-        """(G, k + K - 1, C') features of branch j's rows P-k-a .. P-1 (frames P-k-a-b .. P-1) then
-        0 .. b-1 (frames 0 .. K-2) of the new patch (G, P, 96), and the multiply-accumulates per
-        stream: each end one product of its Toeplitz taps (rows C', frames) with the streams'
-        frames side by side (frames, G 96), the max over frequency, then the bias."""
+        """(G, k + K - 1, C') features of branch j's rows P-k-a .. P-1 then 0 .. b-1 of the new patch
+        (G, P, 96), and the multiply-accumulates per stream: each end one product of its Toeplitz
+        taps (rows C', frames; the end's for k the lower right corner of those for SHIFT_MAX) with
+        the streams' frames side by side (frames, G 96), the max over frequency, then the bias."""
         kernel, bn, _, bias, _ = self.temporal[j]
-        b, a = same_padding(kernel)
-        G, feats, macs = patch.shape[0], [], 0
-        for key, rows, frames in ((("tail", k), range(P - k - a, P), range(P - k - a - b, P)),
-                                  (("head",), range(0, b), range(0, kernel - 1))):
-            taps = self._taps_for(j, key, rows, frames)                                 # (R C', F)
-            x = patch[:, frames.start:frames.stop].transpose(0, 1).reshape(len(frames), G * BANDS)
-            feats.append((taps @ x).view(len(rows), TEMPORAL_CH, G, BANDS).amax(dim=3).permute(2, 0, 1))   # (G, R, C')
-            macs += taps.numel() * BANDS
+        (b, a), G, feats, skip = same_padding(kernel), patch.shape[0], [], SHIFT_MAX - k
+        tail = self._taps_for(j, "tail", range(P - SHIFT_MAX - a, P), range(P - SHIFT_MAX - a - b, P))
+        head = self._taps_for(j, "head", range(0, b), range(0, kernel - 1))
+        ends = ((tail[skip * TEMPORAL_CH:, skip:], P - k - a - b), (head, 0))          # taps (R C', F), first frame
+        for taps, first in ends:
+            x = patch[:, first:first + taps.shape[1]].transpose(0, 1).reshape(taps.shape[1], G * BANDS)
+            feats.append((taps @ x).view(-1, TEMPORAL_CH, G, BANDS).amax(dim=3).permute(2, 0, 1))   # (G, R, C')
+        macs = sum(taps.numel() for taps, _ in ends) * BANDS
         return bn.after_max(torch.cat(feats, dim=1) + bias), macs
 
     def _edge_rows(self, j: int, idx: np.ndarray, patch: Tensor, k: int) -> int:

@@ -29,13 +29,12 @@ from torch import nn
 
 from .. import melspec
 from . import BANDS, TEMPORAL, Musicnn, conv1d, same_padding
-from .batch import CPU_ACCUMULATE, EDGE, P, TIMBRAL_FEATS, MusicnnBatch
+from .batch import CPU_ACCUMULATE, EDGE, P, SHIFT_MAX, TIMBRAL_FEATS, MusicnnBatch
 from .mel import FRAME_HOP
 
 
 # musicnn frames a 0.25 s hop brings (15.625 on average): the sizes the compiled pushes are for
 STEADY_FRAMES = (melspec.HOP // FRAME_HOP, -(-melspec.HOP // FRAME_HOP))
-SHIFT_MAX = P - max(TEMPORAL)         # more new frames: every cache from the new patch (MusicnnBatch's jump)
 CACHE_NAMES = ("patch", "timbral", "mid", "f0", "f1", "f2")
 
 
