@@ -113,8 +113,9 @@ def test_a_stop_that_an_import_turns_into_another_error_still_ends_as_a_stop(mon
 
 
 def test_a_signal_while_starting_ends_with_one_line(tmp_path):
+    path = song(tmp_path, 300)                          # 1,200 hops: seconds of work after any start
     for delay in (0.05, 0.3, 0.6, 1.0, 1.5):            # interpreter start, imports, model loading
-        p = main_py("classify", song(tmp_path, 60), "--csv", tmp_path / f"s{delay}.csv")   # longer than any start
+        p = main_py("classify", path, "--csv", tmp_path / f"s{delay}.csv")
         time.sleep(delay)
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
