@@ -145,7 +145,8 @@ def compute_device(args, command: str) -> str:
     mode = getattr(args, "precision", "float32")
     if mode != "float32":
         from audio.musicnn import precision_problem
-        if getattr(args, "frontend", None) == "vggish" or getattr(args, "vggish_weights", None):
+        if (getattr(args, "frontend", None) == "vggish" or getattr(args, "vggish_weights", None)
+                or getattr(args, "random_vggish", False)):
             raise SystemExit(f"{command}: --precision {mode} is for the musicnn front end (VGGish runs float32)")
         problem = precision_problem(mode, args.device, not getattr(args, "recompute_frontend", False))
         if problem:

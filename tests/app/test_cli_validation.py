@@ -52,6 +52,8 @@ def test_bad_arguments_are_usage_errors_at_parse_time(argv, words, capsys):
      "classify: --precision bf16 is for the continual front end (the recomputed network is the float32 reference)"),
     (["classify", "--demo", "2", "--precision", "bf16", "--frontend", "vggish"],
      "classify: --precision bf16 is for the musicnn front end (VGGish runs float32)"),
+    (["classify", "--demo", "2", "--precision", "bf16", "--random-vggish"],
+     "classify: --precision bf16 is for the musicnn front end (VGGish runs float32)"),
     (["bench", "--streams", "--models", "continual,bogus"],
      "error: --models: no shipped model bogus; shipped: regular, continual, nystrom, continual_nystrom"),
 ])
