@@ -144,9 +144,9 @@ def compute_device(args, command: str) -> str:
                          f"{', a CPU-only build' if torch.version.cuda is None else ''})")
     mode = getattr(args, "precision", "float32")
     if mode != "float32":
+        from app.runtime.frontend_args import frontend_name
         from audio.musicnn import precision_problem
-        if (getattr(args, "frontend", None) == "vggish" or getattr(args, "vggish_weights", None)
-                or getattr(args, "random_vggish", False)):
+        if hasattr(args, "random_vggish") and frontend_name(args) == "vggish":   # (bench --streams: musicnn)
             raise SystemExit(f"{command}: --precision {mode} is for the musicnn front end (VGGish runs float32)")
         problem = precision_problem(mode, args.device, not getattr(args, "recompute_frontend", False))
         if problem:

@@ -112,7 +112,7 @@ def precision(mode: str, device: torch.device | str):
 
 def timbral_dtype(mode: str) -> torch.dtype:
     """The continual front ends' timbral products' dtype: bfloat16 in "bf16", else float32. They
-    are 62 % of a continual hop's multiply-accumulates and hold no state (each row is computed
+    are about half of a continual hop's multiply-accumulates and hold no state (each row is computed
     once from its frames and kept), so their rounding does not build up over a stream; the
     temporal branches (whose accumulators, where kept, carry sums from hop to hop), the mid-end
     and the back-end stay float32."""
