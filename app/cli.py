@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:            # `... | head`: the reader has what it wanted
         return stdout_gone()
     except Exception as e:
-        if stop_received() is not None:   # a stop that an import turned into an ImportError
+        if stop_received() is not None:   # a stop that other code turned into another exception
             return stopped(stop_received())
         message = resource_message(e, output_of(args))   # its own path, else the output option
         if message is None:

@@ -223,7 +223,7 @@ def run(args) -> int:
 def classify(args, device: str) -> int:
     from app.runtime.csv_rows import CsvRows
     from app.runtime.engine import Engine
-    from app.runtime.faults import exit_code, resource_message, signal_name, stdout_gone
+    from app.runtime.faults import exit_code, raise_if_stopped, resource_message, signal_name, stdout_gone
     from app.runtime.frontend_args import frontend_from_args
     from app.runtime.lineup import default_lineup
     from app.runtime.records import csv_row, human
@@ -271,6 +271,7 @@ def classify(args, device: str) -> int:
     engine.on_leave = lambda stream: report.left(stream.name, stream.source, stream.error)
     try:
         for r in engine.run(first, more=opened, warm=True):
+            raise_if_stopped()                 # a stop that code under the engine swallowed
             report.record(r)
             if args.jsonl:
                 print(r.to_json(), flush=True)

@@ -4,8 +4,11 @@ quota, a read-only folder, a name the file system cannot hold) and signals that 
 SIGINT and SIGTERM both raise ``Stopped`` (a KeyboardInterrupt) in the main thread, so every
 command ends a run the way Ctrl+C does: what is buffered is written, files are closed, the
 summary is printed, and the exit code is 128 + the signal's number (130, 143).
-A Stopped raised inside an import can come out as another exception (an extension module's
-init turns it into an ImportError), so the handler also remembers the signal: ``stop_received``.
+A stop never lands inside an import: C code that imports a module (an extension module's init, a
+library's lazy import) may turn the exception into another one, print it, or drop it. A signal that
+comes while a module imports is sent again every ``RETRY_S`` until the import is over. The handler
+also remembers every signal (``stop_received``), so that a loop can end a run whose Stopped some
+other code swallowed (a ``__del__``, a callback from C): ``raise_if_stopped``.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from pathlib import Path
 
 RESOURCES = {
@@ -43,12 +47,31 @@ def exit_code(e: BaseException) -> int:
     return 128 + int(getattr(e, "signum", signal.SIGINT))
 
 
+RETRY_S = 0.05
 _received: list[int] = []
+_deferred: set[int] = set()          # signals put off until an import is over (sent again)
 
 
-def raise_stopped(signum, _frame) -> None:
-    _received.append(signum)
+def raise_stopped(signum, frame) -> None:
+    if signum not in _deferred:      # a signal sent again is not a second stop
+        _received.append(signum)
+    if importing(frame):
+        _deferred.add(signum)
+        again = threading.Timer(RETRY_S, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
+    _deferred.discard(signum)
     raise Stopped(signum)
+
+
+def importing(frame) -> bool:
+    """Whether the interrupted code runs inside an import (importlib's frames on the stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def stop_received() -> Stopped | None:
@@ -56,10 +79,18 @@ def stop_received() -> Stopped | None:
     return Stopped(_received[0]) if _received else None
 
 
+def raise_if_stopped() -> None:
+    """Raise the first stop signal's Stopped if one came (one that other code swallowed)."""
+    stop = stop_received()
+    if stop is not None:
+        raise stop
+
+
 def stop_on_signals() -> dict:
     """SIGINT and SIGTERM raise Stopped in the main thread from now on; returns the handlers they
     had, for ``restore``. Call ``take_held_signals`` next, inside the code that handles Stopped."""
     _received.clear()
+    _deferred.clear()
     return {s: signal.signal(s, raise_stopped) for s in STOP_SIGNALS}
 
 

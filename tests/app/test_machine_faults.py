@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from app.runtime.csv_rows import CsvRows
-from app.runtime.faults import exit_code, resource_message, Stopped
+from app.runtime.faults import exit_code, resource_message, restore, stop_on_signals, stop_received, Stopped
 from audio_helpers import tone, write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,6 +129,54 @@ def test_a_signal_while_starting_ends_with_one_line(tmp_path):
             after = lines[stops[0] + 1:]
             assert not after or (re.match(r"# file:song.wav: \d+ hops, ", after[0]) and all(x.startswith("#") for x in after)), \
                 (delay, err)
+
+
+def test_a_stop_during_an_import_waits_until_the_import_is_over(tmp_path, monkeypatch):
+    # C code that imports may print or drop an exception raised inside the import; the stop is
+    # sent again until the module is whole, then raised in the code that imported it
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "t = time.monotonic()\n"
+        "while time.monotonic() - t < 0.3:\n"        # bytecode runs: the handler is called here
+        "    pass\n"
+        "WHOLE = True\n")
+    monkeypatch.syspath_prepend(tmp_path)
+    handlers = stop_on_signals()
+    try:
+        with pytest.raises(Stopped) as e:
+            import slow_module  # noqa: F401
+            time.sleep(1.0)                                 # the stop is sent again within 0.05 s
+        assert e.value.signum == signal.SIGTERM
+        assert sys.modules["slow_module"].WHOLE is True
+        assert stop_received().signum == signal.SIGTERM
+    finally:
+        restore(handlers)
+        sys.modules.pop("slow_module", None)
+
+
+def test_a_stop_that_code_swallowed_still_ends_classify(tmp_path, capsys, monkeypatch):
+    # code under the engine that drops the Stopped (a __del__, a callback from C that prints it):
+    # the run still ends at the next record, as a stop, with the rows before it
+    from app.cli import main
+    from app.runtime.engine import Engine
+    real_hop, hops = Engine.hop, []
+
+    def hop_that_swallows(self):
+        hops.append(1)
+        if len(hops) == 3:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.5)                             # the handler raises in here
+            except KeyboardInterrupt:
+                pass
+        return real_hop(self)
+    monkeypatch.setattr(Engine, "hop", hop_that_swallows)
+    path = song(tmp_path, 10)
+    code = main(["classify", str(path), "--csv", str(tmp_path / "r.csv")])
+    err = capsys.readouterr().err
+    assert code == 143 and "# stopped by SIGTERM" in err, err[-2000:]
+    assert len(complete_rows(tmp_path / "r.csv")) == 2 and len(hops) == 3   # 40 hops in the file
 
 
 def test_csv_rows_are_cut_back_to_the_last_whole_row_when_a_write_fails(tmp_path, monkeypatch):
