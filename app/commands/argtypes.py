@@ -130,8 +130,8 @@ def add_device_arguments(p, what: str = "where the front end and models run", pr
         from audio.frontend_names import PRECISIONS
         p.add_argument("--precision", choices=PRECISIONS, default="float32",
                        help="musicnn's arithmetic: float32 (default, exact to float32 rounding); tf32: with "
-                            "--device cuda, TF32 with cuDNN; bf16: the continual front end's timbral products "
-                            "in bf16, on a CPU with avx512_bf16 or AMX or a GPU with bf16 tensor cores (their "
+                            "--device cuda, TF32 with cuDNN; bf16: the continual front end's products that hold "
+                            "no state (timbral; temporal where recomputed) in bf16, on a CPU with avx512_bf16 or AMX or a GPU with bf16 tensor cores (their "
                             "speed and error against float32: docs/front-ends.md)")
 
 

@@ -71,7 +71,7 @@ class BatchNorm(nn.Module):
         return x * scale + shift
 
 
-PRECISION_WORDS = {"float32": "float32", "tf32": "TF32", "bf16": "bf16 timbral products"}
+PRECISION_WORDS = {"float32": "float32", "tf32": "TF32", "bf16": "bf16 products"}
 
 
 @contextmanager
@@ -86,7 +86,7 @@ def precision(mode: str, device: torch.device | str):
     in float32; `--recompute-frontend` convolves its temporal branches).
     "tf32" (`--precision tf32`): cuDNN on, its algorithms chosen by timing, and the matrix
     products and convolutions on the tensor cores with 10-bit mantissas. "bf16" sets them as
-    float32 does (its bf16 products, the timbral ones of ``timbral_dtype``, sum in float32 on
+    float32 does (its bf16 products, those of ``product_dtype``, sum in float32 on
     CUDA too). Their errors against float32: docs/front-ends.md. The switches are the process's: on CUDA one network
     computes at a time (one engine, one lane); on the CPU (``device``), where they do nothing,
     they are left alone, so that a server's lanes, each pushing in a thread of its own, never
@@ -110,12 +110,13 @@ def precision(mode: str, device: torch.device | str):
         cudnn.enabled, cudnn.benchmark, matmul.allow_bf16_reduced_precision_reduction = saved[1:]
 
 
-def timbral_dtype(mode: str) -> torch.dtype:
-    """The continual front ends' timbral products' dtype: bfloat16 in "bf16", else float32. They
-    are about half of a continual hop's multiply-accumulates and hold no state (each row is computed
-    once from its frames and kept), so their rounding does not build up over a stream; the
-    temporal branches (whose accumulators, where kept, carry sums from hop to hop), the mid-end
-    and the back-end stay float32."""
+def product_dtype(mode: str) -> torch.dtype:
+    """The dtype of the continual front ends' products that hold no state: bfloat16 in "bf16",
+    else float32. They are the timbral products (each row computed once from its frames and
+    kept) and, where a temporal branch is recomputed (the CPU's batch and one stream's push), its
+    Toeplitz products: their rounding does not build up over a stream. The temporal branches'
+    accumulators (MusicnnStream, CUDA: sums carried from hop to hop), the mid-end and the
+    back-end stay float32."""
     return torch.bfloat16 if mode == "bf16" else torch.float32
 
 
@@ -145,17 +146,31 @@ def precision_problem(mode: str, device: torch.device | str, continual: bool = T
 
 
 def conv1d(x: Tensor, weight: Tensor, bias: Tensor | None = None, padding: int = 0, *,
-           by_products: bool | None = None) -> Tensor:
-    """F.conv1d of x (B, C, T) by weight (O, C, k); ``by_products`` (default: on CUDA with cuDNN
-    off, ``precision``) as k matrix products (O, C) x (B, C, T') summed, one batched product per
-    tap, whatever B: float32 dot products of length C k, in another order."""
-    if by_products is None:
-        by_products = x.is_cuda and not torch.backends.cudnn.enabled
-    if not by_products:
+           way: str | None = None) -> Tensor:
+    """F.conv1d of x (B, C, T) by weight (O, C, k), computed one of three ``way``s:
+
+    * "im2col" (the CPU's default): one matrix product of x's windows (B T', C k) by the weights
+      (C k, O). oneDNN's convolution of the mid-end's shapes is slower inside the compiled
+      one-stream push, and no faster batched (docs/benchmarks/design.md);
+    * "taps" (CUDA's with cuDNN off, ``precision``): k matrix products (O, C) x (B, C, T')
+      summed, one batched product per tap, whatever B;
+    * "conv" (CUDA's otherwise): F.conv1d, padding by the convolution itself.
+
+    Each output is a float32 dot product of C k terms; the ways differ in its order only."""
+    if way is None:
+        way = "conv" if x.is_cuda and torch.backends.cudnn.enabled else "taps" if x.is_cuda else "im2col"
+    if way == "conv":
         return F.conv1d(x, weight, bias, padding=padding)
-    k = weight.shape[-1]
+    O, C, k = weight.shape
     x = F.pad(x, (padding, padding)) if padding else x
-    T = x.shape[-1] - k + 1
+    B, T = x.shape[0], x.shape[-1] - k + 1
+    if way == "im2col":
+        cols = x.unfold(2, k, 1).permute(0, 2, 1, 3).reshape(B * T, C * k)        # (B T', C k)
+        w = weight.reshape(O, C * k).t()
+        out = cols @ w if bias is None else torch.addmm(bias, cols, w)             # (B T', O)
+        return out.view(B, T, O).transpose(1, 2)
+    if way != "taps":
+        raise ValueError(f"conv1d: way must be 'im2col', 'taps' or 'conv', not {way!r}")
     out = torch.matmul(weight[:, :, 0], x[..., :T])                     # (B, O, T)
     for j in range(1, k):
         out += torch.matmul(weight[:, :, j], x[..., j:j + T])
@@ -233,9 +248,7 @@ class Musicnn(nn.Module):
         return self.head_after_conv(x, self.mid_conv(x, 0))
 
     def mid_conv(self, x: Tensor, i: int) -> Tensor:
-        """Mid-end convolution i on x (B, C, T) contiguous, 'same' zero padding by the convolution
-        itself: less time than padded copies of a transposed view, the same floats (docs/benchmarks.md,
-        design measurements)."""
+        """Mid-end convolution i on x (B, C, T), 'same' zero padding (``conv1d``)."""
         return conv1d(x, self.mid[i].weight, self.mid[i].bias, padding=3)
 
     def head_after_conv(self, x: Tensor, z: Tensor) -> Tensor:

@@ -25,14 +25,13 @@ recomputed: ``accumulate``). What changes is the layout:
   it is cached per ring row and computed for the k rows that became such and the 6 + 6 at the
   patch's ends (58 MFLOPs a stream-hop fewer at 16 frames, 11 %: tests/audio/test_musicnn_batch.py
   holds the count to torch's FLOP counter);
-* the mid-end and back-end run once for every stream of the hop (of a chunk of streams on the
-  CPU: ``chunk``);
+* the mid-end and back-end run once for every stream of the hop (CPU: of a chunk, ``chunk``);
 * no step waits for the device: ring indices come from host state (``start``) and reach the
   device by asynchronous copies, the hop's frames in one.
 
 Each stream's taggram equals MusicnnStream's for it alone, and Musicnn's on its 187 frames,
-within float32 rounding (tests/audio/test_musicnn_batch.py). Every operation is row- or
-column-wise in the streams, so a stream's NaN frames reach no other stream.
+within float32 rounding (tests/audio/test_musicnn_batch.py; bf16: test_musicnn_precision.py).
+Every operation is row- or column-wise in the streams: a stream's NaN frames reach no other.
 
 Shapes: C slots, P = 187 patch rows, S streams pushed, G of them in a group, k new frames.
 """
@@ -106,7 +105,7 @@ class MusicnnBatch:
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
         self.slotwise = not cuda                       # edge rings: per slot in place, or one gather / scatter
         one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
-        self.timbral, self.timbral_dtype = one.timbral.branches, one.timbral.dtype    # (w, bn, weight, bias)
+        self.timbral, self.product_dtype = one.timbral.branches, one.timbral.dtype    # (w, bn, weight, bias)
         self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
         self._taps: dict = {}
         w = net.mid[0].weight                                                         # (64, 561, 7)
@@ -223,7 +222,7 @@ class MusicnnBatch:
         branches, one matrix product per branch (its im2col the only copy of the frames)."""
         n, rows = x.shape[0], x.shape[1] - 2 * EDGE
         out = x.new_empty(n, rows, TIMBRAL_FEATS)
-        x = x.to(self.timbral_dtype)
+        x = x.to(self.product_dtype)
         for i, branch in enumerate(self.timbral):
             w = branch[0]
             cols = x.unfold(1, 2 * EDGE + 1, 1).unfold(2, w, 1).reshape(-1, (2 * EDGE + 1) * w)
@@ -235,10 +234,10 @@ class MusicnnBatch:
         part (no bias) of the rows whose 7-row window they fill."""
         return conv1d(timbral.transpose(1, 2).contiguous(), self.mid_timbral).transpose(1, 2)
 
-    def _taps_for(self, j: int, key, rows: range, frames: range, skip_below: int | None = None) -> Tensor:
+    def _taps_for(self, j: int, key, rows: range, frames: range, skip_below: int | None = None, dtype=torch.float32) -> Tensor:
         if (j, key) not in self._taps:
             kernel, _, _, _, w = self.temporal[j]
-            self._taps[j, key] = toeplitz_taps(w, same_padding(kernel)[0], rows, frames, skip_below)
+            self._taps[j, key] = toeplitz_taps(w, same_padding(kernel)[0], rows, frames, skip_below).to(dtype)
         return self._taps[j, key]
 
     def _shift(self, idx: np.ndarray, x: Tensor, k: int) -> None:
@@ -286,15 +285,16 @@ class MusicnnBatch:
         """(G, k + K - 1, C') features of branch j's rows P-k-a .. P-1 then 0 .. b-1 of the new patch
         (G, P, 96), and the multiply-accumulates per stream: each end one product of its Toeplitz
         taps (rows C', frames; the end's for k the lower right corner of those for SHIFT_MAX) with
-        the streams' frames side by side (frames, G 96), the max over frequency, then the bias."""
+        the streams' frames side by side (frames, G 96), operands in ``product_dtype`` (they hold
+        no state), the max over frequency (in float32: the same floats, faster), then the bias."""
         kernel, bn, _, bias, _ = self.temporal[j]
         (b, a), G, feats, skip = same_padding(kernel), patch.shape[0], [], SHIFT_MAX - k
-        tail = self._taps_for(j, "tail", range(P - SHIFT_MAX - a, P), range(P - SHIFT_MAX - a - b, P))
-        head = self._taps_for(j, "head", range(0, b), range(0, kernel - 1))
-        ends = ((tail[skip * TEMPORAL_CH:, skip:], P - k - a - b), (head, 0))          # taps (R C', F), first frame
-        for taps, first in ends:
+        tail = self._taps_for(j, "tail", range(P - SHIFT_MAX - a, P), range(P - SHIFT_MAX - a - b, P), dtype=self.product_dtype)
+        head = self._taps_for(j, "head", range(0, b), range(0, kernel - 1), dtype=self.product_dtype)
+        ends, patch = ((tail[skip * TEMPORAL_CH:, skip:], P - k - a - b), (head, 0)), patch.to(self.product_dtype)
+        for taps, first in ends:                                                      # taps (R C', F), first frame
             x = patch[:, first:first + taps.shape[1]].transpose(0, 1).reshape(taps.shape[1], G * BANDS)
-            feats.append((taps @ x).view(-1, TEMPORAL_CH, G, BANDS).amax(dim=3).permute(2, 0, 1))   # (G, R, C')
+            feats.append((taps @ x).float().view(-1, TEMPORAL_CH, G, BANDS).amax(dim=3).permute(2, 0, 1))   # (G, R, C')
         macs = sum(taps.numel() for taps, _ in ends) * BANDS
         return bn.after_max(torch.cat(feats, dim=1) + bias), macs
 

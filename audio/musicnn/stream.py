@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from . import (BANDS, precision, timbral_dtype, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
+from . import (BANDS, precision, product_dtype, PATCH_FRAMES, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
                       head_macs, patch_macs, same_padding, timbral_macs_per_frame)
 
 
@@ -68,11 +68,11 @@ class TimbralCache:
     product has TIMBRAL_COLS = 208 columns, the 204 filters and 4 of zeros: with a multiple of
     16 columns torch's CPU matrix product runs faster for the same 204 useful ones, for 2 % more
     multiply-accumulates (docs/benchmarks.md, design measurements). The product's operands
-    are in ``timbral_dtype`` of the network's precision (``dtype``)."""
+    are in ``product_dtype`` of the network's precision (``dtype``)."""
     EDGE = 3
 
     def __init__(self, net: Musicnn):
-        self.branches, self.dtype = [], timbral_dtype(net.precision)
+        self.branches, self.dtype = [], product_dtype(net.precision)
         for conv, bn, w in zip(net.timbral, net.timbral_bn, TIMBRAL):
             sbn = SignedBN(bn)
             pad = TIMBRAL_COLS - TIMBRAL_CH

@@ -105,12 +105,12 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
 
 
 @pytest.mark.parametrize("conv, padding", [(0, 3), (1, 3), (2, 0)])
-def test_a_convolution_as_one_product_per_tap_is_a_float32_convolution(nets, conv, padding):
-    """musicnn.conv1d by products (CUDA's mid-end with cuDNN off: one batched product per tap)
-    against the float64 convolution, on the CPU: each output is a float32 dot product of
-    C x 7 terms summed in another order, so its error is at most (C x 7 + 1) float32 units
-    of the sum of the terms' magnitudes (plus the bias's rounding), the classic bound; and
-    the convolution itself, by the same bound."""
+def test_each_way_of_a_convolution_is_a_float32_convolution(nets, conv, padding):
+    """musicnn.conv1d's three ways (the CPU's im2col product, CUDA's one product per tap with
+    cuDNN off, the convolution itself) against the float64 convolution, on the CPU: each output
+    is a float32 dot product of C x 7 terms summed in some order, so its error is at most
+    (C x 7 + 1) float32 units of the sum of the terms' magnitudes (plus the bias's rounding),
+    the classic bound."""
     net = nets[0]
     w, b = net.mid[conv].weight, net.mid[conv].bias
     g = torch.Generator().manual_seed(conv)
@@ -118,12 +118,14 @@ def test_a_convolution_as_one_product_per_tap_is_a_float32_convolution(nets, con
     want = torch.nn.functional.conv1d(x.double(), w.double(), b.double(), padding=padding)
     scale = torch.nn.functional.conv1d(x.double().abs(), w.double().abs(), b.double().abs(), padding=padding)
     bound = (w.shape[1] * w.shape[2] + 2) * EPS32 / 2 * scale
-    for by_products in (True, False):
-        got = musicnn.conv1d(x, w, b, padding=padding, by_products=by_products)
-        assert got.shape == want.shape
-        assert ((got.double() - want).abs() <= bound).all(), by_products
-    assert not torch.equal(musicnn.conv1d(x, w, b, padding=padding, by_products=True),
-                           musicnn.conv1d(x, w, b, padding=padding, by_products=False))   # another order
+    got = {way: musicnn.conv1d(x, w, b, padding=padding, way=way) for way in ("im2col", "taps", "conv")}
+    for way, out in got.items():
+        assert out.shape == want.shape
+        assert ((out.double() - want).abs() <= bound).all(), way
+    assert not torch.equal(got["taps"], got["conv"])                          # another order
+    assert torch.equal(musicnn.conv1d(x, w, b, padding=padding), got["im2col"])   # the CPU's default
+    with pytest.raises(ValueError, match="way must be"):
+        musicnn.conv1d(x, w, way="fft")
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])

@@ -1,28 +1,30 @@
-"""musicnn's opt-in bf16 (audio/musicnn: ``timbral_dtype``): the continual front ends' timbral
-products take bf16 operands, everything else stays float32. Every form computes it (the batch,
-one stream's eager graph bit for bit with the batch of one, MusicnnStream), and each stream's
-taggram is the float64 network's on the bf16-rounded operands within the error model below, at
-every hop; the rounding does not build up over a stream (the last hops are checked too). A
-precision that the hardware or the front end cannot run is a one-line PrecisionError before any
-work; on a CPU with avx512_bf16 or AMX (skipped elsewhere) `classify --precision bf16` runs and
-says so. The compiled push (AOTInductor) in bf16, and the batch on CUDA (skipped without a GPU
-with bf16), are held to the same bound.
+"""musicnn's opt-in bf16 (audio/musicnn: ``product_dtype``): the continual front ends' products
+that hold no state take bf16 operands: the timbral ones, and the temporal ones where a branch is
+recomputed (the CPU's batch and one stream's push; MusicnnStream's and CUDA's accumulators stay
+float32), everything else float32. Every form computes it (the batch, one stream's eager graph
+bit for bit with the batch of one, MusicnnStream), and each stream's taggram is the float64
+network's on the bf16-rounded operands within the error model below, at every hop; the rounding
+does not build up over a stream (the last hops are checked too). A precision that the hardware or
+the front end cannot run is a one-line PrecisionError before any work; on a CPU with avx512_bf16
+or AMX (skipped elsewhere) `classify --precision bf16` runs and says so. The compiled push
+(AOTInductor) in bf16, and the batch on CUDA (skipped without a GPU with bf16), are held to the
+same bound.
 
 Error model. The products' operands are rounded to bf16 (the oracle rounds them the same way,
 then computes in float64). A product of two bf16 numbers is exact in float32; torch sums the
-7 w terms of a pre-activation in float32 (at most 7 w * EPS32 of the sum of their magnitudes,
-S) and rounds the sum to bf16 (at most U_BF16 = 2^-8 of it). Rounding is monotone, so the max
-over frequency of the rounded sums is the rounded max: each timbral maximum m_i moves by at most
-dm_i = U_BF16 |m_i| + 7 w EPS32 S, the bias then added in float32. The rest of the network is
-piecewise linear in m up to the logits, so to first order a logit moves by sum_i J_i e_i
-(J = dlogit/dm by autograd on the float64 oracle) with e_i the maxima's rounding errors:
-independent and uniform within +-dm_i (standard deviation dm_i / sqrt(3)), tens of thousands of
-them, so the move is normal with sigma = sqrt(sum_i (J_i dm_i)^2 / 3). A tag's taggram moves by
-sigmoid'(logit) times that. The largest of a few hundred such deviations (tags x checks) is
-about 3 sigmas, so a tag's tolerance is SIGMAS = 10 of its sigmas (the bound for every error in
-one direction is some 40 sigmas, never seen), on top of the float32 error model of
-tests/audio/test_musicnn_batch.py. Checked tag by tag: the figure reported is the
-largest error of a tag over its own tolerance."""
+n terms of a pre-activation in float32 (n = 7 w for a timbral one, at most K for a temporal one:
+at most n EPS32 of the sum of their magnitudes, S) and rounds the sum to bf16 (at most U_BF16 =
+2^-8 of it). Rounding is monotone, so the max over frequency of the rounded sums is the rounded
+max: each maximum m_i moves by at most dm_i = U_BF16 |m_i| + n EPS32 S, the bias then added in
+float32. The rest of the network is piecewise linear in m up to the logits, so to first order a
+logit moves by sum_i J_i e_i (J = dlogit/dm by autograd on the float64 oracle) with e_i the
+maxima's rounding errors: independent and uniform within +-dm_i (standard deviation
+dm_i / sqrt(3)), tens of thousands of them, so the move is normal with sigma =
+sqrt(sum_i (J_i dm_i)^2 / 3). A tag's taggram moves by sigmoid'(logit) times that. The largest of
+a few hundred such deviations (tags x checks) is about 3 sigmas, so a tag's tolerance is SIGMAS =
+10 of its sigmas (the bound for every error in one direction is some 40 sigmas, never seen), on
+top of the float32 error model of tests/audio/test_musicnn_batch.py. Checked tag by tag: the
+figure reported is the largest error of a tag over its own tolerance."""
 import copy
 import subprocess
 import sys
@@ -58,30 +60,39 @@ def nets():
     return low, copy.deepcopy(net).double()
 
 
-def oracle(low, net64, history) -> tuple[torch.Tensor, torch.Tensor]:
+def oracle(low, net64, history, temporal: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(50,) taggram of the float64 network on the stream's 187 frames with the timbral products'
-    operands rounded to bf16 as the front ends round them, and (50,) the error model's
-    tolerance of each tag."""
+    operands rounded to bf16 as the front ends round them (``temporal``: the temporal ones too,
+    as where a branch is recomputed), and (50,) the error model's tolerance of each tag."""
     x32 = low.normalize(patch_of(history).float())                             # (1, 187, 96) as pushed
     x64 = x32.double()
     xb = torch.nn.functional.pad(x32, (0, 0, EDGE, EDGE)).bfloat16().double()  # the products' frames
-    maxima, slack, branches = [], [], MusicnnStream(low).timbral.branches
-    for w, _, weight, _ in branches:
+    maxima, slack, one = [], [], MusicnnStream(low)
+    for w, _, weight, _ in one.timbral.branches:
         cols = xb.unfold(1, 2 * EDGE + 1, 1).unfold(2, w, 1).reshape(-1, (2 * EDGE + 1) * w)
         z = (cols @ weight.double()).view(187, 96 - w + 1, -1)[:, :, :musicnn.TIMBRAL_CH]
         size = (cols.abs() @ weight.double().abs()).view(187, 96 - w + 1, -1)[:, :, :musicnn.TIMBRAL_CH]
         maxima.append(z.amax(dim=1))                                          # (187, 204)
         slack.append(U_BF16 * z.amax(dim=1).abs() + (2 * EDGE + 1) * w * EPS32 * size.amax(dim=1))
+    for acc in one.temporal if temporal else ():                              # (K, C') taps, sign-folded
+        windows = torch.nn.functional.pad(x32[0], (0, 0) + musicnn.same_padding(acc.K)).bfloat16().double().unfold(0, acc.K, 1)
+        taps = acc.w.bfloat16().double()                                      # windows (187, 96, K)
+        z, size = windows @ taps, windows.abs() @ taps.abs()                   # (187, 96, C')
+        maxima.append(z.amax(dim=1))
+        slack.append(U_BF16 * z.amax(dim=1).abs() + acc.K * EPS32 * size.amax(dim=1))
+    parts = [(bn, bias) for _, bn, _, bias in double_bn(one.timbral.branches)] + \
+        [(bn, acc.bias) for acc, bn in zip(one.temporal, double_bns([acc.bn for acc in one.temporal]))]
 
-    def logits(m):                                                            # (187, 408) maxima -> (50,)
-        feats = [bn.after_max(part + bias.double()) for part, (_, bn, _, bias) in
-                 zip(m.split(musicnn.TIMBRAL_CH, dim=1), double_bn(branches))]
-        front = torch.cat(feats + [net64.temporal_same(x64)[0]], dim=1)
-        return net64.head(front[None])[0]
+    def logits(m):                                                            # (187, 408 [+ 153]) maxima -> (50,)
+        feats = [bn.after_max(part + bias.double()) for part, (bn, bias) in zip(m.split(musicnn.TIMBRAL_CH, dim=1)[:2], parts)]
+        feats += ([bn.after_max(part + bias.double()) for part, (bn, bias) in
+                   zip(m[:, 2 * musicnn.TIMBRAL_CH:].split(musicnn.TEMPORAL_CH, dim=1), parts[2:])]
+                  if temporal else [net64.temporal_same(x64)[0]])
+        return net64.head(torch.cat(feats, dim=1)[None])[0]
 
     m = torch.cat(maxima, dim=1)
     with torch.enable_grad():
-        jac = torch.autograd.functional.jacobian(logits, m, vectorize=True)   # (50, 187, 408)
+        jac = torch.autograd.functional.jacobian(logits, m, vectorize=True)   # (50, 187, 408 [+ 153])
     sigma = ((jac * torch.cat(slack, dim=1)) ** 2).sum(dim=(1, 2)).div(3).sqrt()   # (50,) of the logits
     out = logits(m)
     taggram = torch.sigmoid(out)
@@ -90,11 +101,15 @@ def oracle(low, net64, history) -> tuple[torch.Tensor, torch.Tensor]:
 
 def double_bn(branches):
     """The branches with their SignedBN in float64 (the oracle's)."""
+    return [(w, bn, weight, bias) for (w, _, weight, bias), bn in zip(branches, double_bns([b[1] for b in branches]))]
+
+
+def double_bns(bns):
     out = []
-    for w, bn, weight, bias in branches:
+    for bn in bns:
         d = copy.copy(bn)
         d.scale, d.shift, d.sign = bn.scale.double(), bn.shift.double(), bn.sign.double()
-        out.append((w, d, weight, bias))
+        out.append(d)
     return out
 
 
@@ -113,10 +128,11 @@ def test_every_form_in_bf16_is_the_float64_network_on_rounded_operands(nets, err
         assert torch.equal(graphed, one.push([0], [xs[0]])[0]), hop                 # the graph is the batch of one
         for i in range(2):
             histories[i].append(xs[i])
-        if hop in CHECKED:
-            for taggram, i in ((got[0], 0), (got[1], 1), (alone, 0), (graphed, 0)):
-                want, bound = oracle(low, net64, histories[i])
+        if hop in CHECKED:                   # the batch and the graph recompute their temporal rows
+            for taggram, i, temporal in ((got[0], 0, True), (got[1], 1, True), (alone, 0, False), (graphed, 0, True)):
+                want, bound = oracle(low, net64, histories[i], temporal)
                 worst = max(worst, ((taggram.double() - want).abs() / bound).max().item())
+    assert {t.dtype for (_, key), t in batch._taps.items() if key in ("tail", "head")} == {torch.bfloat16}
     errors("bf16 taggrams (batch, one stream) vs the float64 network on bf16 operands, "
            "each tag over its tolerance", worst, 1.0)
 
@@ -150,7 +166,7 @@ def test_the_compiled_push_in_bf16_is_within_the_same_bound(nets, tmp_path, monk
         history.append(frames(rng, 16))
         got = compiled.push(history[-1])
         if hop in (1, 7):
-            want, bound = oracle(low, net64, history)
+            want, bound = oracle(low, net64, history, temporal=True)
             worst = max(worst, ((got.double() - want).abs() / bound).max().item())
     errors("the compiled bf16 push vs the float64 network on bf16 operands, each tag over its tolerance", worst, 1.0)
 
@@ -173,5 +189,5 @@ def test_classify_in_bf16_runs_and_says_so():
     r = subprocess.run([sys.executable, "main.py", "classify", "--demo", "--seconds", "2", "--precision", "bf16"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "device cpu, float32, musicnn in bf16 timbral products;" in r.stderr
-    assert "(pretrained, continual, bf16 timbral products)" in r.stderr and "verdict over demo" in r.stderr
+    assert "device cpu, float32, musicnn in bf16 products;" in r.stderr
+    assert "(pretrained, continual, bf16 products)" in r.stderr and "verdict over demo" in r.stderr
