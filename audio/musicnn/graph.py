@@ -362,6 +362,11 @@ class GraphStream:
 
 if __name__ == "__main__":                                 # CompiledPushes' build: MODEL PRECISION K[,K...] THREADS DIR
     os.nice(19)                                            # the lowest priority: the streams' hops come first
+    from torch._inductor import cpp_builder, exc
+    try:                                                   # inductor's own search, before the export and codegen
+        cpp_builder.get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        sys.exit("no working C++ compiler: inductor needs g++ (or $CXX)")     # the log's last line: the reason
     model, mode, ks, threads, out = sys.argv[1:6]
     t0 = time.perf_counter()
     code = build_packages(model, mode, [int(k) for k in ks.split(",")], int(threads), Path(out))
