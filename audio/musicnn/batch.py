@@ -234,9 +234,10 @@ class MusicnnBatch:
         part (no bias) of the rows whose 7-row window they fill."""
         return conv1d(timbral.transpose(1, 2).contiguous(), self.mid_timbral).transpose(1, 2)
 
-    def _taps_for(self, j: int, key, rows: range, frames: range, skip_below: int | None = None, dtype=torch.float32) -> Tensor:
+    def _taps_for(self, j: int, key, rows: range, frames: range, skip_below: int | None = None) -> Tensor:
+        """Branch j's Toeplitz taps, made once: the recomputed ends' in ``product_dtype``."""
         if (j, key) not in self._taps:
-            kernel, _, _, _, w = self.temporal[j]
+            (kernel, _, _, _, w), dtype = self.temporal[j], self.product_dtype if key in ("tail", "head") else torch.float32
             self._taps[j, key] = toeplitz_taps(w, same_padding(kernel)[0], rows, frames, skip_below).to(dtype)
         return self._taps[j, key]
 
@@ -270,28 +271,27 @@ class MusicnnBatch:
                 out = self._taps_for(j, ("out", k), range(k, b), range(0, k)) @ old[:, :k]
                 self._ring_add(st[f"zs{j}"], idx, k, b - k, b, out.view(len(idx), b - k, TEMPORAL_CH, BANDS), alpha=-1.0)
         self.start[idx] += k                                                           # old row p is now p - k
-        macs = 0
+        macs, low = 0, patch.to(self.product_dtype)
         for j, (kernel, bn, _, _, _) in enumerate(self.temporal):
             b, a = same_padding(kernel)
             if self.accumulate[j]:
                 macs += self._edge_rows(j, idx, patch, k)
                 continue
-            rows, more = self._recompute(j, patch, k)                                  # (G, k+K-1, C'): one cyclic run
+            rows, more = self._recompute(j, low, k)                                    # (G, k+K-1, C'): one cyclic run
             st[f"f{j}"].view(-1, TEMPORAL_CH)[self._ring(idx, P - k - a, k + kernel - 1)] = rows.reshape(-1, TEMPORAL_CH)
             macs += more
         return macs
 
     def _recompute(self, j: int, patch: Tensor, k: int) -> tuple[Tensor, int]:
-        """(G, k + K - 1, C') features of branch j's rows P-k-a .. P-1 then 0 .. b-1 of the new patch
-        (G, P, 96), and the multiply-accumulates per stream: each end one product of its Toeplitz
-        taps (rows C', frames; the end's for k the lower right corner of those for SHIFT_MAX) with
-        the streams' frames side by side (frames, G 96), operands in ``product_dtype`` (they hold
-        no state), the max over frequency (in float32: the same floats, faster), then the bias."""
+        """(G, k + K - 1, C') features of branch j's rows P-k-a .. P-1 then 0 .. b-1 of the new patch (G, P, 96)
+        in ``product_dtype`` (they hold no state; converted once for every branch), and the multiply-accumulates
+        per stream: each end one product of its Toeplitz taps (rows C', frames; the end's for k the lower right
+        corner of those for SHIFT_MAX) with the streams' frames side by side (frames, G 96), the max over
+        frequency (in float32: the same floats, faster), then the bias."""
         kernel, bn, _, bias, _ = self.temporal[j]
         (b, a), G, feats, skip = same_padding(kernel), patch.shape[0], [], SHIFT_MAX - k
-        tail = self._taps_for(j, "tail", range(P - SHIFT_MAX - a, P), range(P - SHIFT_MAX - a - b, P), dtype=self.product_dtype)
-        head = self._taps_for(j, "head", range(0, b), range(0, kernel - 1), dtype=self.product_dtype)
-        ends, patch = ((tail[skip * TEMPORAL_CH:, skip:], P - k - a - b), (head, 0)), patch.to(self.product_dtype)
+        tail = self._taps_for(j, "tail", range(P - SHIFT_MAX - a, P), range(P - SHIFT_MAX - a - b, P))
+        ends = ((tail[skip * TEMPORAL_CH:, skip:], P - k - a - b), (self._taps_for(j, "head", range(0, b), range(0, kernel - 1)), 0))
         for taps, first in ends:                                                      # taps (R C', F), first frame
             x = patch[:, first:first + taps.shape[1]].transpose(0, 1).reshape(taps.shape[1], G * BANDS)
             feats.append((taps @ x).float().view(-1, TEMPORAL_CH, G, BANDS).amax(dim=3).permute(2, 0, 1))   # (G, R, C')

@@ -44,7 +44,7 @@ class PushGraph(nn.Module):
         if fb.accumulate != CPU_ACCUMULATE or not 0 < k <= SHIFT_MAX:
             raise ValueError(f"PushGraph takes the CPU default's branches and 1 <= k <= {SHIFT_MAX} frames")
         self.fb, self.k = fb, k
-        dummy = torch.zeros(1, P, BANDS, device=fb.device)
+        dummy = torch.zeros(1, P, BANDS, device=fb.device, dtype=fb.product_dtype)
         for j in range(len(TEMPORAL)):                   # the tap tables, made now: constants of the graph
             fb._recompute(j, dummy, k)
 
@@ -55,10 +55,10 @@ class PushGraph(nn.Module):
         G = patch.shape[0]
         patch = torch.cat([patch[:, k:], net.normalize(new)], dim=1)       # (G, P, 96)
         # the temporal rows a hop changed, recomputed: P-k-a .. P-1 then 0 .. b-1
-        fs = []
+        fs, low = [], patch.to(fb.product_dtype)
         for j, f in enumerate((f0, f1, f2)):
             b, a = same_padding(fb.temporal[j][0])
-            rows, _ = fb._recompute(j, patch, k)
+            rows, _ = fb._recompute(j, low, k)
             fs.append(torch.cat([rows[:, k + a:], f[:, b + k:P - a], rows[:, :k + a]], dim=1))
         # timbral: rows P-3-k .. P-4 became interior; mid rows P-6-k .. P-7
         rows = fb._timbral_rows(patch[:, P - k - 2 * EDGE:])                # (G, k, 408)

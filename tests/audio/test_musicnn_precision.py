@@ -80,8 +80,8 @@ def oracle(low, net64, history, temporal: bool = False) -> tuple[torch.Tensor, t
         z, size = windows @ taps, windows.abs() @ taps.abs()                   # (187, 96, C')
         maxima.append(z.amax(dim=1))
         slack.append(U_BF16 * z.amax(dim=1).abs() + acc.K * EPS32 * size.amax(dim=1))
-    parts = [(bn, bias) for _, bn, _, bias in double_bn(one.timbral.branches)] + \
-        [(bn, acc.bias) for acc, bn in zip(one.temporal, double_bns([acc.bn for acc in one.temporal]))]
+    parts = list(zip(double_bns([b[1] for b in one.timbral.branches] + [acc.bn for acc in one.temporal]),
+                     [b[3] for b in one.timbral.branches] + [acc.bias for acc in one.temporal]))   # (BN, bias)
 
     def logits(m):                                                            # (187, 408 [+ 153]) maxima -> (50,)
         feats = [bn.after_max(part + bias.double()) for part, (bn, bias) in zip(m.split(musicnn.TIMBRAL_CH, dim=1)[:2], parts)]
@@ -99,12 +99,8 @@ def oracle(low, net64, history, temporal: bool = False) -> tuple[torch.Tensor, t
     return taggram, SIGMAS * taggram * (1 - taggram) * sigma + taggram_tol(out)
 
 
-def double_bn(branches):
-    """The branches with their SignedBN in float64 (the oracle's)."""
-    return [(w, bn, weight, bias) for (w, _, weight, bias), bn in zip(branches, double_bns([b[1] for b in branches]))]
-
-
 def double_bns(bns):
+    """The SignedBNs in float64 (the oracle's)."""
     out = []
     for bn in bns:
         d = copy.copy(bn)
