@@ -52,10 +52,13 @@ sysdeps:
 sysdeps-test:
 	@bash scripts/system-deps.sh --test
 
+# `prepare` builds the compiled forms once per machine (a minute or two the first time, seconds after)
 run: sysdeps $(STAMP)
+	$(PY) main.py prepare
 	$(PY) main.py $(ARGS)
 
 test: sysdeps-test $(TEST_STAMP)
+	$(PY) main.py prepare --precision float32 --precision bf16
 	$(PYTEST) --durations=15 $(ARGS)
 
 # The developer loop: no shared data, JACK, Xvfb, Qt window or long tests (`make test

@@ -37,6 +37,21 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min
 SHARED = ROOT.parent / "shared" / "data"
 
 
+def pytest_configure(config):
+    """The models' compiled kernels in numba's cache before any worker starts (`make test`'s
+    `prepare` has usually built them): every engine then loads them before its first hop, so
+    that its records do not depend on when a background build ends (tests/app/test_first_start.py
+    tests that case on its own)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from models.fused import available
+    if available():
+        from models.fused.numba_cache import cache_root
+        from models.fused.ready import build, marker
+        if not marker(cache_root()).exists():
+            build()
+
+
 @pytest.fixture
 def shared_data():
     if not SHARED.is_dir():

@@ -22,6 +22,7 @@ HELP = {
     "accuracy": "genre accuracy from audio files through the live path",
     "bench": "measure: per-step latency of every variant, the window, many streams, the service (docs/benchmarks.md)",
     "demo": "stream synthetic tokens through every variant (terminal)",
+    "prepare": "build this machine's compiled forms ahead of the first Start (make run does it)",
 }
 
 

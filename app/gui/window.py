@@ -79,6 +79,9 @@ class MainWindow(QMainWindow):
         self.timer = QTimer(self)
         self.timer.timeout.connect(self.redraw)
         self.timer.start(FRAME_MS)
+        self.prepared_s: float | None = None          # when the engine process was ready (s after it began)
+        self.kernels: str | None = None               # how the models' steady steps run (engine's words)
+        self.open_engine()
         if self.options.autostart:
             QTimer.singleShot(0, self.start)
 
@@ -279,12 +282,18 @@ class MainWindow(QMainWindow):
             return SourceSpec(kind, "" if device is None else str(device))
         return SourceSpec(SourceKind.DEMO)
 
+    def open_engine(self) -> None:
+        """A fresh engine process, preparing the chosen front end and the compiled forms while
+        the user chooses (Start then finds them ready)."""
+        self.engine = EngineProcess(torch_threads=ENGINE_THREADS)
+        self.engine.prepare(self.frontend_spec())
+
     def start(self) -> None:
         """A new run on the chosen source, front end and models (a fresh engine process if
-        there is none or the last one died)."""
+        the last one died)."""
         self.stop()
         if self.engine is None or not self.engine.alive():
-            self.engine = EngineProcess(torch_threads=ENGINE_THREADS)
+            self.open_engine()
         self.genre.reset()
         self.history.clear()
         self.recent.clear()
@@ -364,6 +373,8 @@ class MainWindow(QMainWindow):
         for kind, *rest in self.engine.poll():
             if kind == "step":
                 new.append(rest[0])
+            elif kind == "prepared":
+                self.prepared_s = rest[0]
             elif kind == "ready":
                 self.facts = f = rest[0]
                 self.spectrogram.set_spectrogram(f.bands, f.mel_levels, f.frame_ms)
@@ -372,6 +383,10 @@ class MainWindow(QMainWindow):
                 self.cost.set_push(rest[0])
                 if rest[0] is not None and rest[0].startswith("eager: "):
                     self.statusBar().showMessage(f"The musicnn push runs {rest[0]}", 15000)
+            elif kind == "kernels":
+                self.kernels = rest[0]
+                if rest[0] is not None and rest[0].startswith("eager: "):
+                    self.statusBar().showMessage(f"The models' steady steps run {rest[0]}", 15000)
             elif kind == "warn":
                 self.show_error(rest[0])
             elif kind == "error":

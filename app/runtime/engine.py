@@ -37,6 +37,7 @@ import torch
 from audio.errors import FrontEndMismatchError
 from audio.frontends import as_frontend
 from audio.gtzan import GENRES
+from models.fused.ready import KERNELS
 from models.landmarks import fit_fixed_landmarks
 from models.sda import LANDMARK_MODES
 from models.transformer import build_model
@@ -71,10 +72,12 @@ class Engine:
     last record (its source closed, ``stream.error`` set if it left early). ``clock``: the
     seconds clock that the control budget is counted on
     (tests inject one); each StepResult's ``stages['control']`` is the milliseconds spent
-    applying control before its hop."""
+    applying control before its hop. ``kernels``: the models' compiled CPU kernels
+    (models/fused/ready.py): requested by ``warm()``, taken from the first hop after they are
+    ready, the torch step until then (None: numba compiles them on their first call)."""
 
     def __init__(self, frontend, entries: Iterable[Entry] = (), capacity: int = 1, *, shards: int = 1,
-                 clock=time.perf_counter, recent_tokens: int = 480):
+                 clock=time.perf_counter, recent_tokens: int = 480, kernels=KERNELS):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.frontend = as_frontend(frontend)
@@ -83,7 +86,8 @@ class Engine:
             self._check(e)
         k = max(1, min(int(shards), capacity))
         self.errors: list[tuple[Stream, str]] = []
-        self.shards = [StreamsShard(self.frontend, entries, capacity // k + (i < capacity % k), self.errors)
+        self.kernels = kernels
+        self.shards = [StreamsShard(self.frontend, entries, capacity // k + (i < capacity % k), self.errors, kernels)
                        for i in range(k)]
         self.entries = {e.name: e for e in entries}
         self.device, self.capacity = self.shards[0].device, capacity
@@ -123,8 +127,8 @@ class Engine:
                               f"{len(entry.classes)} class names")
 
     def warm(self) -> None:
-        """Each shard ready to serve (``StreamsShard.warm``): before the first hop, what compiles
-        on first use has compiled (or loaded from numba's cache)."""
+        """Each shard ready to serve (``StreamsShard.warm``): before the first hop, what
+        initialises on first use has, and the compiled kernels are on their way."""
         for shard in self.shards:
             shard.warm()
 
@@ -340,8 +344,10 @@ class Engine:
             batches = [shard.batches_for(entry) for shard in self.shards]
         except FrontEndMismatchError as e:
             raise EngineError(str(e)) from e
-        if self.streams:                                 # streams run: it compiles here, not in their hops
-            warm_model(model, self.device)
+        if self.streams:                                 # streams run: it warms here, not in their hops
+            if self.kernels is not None and getattr(model, "fused", False):
+                self.kernels.request()
+            warm_model(model, self.device, self.kernels)
         return entry, batches
 
     def _install(self, name: str, entry: Entry, batches: list) -> list[str]:

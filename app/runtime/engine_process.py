@@ -11,11 +11,17 @@ Either side survives the other's end: the window sees the engine process die (``
 with the signal or exit code), and the engine process exits when its parent is gone (its pipe
 reads end of file, and a watchdog checks the parent's pid twice a second).
 
-Messages, window -> engine: ("run", run_id, FrontEndSpec, SourceSpec, [(name, ModelSpec, kwargs)]),
-("call", method, args, kwargs), ("pause", on), ("stop",), ("exit",). Engine -> window, each
-tagged with its run_id: ("ready", id, front-end facts), ("warn", id, text), ("step", id, new
-kinds, packed hop, mel), ("push", id, how the front end's network runs, or None: on its first
-hop and whenever it changes), ("error", id, text), ("finished", id).
+The window starts its engine process when it opens and asks it to ``prepare`` the front end it
+will start with: the front end is built, its compiled push loaded (or its build started) and the
+models' compiled kernels requested (models/fused/ready.py), so that Start finds them ready.
+
+Messages, window -> engine: ("prepare", FrontEndSpec), ("run", run_id, FrontEndSpec, SourceSpec,
+[(name, ModelSpec, kwargs)]), ("call", method, args, kwargs), ("pause", on), ("stop",), ("exit",).
+Engine -> window, each tagged with its run_id: ("prepared", 0, seconds since the process began),
+("ready", id, front-end facts), ("warn", id, text), ("step", id, new kinds, packed hop, mel),
+("push", id, how the front end's network runs, or None: on its first hop and whenever it
+changes), ("kernels", id, how the models' steady steps run, likewise), ("error", id, text),
+("finished", id).
 """
 from __future__ import annotations
 
@@ -90,6 +96,11 @@ class EngineProcess:
         self.ended = False        # the process is gone (its cause is said once by poll)
 
     # ------------------------------------------------------------------ runs
+    def prepare(self, frontend: FrontEndSpec) -> None:
+        """Build ``frontend`` and ready the compiled forms before any run (poll says
+        ("prepared", seconds) when done)."""
+        self._send(("prepare", frontend))
+
     def start_run(self, frontend: FrontEndSpec, source: SourceSpec, models) -> int:
         """Begin a run (ending the one before): ``models`` is [(name, ModelSpec, add_model
         keywords)], added in order before the first hop. Returns the run's id."""
@@ -134,13 +145,13 @@ class EngineProcess:
     # ------------------------------------------------------------------ results
     def poll(self) -> list[tuple]:
         """What arrived for the current run, in order: ("step", StepResult) with its ``mel``,
-        ("ready", FrontEndFacts), ("push", text or None), ("warn", text), ("error", text), ("finished",), and once,
+        ("prepared", seconds) (before the first run), ("ready", FrontEndFacts), ("push", text or None), ("warn", text), ("error", text), ("finished",), and once,
         if the process died, ("died", cause)."""
         out = []
         try:
             while self.conn.poll():
                 kind, run_id, *rest = self.conn.recv()
-                if run_id != self.run_id:
+                if run_id != self.run_id and kind != "prepared":
                     continue                  # an earlier run's last messages
                 if kind == "step":
                     kinds, packed, mel = rest
@@ -212,11 +223,12 @@ class Run:
 
     def _run(self) -> None:
         from audio.errors import AudioError, with_hint
+        from models.fused.ready import KERNELS
         try:
             self.source = self.spec.open()
             if self.stopping:
                 return
-            said = None                                  # (the window starts from None at 'ready')
+            said = said_kernels = None                   # (the window starts from None at 'ready')
             for r in self.engine.run([self.source], warm=True):
                 seen = len(self.codec.kinds)
                 packed = self.codec.pack(r)
@@ -225,6 +237,10 @@ class Run:
                 if push != said:
                     said = push
                     self.outbox.put(("push", self.run_id, push))
+                kernels = KERNELS.words()                # how the models' steady steps run, likewise
+                if kernels != said_kernels:
+                    said_kernels = kernels
+                    self.outbox.put(("kernels", self.run_id, kernels))
                 if self.stopping:
                     break
             for _, why in self.engine.errors:        # the stream left early (a model's non-finite answer)
@@ -265,8 +281,23 @@ def name_this_process(name: str) -> None:
     glibc_call("prctl", PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
+def prepare(frontends: dict, spec: FrontEndSpec) -> None:
+    """``spec``'s front end built (musicnn: VGGish may download) and its one-stream push asked
+    for (loaded, or built in the background), and the models' compiled kernels requested."""
+    from models.fused.ready import KERNELS
+    KERNELS.request()
+    if spec.name == "musicnn" and spec not in frontends:
+        try:
+            frontends[spec] = spec.build()
+        except Exception:  # noqa: BLE001 - the run builds it again and says why
+            return
+    if spec in frontends and hasattr(frontends[spec], "stream"):
+        frontends[spec].stream()                    # (the compiled push: musicnn, one stream, CPU)
+
+
 def serve(conn, parent_pid: int, torch_threads: int | None = None) -> None:
     """The engine process's main loop: one message at a time, in the order the window sent them."""
+    began = time.monotonic()
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl+C in the terminal is the window's to handle
     threading.Thread(target=watch_parent, args=(parent_pid,), name="engine-watchdog", daemon=True).start()
     name_this_process("nystream-engine")
@@ -287,7 +318,10 @@ def serve(conn, parent_pid: int, torch_threads: int | None = None) -> None:
         except (EOFError, OSError):
             break                   # the window is gone
         kind = message[0]
-        if kind == "run":
+        if kind == "prepare":
+            prepare(frontends, message[1])
+            outbox.put(("prepared", 0, time.monotonic() - began))
+        elif kind == "run":
             _, run_id, fe_spec, source, models = message
             if run is not None:
                 run.stop()

@@ -40,11 +40,11 @@ from .memory import many_streams_heap
 from .records import ModelStep, StepResult, rounded
 
 
-def batch_of(model, capacity: int):
-    """The slots of ``model`` for ``capacity`` streams: a StreamBatch, or for an exported step
-    (app/runtime/onnx_step.py) its OnnxBatch."""
+def batch_of(model, capacity: int, kernels=None):
+    """The slots of ``model`` for ``capacity`` streams: a StreamBatch (its compiled backend from
+    when ``kernels`` are ready), or for an exported step (app/runtime/onnx_step.py) its OnnxBatch."""
     make = getattr(model, "batch", None)
-    return make(capacity) if make is not None else StreamBatch(model.eval(), capacity)
+    return make(capacity) if make is not None else StreamBatch(model.eval(), capacity, kernels=kernels)
 
 
 def check_frontend(entry, frontend) -> None:
@@ -75,10 +75,12 @@ class Stream:
 class StreamsShard:
     """Every model of ``entries`` (app/runtime/lineup.py) over up to ``capacity`` streams of one
     front end, in one batch per model: ``hop()`` steps them all. ``errors`` (a list, the
-    engine's) gets the streams that left early, with why."""
+    engine's) gets the streams that left early, with why. ``kernels``: when the models' compiled
+    backend is ready (models/fused/ready.py; None: at once)."""
 
-    def __init__(self, frontend, entries, capacity: int, errors: list | None = None):
+    def __init__(self, frontend, entries, capacity: int, errors: list | None = None, kernels=None):
         self.frontend = as_frontend(frontend)
+        self.kernels = kernels
         self.entries, self.batches = {}, {}
         self.capacity = capacity
         self.streams: list[Stream] = []
@@ -92,11 +94,11 @@ class StreamsShard:
 
     @torch.no_grad()
     def warm(self) -> None:
-        """Ready to serve (before any stream joins). What compiles or initialises on first use
-        runs now, not in the first streams' hops (the compiled CPU steps compile their kernels on
-        a first call, seconds each where numba's cache is cold, as in a fresh Ray Serve replica):
-        each model steps a scratch stream of random tokens through its warm-up and one landmark
-        segment, and the front end takes two hops of silence in a slot that is then free again.
+        """Ready to serve (before any stream joins). What initialises on first use runs now, not
+        in the first streams' hops: the compiled kernels are requested (models/fused/ready.py:
+        loaded or built beside the hops, the torch step serving until then), each model steps a
+        scratch stream of random tokens through its warm-up and one landmark segment, and the
+        front end takes two hops of silence in a slot that is then free again.
         Then everything alive in the process leaves the cycle collector's view (``gc.freeze``): a
         full collection walks every such object, and the records of many streams set one off
         every few dozen hops (docs/benchmarks.md, design measurements). Cyclic garbage alive at
@@ -104,8 +106,10 @@ class StreamsShard:
         (app/runtime/memory.py: a hop's temporaries reuse memory, not fresh pages). Nothing of it
         stays in a stream."""
         many_streams_heap()
+        if any(getattr(b, "kernels", None) is not None for b in self.batches.values()):
+            self.kernels.request()
         for e in self.entries.values():
-            warm_model(e.model, self.device)
+            warm_model(e.model, self.device, self.kernels)
         slot = self.frontend_batch.join()
         for _ in range(2):
             self.frontend_batch.push([slot], [np.zeros(HOP, np.float32)])
@@ -117,7 +121,7 @@ class StreamsShard:
         """The batch of ``entry``'s model for this shard (a slot per stream and phase); made
         off the processing thread when a model is added live, then installed by ``add_model``."""
         check_frontend(entry, self.frontend)
-        return batch_of(entry.model, self.capacity * entry.spacing)
+        return batch_of(entry.model, self.capacity * entry.spacing, self.kernels)
 
     def add_model(self, entry, batch) -> None:
         """``entry`` runs from the next hop, every stream in slots of ``batch`` (its window fills from there)."""
@@ -265,13 +269,13 @@ class StreamsShard:
         return out
 
 
-def warm_model(model, device) -> None:
-    """What compiles or initialises on first use runs now, not in a stream's hops: the model
-    steps a scratch stream of random tokens through its warm-up and one landmark segment (the
-    compiled backend's kernels compile there, or load from numba's cache)."""
+def warm_model(model, device, kernels=None) -> None:
+    """What initialises on first use runs now, not in a stream's hops: the model steps a scratch
+    stream of random tokens through its warm-up and one landmark segment (in the compiled
+    backend where ``kernels`` are ready; with None, numba compiles or loads it here)."""
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
-    scratch = batch_of(model, 1)
+    scratch = batch_of(model, 1, kernels)
     if hasattr(scratch, "graphs"):
         scratch.graphs = False
     slot = [scratch.join()]

@@ -35,6 +35,10 @@ from .mel import FRAME_HOP
 
 # musicnn frames a 0.25 s hop brings (15.625 on average): the sizes the compiled pushes are for
 STEADY_FRAMES = (melspec.HOP // FRAME_HOP, -(-melspec.HOP // FRAME_HOP))
+# the torch threads a compiled push is built for, whatever the process runs with: one stream's
+# push is as fast from a 1-thread library in a 2-thread process as from a 2-thread one
+# (docs/front-ends.md), so one library per k serves every process
+PUSH_THREADS = 1
 CACHE_NAMES = ("patch", "timbral", "mid", "f0", "f1", "f2")
 
 
@@ -102,7 +106,7 @@ def compiling_enabled() -> bool:
     return os.environ.get("NYSTREAM_COMPILED_PUSH", "1") != "0"
 
 
-def package_key(model: str, checksum: str, k: int, threads: int, mode: str = "float32") -> str:
+def package_key(model: str, checksum: str, k: int, threads: int = PUSH_THREADS, mode: str = "float32") -> str:
     """A compiled push's name: its model, precision (``mode``), k and the torch threads its
     kernels are written for, and a digest of what else it was built from (this code, torch, the
     CPU's instruction set, the weights), so that any change builds anew; a build removes the
@@ -149,8 +153,8 @@ def take_lock(lock: Path) -> bool:
 
 def build_packages(model: str, mode: str, ks: list[int], threads: int, out: Path) -> int:
     """Compile PushGraph in precision ``mode`` for each k into ``out``/KEY.pt2 for ``threads``
-    torch threads (inductor writes the thread count into its kernels): CompiledPushes'
-    subprocess, one compile worker.
+    torch threads (inductor writes the thread count into its kernels), where it is not there,
+    and remove what each replaces: CompiledPushes' subprocess, one compile worker.
     Returns 0, or BUSY where a live process holds the build's lock."""
     import torch._inductor.config as inductor
     from . import build_musicnn
@@ -169,14 +173,13 @@ def build_packages(model: str, mode: str, ks: list[int], threads: int, out: Path
         for k in ks:
             key = package_key(model, checksum, k, threads, mode)
             path = out / f"{key}.pt2"
-            if path.exists():
-                continue
-            inputs = tuple(t.clone() for t in state_of(fb, [0])) + (torch.zeros(1, k, BANDS),)
-            with torch.no_grad():
-                program = torch.export.export(PushGraph(fb, k).eval(), inputs, strict=False)
-            partial = out / f"{path.stem}.{os.getpid()}.part.pt2"
-            torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
-            partial.replace(path)                          # whole or absent: a reader never sees a part
+            if not path.exists():
+                inputs = tuple(t.clone() for t in state_of(fb, [0])) + (torch.zeros(1, k, BANDS),)
+                with torch.no_grad():
+                    program = torch.export.export(PushGraph(fb, k).eval(), inputs, strict=False)
+                partial = out / f"{path.stem}.{os.getpid()}.part.pt2"
+                torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+                partial.replace(path)                      # whole or absent: a reader never sees a part
             for old in stale(out, key) + stale(out, package_key(model, checksum, 0, threads, mode)):
                 old.unlink(missing_ok=True)                # what this code's libraries replace
     finally:
@@ -188,7 +191,8 @@ class CompiledPushes:
     """One front end's compiled PushGraph for each k of ``ks``, shared by its streams, kept in
     ``cache_dir``: loaded at once where there (torch's C++ package loader, some 30 ms each: no
     import of inductor), else built first by a subprocess at the lowest priority (about a minute
-    on 2 cores) that ``get`` looks at, at most once a second, and loads from when it ends.
+    on 2 cores, once per machine: ``nystream prepare`` builds it ahead) that ``get`` looks at,
+    at most once a second, and loads from when it ends. Built for PUSH_THREADS threads.
     ``get(k)``: the loaded push (a call on the inputs' list) or None; ``status``: 'building',
     'waiting' (another process builds), 'compiled' or 'eager: REASON' (a failed build is not
     tried again for the same key: delete its .failed file to retry)."""
@@ -196,7 +200,7 @@ class CompiledPushes:
     LOOK_S = 1.0                                           # between looks at a build
 
     def __init__(self, model: str, checksum: str, ks: tuple[int, ...], mode: str = "float32"):
-        self.model, self.mode, self.ks, self.threads = model, mode, tuple(ks), torch.get_num_threads()
+        self.model, self.mode, self.ks, self.threads = model, mode, tuple(ks), PUSH_THREADS
         self.paths = {k: cache_dir() / f"{package_key(model, checksum, k, self.threads, mode)}.pt2" for k in self.ks}
         self.failed = cache_dir() / f"{package_key(model, checksum, 0, self.threads, mode)}.failed"
         self.pushes: dict[int, object] = {}
@@ -360,13 +364,39 @@ class GraphStream:
         return self.last
 
 
-if __name__ == "__main__":                                 # CompiledPushes' build: MODEL PRECISION K[,K...] THREADS DIR
-    os.nice(19)                                            # the lowest priority: the streams' hops come first
+def compiler_problem() -> str | None:
+    """Why inductor cannot compile here (no C++ compiler), or None: its own search, made before
+    any export or codegen."""
     from torch._inductor import cpp_builder, exc
-    try:                                                   # inductor's own search, before the export and codegen
+    try:
         cpp_builder.get_cpp_compiler()
     except exc.InvalidCxxCompiler:
-        sys.exit("no working C++ compiler: inductor needs g++ (or $CXX)")     # the log's last line: the reason
+        return "no working C++ compiler: inductor needs g++ (or $CXX)"
+    return None
+
+
+def prepare(model: str = "MSD_musicnn", mode: str = "float32") -> str:
+    """The compiled pushes of ``model`` in precision ``mode`` in ``cache_dir``, built here at this
+    process's priority where missing (``nystream prepare``, the tests); what happened, in words."""
+    from . import load_weights
+    checksum = load_weights(model)[1]
+    paths = [cache_dir() / f"{package_key(model, checksum, k, PUSH_THREADS, mode)}.pt2" for k in STEADY_FRAMES]
+    if all(p.exists() for p in paths):
+        return "ready (cached)"
+    problem = compiler_problem()
+    if problem:
+        return f"not built ({problem}); the push runs eagerly"
+    (cache_dir() / f"{package_key(model, checksum, 0, PUSH_THREADS, mode)}.failed").unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    while build_packages(model, mode, list(STEADY_FRAMES), PUSH_THREADS, cache_dir()) == BUSY:
+        time.sleep(1.0)                                    # another process builds: then look again
+    return f"built in {time.perf_counter() - t0:.0f} s"
+
+
+if __name__ == "__main__":                                 # CompiledPushes' build: MODEL PRECISION K[,K...] THREADS DIR
+    os.nice(19)                                            # the lowest priority: the streams' hops come first
+    if compiler_problem():
+        sys.exit(compiler_problem())                       # the log's last line: the reason
     model, mode, ks, threads, out = sys.argv[1:6]
     t0 = time.perf_counter()
     code = build_packages(model, mode, [int(k) for k in ks.split(",")], int(threads), Path(out))

@@ -88,10 +88,13 @@ class StreamBatch(Slots):
     ``graphs``: replay captured CUDA graphs (default: on CUDA). ``fused``: steady steps in the
     compiled backend where it takes the model (default: as the model's own setting says).
     ``events``: how the step branches (default: "eager" on the CPU, "masked" elsewhere; "masked"
-    on the CPU runs the CUDA path's step there)."""
+    on the CPU runs the CUDA path's step there). ``kernels``: a models/fused/ready.py Kernels
+    that says when the compiled backend may be called; until ``kernels.ready()`` every stream
+    takes the torch step (and a recomputing Nyström model its torch pseudo-inverse), from the
+    first step after, the backend (None: at once, numba compiling on its first call)."""
 
     def __init__(self, model, capacity: int, *, graphs: bool | None = None, fused: bool | None = None,
-                 events: str | None = None):
+                 events: str | None = None, kernels=None):
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         super().__init__(capacity)
@@ -102,6 +105,8 @@ class StreamBatch(Slots):
         self.positions = np.zeros(rows, np.int64)                                # its host mirror
         self.continual = self.cfg.variant in CONTINUAL
         self._fused = getattr(model, "fused", False) if fused is None else bool(fused)
+        self.kernels = kernels if self._fused and kernels is not None and not kernels.ready() else None
+        self._compiled_pinv(self.kernels is None)
         self.backend = None
         self._last = np.zeros(0, np.int64)                      # (S,) the slots of the last step
         self.mode = model.landmark_mode
@@ -124,8 +129,11 @@ class StreamBatch(Slots):
     def _make_stepper(self) -> None:
         """The step for the current landmark mode, and the compiled backend where it applies."""
         self.stepper = ModelStep(self.model, self.mode, events=self.events_mode).eval().to(self.device)
+        self._attach_backend()
+
+    def _attach_backend(self) -> None:
         self.backend = None
-        if self._fused:
+        if self._fused and self.kernels is None:
             from ..fused import available
             from ..fused.backend import backend
             if available():
@@ -134,6 +142,19 @@ class StreamBatch(Slots):
     @property
     def fused(self) -> bool:
         return self.backend is not None
+
+    def _compiled_pinv(self, on: bool) -> None:
+        """A recomputing Nyström model's compiled pseudo-inverse, where the model asks for it."""
+        if not self.continual:
+            for block in self.model.blocks:
+                block.attn.compiled_pinv = on and getattr(self.model, "fused", False)
+
+    def _kernels_arrived(self) -> None:
+        """(at a step's start) The compiled kernels are ready: the backend from this step on."""
+        self.kernels = None
+        self._compiled_pinv(True)
+        if self.continual:
+            self._attach_backend()
 
     # ------------------------------------------------------------------ slots
     def join(self) -> int:
@@ -211,6 +232,8 @@ class StreamBatch(Slots):
         """One token for each stream in ``slots`` (S ints, or an (S,) host tensor) -> its logits
         (S, classes) on the model's device."""
         slots = np.asarray(slots.tolist() if isinstance(slots, Tensor) else slots, np.int64)
+        if self.kernels is not None and self.kernels.ready():
+            self._kernels_arrived()
         t = self.positions[slots]
         self.positions[slots] = t + 1
         self.stepped, self._events_host, self._last = t + 1, None, slots

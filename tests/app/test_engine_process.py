@@ -62,7 +62,8 @@ def test_the_engine_process_streams_what_the_in_process_engine_computes(engine, 
     engine.start_run(FrontEndSpec("musicnn"), source, models())
     got = collect(engine, ended)
     remote = [m[1] for m in got if m[0] == "step"]
-    assert [m[0] for m in got if m[0] != "step"] == ["ready", "finished"]
+    assert [m[0] for m in got if m[0] not in ("step", "kernels")] == ["ready", "finished"]
+    assert [m[1] for m in got if m[0] == "kernels"] == ["compiled (numba)"]    # (conftest prepared them)
     facts = got[0][1]
     assert (facts.name, facts.bands, facts.native_spacing) == ("musicnn", 96, 4)
 

@@ -1,8 +1,10 @@
 """One stream's continual musicnn push as one graph (audio/musicnn/graph.py): GraphStream, eager,
 is MusicnnBatch's push of one slot bit for bit at every hop, whatever number of frames it brings,
 with the same multiply-accumulates, and within float32 rounding of the float64 network; compiled
-ahead of time (AOTInductor, built into a directory of the test's own), its taggrams stay within
-float32 rounding of the float64 network, and a second front end loads it without building; a
+ahead of time (AOTInductor: the libraries `nystream prepare` builds into the user's cache, which
+`make test` runs first, else built here once at this process's priority), its taggrams stay
+within float32 rounding of the float64 network, a front end loads them without building, and a
+build over a cache that has them removes what they replace without compiling again; a
 build that cannot compile leaves every hop eager with a one-line reason, not tried again (also
 when its log is gone); a damaged library is removed, every hop eager, with a one-line reason; a
 build that finds another live builder's lock waits for it, and a dead builder's lock is taken over; only
@@ -17,7 +19,8 @@ import torch
 
 from audio import musicnn
 from audio.musicnn.batch import MusicnnBatch
-from audio.musicnn.graph import BUSY, CompiledPushes, GraphStream, build_packages, package_key, take_lock
+from audio.musicnn.graph import (BUSY, PUSH_THREADS, STEADY_FRAMES, CompiledPushes, GraphStream, build_packages,
+                                 cache_dir, package_key, prepare, take_lock)
 from test_musicnn_batch import frames, logits64_of, taggram_tol
 
 # 0.25 s hops bring 15 or 16 frames; also none, one, more than the K = 32 and 64 branches'
@@ -59,30 +62,34 @@ def test_the_eager_graph_is_the_batch_of_one_bit_for_bit(nets, errors):
     errors("one stream's push as a graph vs the float64 network", worst, tol)
 
 
-@pytest.mark.slow
-def test_the_compiled_push_is_built_once_loaded_after_and_within_float32_rounding(nets, tmp_path, monkeypatch, errors):
-    """Built for 16-frame hops only (one compile, about half a minute here); a hop of 15 frames
-    stays eager."""
+def test_the_compiled_push_is_loaded_from_the_prepared_cache_and_within_float32_rounding(nets, tmp_path, monkeypatch,
+                                                                                        errors):
+    """The prepared libraries (both hop sizes) load at once; a build over a copy of them
+    compiles nothing and removes an older code's library of the same k and its failure note,
+    keeping other k's and precisions'."""
+    import shutil
     net, net64, checksum = nets
-    monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
-    monkeypatch.setenv("NYSTREAM_COMPILED_PUSH", "1")
-    threads = torch.get_num_threads()
+    assert not prepare().startswith("not built"), "this machine cannot compile the push (no C++ compiler)"
+    built = [cache_dir() / f"{package_key('MSD_musicnn', checksum, k)}.pt2" for k in STEADY_FRAMES]
+    threads = PUSH_THREADS
     old = [tmp_path / f"push-MSD_musicnn-float32-k16-t{threads}-{'0' * 16}.pt2",  # an older code's, replaced
            tmp_path / f"push-MSD_musicnn-float32-k0-t{threads}-{'0' * 16}.failed"]
-    others = [tmp_path / f"push-MSD_musicnn-float32-k15-t{threads}-{'0' * 16}.pt2",   # another k's: kept
+    others = [tmp_path / f"push-MSD_musicnn-float32-k14-t{threads}-{'0' * 16}.pt2",   # another k's: kept
               tmp_path / f"push-MSD_musicnn-bf16-k16-t{threads}-{'0' * 16}.pt2"]     # another precision's: kept
     for p in old + others:
         p.write_text("x")
-    pushes = CompiledPushes("MSD_musicnn", checksum, (16,))
-    assert pushes.status == "building" and pushes.get(16) is None
-    assert pushes.wait(600) == "compiled" and pushes.get(16) is not None
+    for p in built:
+        shutil.copy(p, tmp_path / p.name)
+    stamps = {p.name: (tmp_path / p.name).stat().st_mtime_ns for p in built}
+    assert build_packages("MSD_musicnn", "float32", list(STEADY_FRAMES), PUSH_THREADS, tmp_path) == 0
     assert not any(p.exists() for p in old) and all(p.exists() for p in others)
+    assert {p.name: (tmp_path / p.name).stat().st_mtime_ns for p in built} == stamps     # not built again
     for p in others:
         p.unlink()
-    built = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt2")}
-    assert [p.name for p in built] == [f"{package_key('MSD_musicnn', checksum, 16, threads)}.pt2"]
-    again = CompiledPushes("MSD_musicnn", checksum, (16,))             # another front end: loads it at once
-    assert again.status == "compiled" and again.build is None and {p: p.stat().st_mtime_ns for p in tmp_path.glob("*.pt2")} == built
+    monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
+    monkeypatch.setenv("NYSTREAM_COMPILED_PUSH", "1")
+    again = CompiledPushes("MSD_musicnn", checksum, STEADY_FRAMES)       # a front end: loads them at once
+    assert again.status == "compiled" and again.build is None and again.get(15) is not None
     rng = np.random.default_rng(4)
     compiled, eager = GraphStream(net, again), GraphStream(net)
     history, worst, tol, apart = [], 0.0, float("inf"), 0.0
@@ -140,7 +147,7 @@ def test_a_damaged_library_is_removed_and_every_hop_stays_eager(nets, tmp_path, 
     next start), the reason in one line; no build now."""
     net, _, checksum = nets
     monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
-    threads = torch.get_num_threads()
+    threads = PUSH_THREADS
     for k, junk in ((15, b""), (16, b"PK\x03\x04 not a whole package")):
         (tmp_path / f"{package_key('MSD_musicnn', checksum, k, threads)}.pt2").write_bytes(junk)
     pushes = CompiledPushes("MSD_musicnn", checksum, (15, 16))

@@ -305,12 +305,11 @@ def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, q
     """Defaults (no VGGish option): the musicnn front end and every shipped checkpoint, trained,
     each fed every 4th hop; nothing untrained; the spectrogram shows 96 musicnn bands. The
     front-end plot's title says how the musicnn push runs: here, compiling on, eager because a
-    build failed before (its .failed file, for the engine process's torch threads)."""
-    from app.gui.window import ENGINE_THREADS
+    build failed before (its .failed file)."""
     from audio.musicnn import build_musicnn
     from audio.musicnn.graph import package_key
     _, checksum = build_musicnn("MSD_musicnn")
-    (tmp_path / f"{package_key('MSD_musicnn', checksum, 0, ENGINE_THREADS)}.failed").write_text("no compiler here\n")
+    (tmp_path / f"{package_key('MSD_musicnn', checksum, 0)}.failed").write_text("no compiler here\n")
     monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
     monkeypatch.setenv("NYSTREAM_COMPILED_PUSH", "1")
     w = make_window(source=f"file:{music_file}", variants=None, random_vggish=None)
@@ -343,6 +342,19 @@ def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, q
                     timeout=WAIT_MS)
     assert not any(m.trained for m in w.history[-1].models.values())
     assert w.cost.push is None and w.cost.front_plot.titleLabel.text == "Front end latency per hop"
+
+
+def test_the_engine_process_is_ready_before_start_and_says_how_the_models_step(make_window, qtbot):
+    """Opened, the window starts its engine process, which builds the front end and loads the
+    compiled kernels (in the cache: tests/conftest.py) while nobody has pressed Start; Start then
+    runs on that process, and the models' steady steps are compiled from its first hop."""
+    w = make_window(source="demo", start=False)
+    process = w.engine.process
+    assert process.is_alive() and not w.running
+    qtbot.waitUntil(lambda: w.prepared_s is not None, timeout=120_000)
+    w.start()
+    wait_steps(qtbot, w, 2)
+    assert w.engine.process is process and w.kernels == "compiled (numba)"
 
 
 def test_closing_ends_the_engine_process_and_every_thread(make_window, qtbot):

@@ -1,0 +1,59 @@
+"""`nystream prepare`: build this machine's compiled forms ahead of need (what `make run` does
+after installing): the models' numba kernels and the musicnn front end's one-stream push
+(AOTInductor), each once per machine and code, kept in the user's cache; quick when they are
+there. Without it the app builds them in the background on first use, serving with the forms
+that need no compiling until then (docs/front-ends.md)."""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+from . import command
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--precision", action="append", choices=("float32", "bf16"),
+                   help="musicnn precisions to build the compiled push for; repeat for more (default: float32)")
+
+
+def say(what: str, work) -> str:
+    """One line per form: what it is, then (on a terminal, on the same line) how it went."""
+    tty = sys.stderr.isatty()
+    if tty:
+        print(f"# {what}: ...", end="", flush=True, file=sys.stderr)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)         # torch.export's own deprecations
+        done = work()
+    line = f"{what}: {done} ({time.perf_counter() - t0:.1f} s)"
+    print(f"{chr(13) if tty else ''}# {line}", file=sys.stderr)
+    return line
+
+
+def prepare_all(precisions=("float32",)) -> list[str]:
+    """Every compiled form built where missing, here (a process of the caller's priority, never
+    beside a hop or a timed part); one line each, as printed."""
+    from audio.musicnn import precision_problem
+    from audio.musicnn.graph import prepare as prepare_pushes
+    from models.fused.numba_cache import cache_root
+    from models.fused.ready import build, marker, set_up_numba
+
+    def kernels() -> str:
+        set_up_numba()
+        if marker(cache_root()).exists():
+            return "ready (cached)"
+        build()
+        return f"compiled into {cache_root()}"
+    lines = [say("the models' compiled kernels (numba, once per machine)", kernels)]
+    for mode in precisions:
+        problem = precision_problem(mode, "cpu")           # built all the same: its tests run it emulated
+        lines.append(say(f"the musicnn push, {mode} (AOTInductor, once per machine)",
+                         lambda mode=mode, problem=problem: prepare_pushes(mode=mode) + (f"; {problem}" if problem else "")))
+    return lines
+
+
+@command("prepare", add_arguments)
+def run(args) -> int:
+    prepare_all(args.precision or ["float32"])
+    return 0
