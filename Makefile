@@ -58,7 +58,7 @@ run: sysdeps $(STAMP)
 	$(PY) main.py $(ARGS)
 
 test: sysdeps-test $(TEST_STAMP)
-	$(PY) main.py prepare --precision float32 --precision bf16
+	$(PY) main.py prepare --precision float32 --precision bf16 --threads 1
 	$(PYTEST) --durations=15 $(ARGS)
 
 # The developer loop: no shared data, JACK, Xvfb, Qt window or long tests (`make test

@@ -15,6 +15,10 @@ from . import command
 def add_arguments(p) -> None:
     p.add_argument("--precision", action="append", choices=("float32", "bf16"),
                    help="musicnn precisions to build the compiled push for; repeat for more (default: float32)")
+    p.add_argument("--threads", action="append", type=int, metavar="N",
+                   help="torch thread counts to build the compiled push for (inductor writes the count into its "
+                        "kernels); repeat for more (default: 1, the window's engine, and torch's own count here, "
+                        "which classify and the benches run with)")
 
 
 def say(what: str, work) -> str:
@@ -31,7 +35,16 @@ def say(what: str, work) -> str:
     return line
 
 
-def prepare_all(precisions=("float32",)) -> list[str]:
+def push_threads() -> list[int]:
+    """The thread counts the app runs one stream's push with: the window's engine process, and
+    torch's default (``classify``, the benches)."""
+    import torch
+
+    from app.runtime.engine_process import ENGINE_THREADS
+    return sorted({ENGINE_THREADS, torch.get_num_threads()})
+
+
+def prepare_all(precisions=("float32",), threads=None) -> list[str]:
     """Every compiled form built where missing, here (a process of the caller's priority, never
     beside a hop or a timed part); one line each, as printed."""
     from audio.musicnn import precision_problem
@@ -48,12 +61,14 @@ def prepare_all(precisions=("float32",)) -> list[str]:
     lines = [say("the models' compiled kernels (numba, once per machine)", kernels)]
     for mode in precisions:
         problem = precision_problem(mode, "cpu")           # built all the same: its tests run it emulated
-        lines.append(say(f"the musicnn push, {mode} (AOTInductor, once per machine)",
-                         lambda mode=mode, problem=problem: prepare_pushes(mode=mode) + (f"; {problem}" if problem else "")))
+        for n in threads or push_threads():
+            lines.append(say(f"the musicnn push, {mode}, {n} thread{'s' * (n > 1)} (AOTInductor, once per machine)",
+                             lambda mode=mode, n=n, problem=problem:
+                             prepare_pushes(n, mode=mode) + (f"; {problem}" if problem else "")))
     return lines
 
 
 @command("prepare", add_arguments)
 def run(args) -> int:
-    prepare_all(args.precision or ["float32"])
+    prepare_all(args.precision or ["float32"], args.threads)
     return 0

@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QVBoxLayout, QWidget
 
-from app.runtime.engine_process import EngineProcess, FrontEndFacts
+from app.runtime.engine_process import ENGINE_THREADS, EngineProcess, FrontEndFacts
 from app.runtime.frontend_args import FrontEndSpec
 from app.runtime.lineup import Entry, ModelSpec, ShippedLineup, load_onnx, load_trained
 from app.runtime.onnx_step import OnnxModelError
@@ -40,9 +40,6 @@ from .table import ComparisonTable
 RECENT = 2 * HOPS_PER_MINUTE  # StepResults drawn: two minutes of hops
 FRAME_MS = 50                 # GUI redraw period (20 frames a second at most)
 SLOW_PANELS_S = 1.0           # the ranking, the table and the status bar: once a second
-ENGINE_THREADS = 1            # torch threads of the engine process: a hop's ~150 small torch calls
-                              # gain nothing from a second thread, and on busy cores each call
-                              # would wait for both of its threads to be scheduled
 
 
 class MainWindow(QMainWindow):

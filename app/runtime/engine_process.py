@@ -44,6 +44,9 @@ GIL_SWITCH_S = 1e-4           # see share_the_gil()
 WATCH_PARENT_S = 0.5          # how often the engine process checks that its window still runs
 PR_SET_NAME = 15              # prctl option (linux/prctl.h)
 OUTBOX = 4096                 # messages the engine process holds for a window that reads slowly
+ENGINE_THREADS = 1            # torch threads of the engine process: a hop's ~150 small torch calls
+                              # gain nothing from a second thread, and on busy cores each call
+                              # would wait for both of its threads to be scheduled
 
 
 def share_the_gil() -> None:

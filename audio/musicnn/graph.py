@@ -35,10 +35,6 @@ from .mel import FRAME_HOP
 
 # musicnn frames a 0.25 s hop brings (15.625 on average): the sizes the compiled pushes are for
 STEADY_FRAMES = (melspec.HOP // FRAME_HOP, -(-melspec.HOP // FRAME_HOP))
-# the torch threads a compiled push is built for, whatever the process runs with: one stream's
-# push is as fast from a 1-thread library in a 2-thread process as from a 2-thread one
-# (docs/front-ends.md), so one library per k serves every process
-PUSH_THREADS = 1
 CACHE_NAMES = ("patch", "timbral", "mid", "f0", "f1", "f2")
 
 
@@ -106,7 +102,7 @@ def compiling_enabled() -> bool:
     return os.environ.get("NYSTREAM_COMPILED_PUSH", "1") != "0"
 
 
-def package_key(model: str, checksum: str, k: int, threads: int = PUSH_THREADS, mode: str = "float32") -> str:
+def package_key(model: str, checksum: str, k: int, threads: int, mode: str = "float32") -> str:
     """A compiled push's name: its model, precision (``mode``), k and the torch threads its
     kernels are written for, and a digest of what else it was built from (this code, torch, the
     CPU's instruction set, the weights), so that any change builds anew; a build removes the
@@ -192,7 +188,7 @@ class CompiledPushes:
     ``cache_dir``: loaded at once where there (torch's C++ package loader, some 30 ms each: no
     import of inductor), else built first by a subprocess at the lowest priority (about a minute
     on 2 cores, once per machine: ``nystream prepare`` builds it ahead) that ``get`` looks at,
-    at most once a second, and loads from when it ends. Built for PUSH_THREADS threads.
+    at most once a second, and loads from when it ends.
     ``get(k)``: the loaded push (a call on the inputs' list) or None; ``status``: 'building',
     'waiting' (another process builds), 'compiled' or 'eager: REASON' (a failed build is not
     tried again for the same key: delete its .failed file to retry)."""
@@ -200,7 +196,7 @@ class CompiledPushes:
     LOOK_S = 1.0                                           # between looks at a build
 
     def __init__(self, model: str, checksum: str, ks: tuple[int, ...], mode: str = "float32"):
-        self.model, self.mode, self.ks, self.threads = model, mode, tuple(ks), PUSH_THREADS
+        self.model, self.mode, self.ks, self.threads = model, mode, tuple(ks), torch.get_num_threads()
         self.paths = {k: cache_dir() / f"{package_key(model, checksum, k, self.threads, mode)}.pt2" for k in self.ks}
         self.failed = cache_dir() / f"{package_key(model, checksum, 0, self.threads, mode)}.failed"
         self.pushes: dict[int, object] = {}
@@ -375,20 +371,21 @@ def compiler_problem() -> str | None:
     return None
 
 
-def prepare(model: str = "MSD_musicnn", mode: str = "float32") -> str:
-    """The compiled pushes of ``model`` in precision ``mode`` in ``cache_dir``, built here at this
-    process's priority where missing (``nystream prepare``, the tests); what happened, in words."""
+def prepare(threads: int, model: str = "MSD_musicnn", mode: str = "float32") -> str:
+    """The compiled pushes of ``model`` in precision ``mode`` for ``threads`` torch threads in
+    ``cache_dir``, built here at this process's priority where missing (``nystream prepare``, the
+    tests); what happened, in words."""
     from . import load_weights
     checksum = load_weights(model)[1]
-    paths = [cache_dir() / f"{package_key(model, checksum, k, PUSH_THREADS, mode)}.pt2" for k in STEADY_FRAMES]
+    paths = [cache_dir() / f"{package_key(model, checksum, k, threads, mode)}.pt2" for k in STEADY_FRAMES]
     if all(p.exists() for p in paths):
         return "ready (cached)"
     problem = compiler_problem()
     if problem:
         return f"not built ({problem}); the push runs eagerly"
-    (cache_dir() / f"{package_key(model, checksum, 0, PUSH_THREADS, mode)}.failed").unlink(missing_ok=True)
+    (cache_dir() / f"{package_key(model, checksum, 0, threads, mode)}.failed").unlink(missing_ok=True)
     t0 = time.perf_counter()
-    while build_packages(model, mode, list(STEADY_FRAMES), PUSH_THREADS, cache_dir()) == BUSY:
+    while build_packages(model, mode, list(STEADY_FRAMES), threads, cache_dir()) == BUSY:
         time.sleep(1.0)                                    # another process builds: then look again
     return f"built in {time.perf_counter() - t0:.0f} s"
 

@@ -19,8 +19,8 @@ import torch
 
 from audio import musicnn
 from audio.musicnn.batch import MusicnnBatch
-from audio.musicnn.graph import (BUSY, PUSH_THREADS, STEADY_FRAMES, CompiledPushes, GraphStream, build_packages,
-                                 cache_dir, package_key, prepare, take_lock)
+from audio.musicnn.graph import (BUSY, STEADY_FRAMES, CompiledPushes, GraphStream, build_packages, cache_dir,
+                                 package_key, prepare, take_lock)
 from test_musicnn_batch import frames, logits64_of, taggram_tol
 
 # 0.25 s hops bring 15 or 16 frames; also none, one, more than the K = 32 and 64 branches'
@@ -69,9 +69,9 @@ def test_the_compiled_push_is_loaded_from_the_prepared_cache_and_within_float32_
     keeping other k's and precisions'."""
     import shutil
     net, net64, checksum = nets
-    assert not prepare().startswith("not built"), "this machine cannot compile the push (no C++ compiler)"
-    built = [cache_dir() / f"{package_key('MSD_musicnn', checksum, k)}.pt2" for k in STEADY_FRAMES]
-    threads = PUSH_THREADS
+    threads = torch.get_num_threads()
+    assert not prepare(threads).startswith("not built"), "this machine cannot compile the push (no C++ compiler)"
+    built = [cache_dir() / f"{package_key('MSD_musicnn', checksum, k, threads)}.pt2" for k in STEADY_FRAMES]
     old = [tmp_path / f"push-MSD_musicnn-float32-k16-t{threads}-{'0' * 16}.pt2",  # an older code's, replaced
            tmp_path / f"push-MSD_musicnn-float32-k0-t{threads}-{'0' * 16}.failed"]
     others = [tmp_path / f"push-MSD_musicnn-float32-k14-t{threads}-{'0' * 16}.pt2",   # another k's: kept
@@ -81,7 +81,7 @@ def test_the_compiled_push_is_loaded_from_the_prepared_cache_and_within_float32_
     for p in built:
         shutil.copy(p, tmp_path / p.name)
     stamps = {p.name: (tmp_path / p.name).stat().st_mtime_ns for p in built}
-    assert build_packages("MSD_musicnn", "float32", list(STEADY_FRAMES), PUSH_THREADS, tmp_path) == 0
+    assert build_packages("MSD_musicnn", "float32", list(STEADY_FRAMES), threads, tmp_path) == 0
     assert not any(p.exists() for p in old) and all(p.exists() for p in others)
     assert {p.name: (tmp_path / p.name).stat().st_mtime_ns for p in built} == stamps     # not built again
     for p in others:
@@ -147,7 +147,7 @@ def test_a_damaged_library_is_removed_and_every_hop_stays_eager(nets, tmp_path, 
     next start), the reason in one line; no build now."""
     net, _, checksum = nets
     monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
-    threads = PUSH_THREADS
+    threads = torch.get_num_threads()
     for k, junk in ((15, b""), (16, b"PK\x03\x04 not a whole package")):
         (tmp_path / f"{package_key('MSD_musicnn', checksum, k, threads)}.pt2").write_bytes(junk)
     pushes = CompiledPushes("MSD_musicnn", checksum, (15, 16))

@@ -154,7 +154,7 @@ def test_the_compiled_push_in_bf16_is_within_the_same_bound(nets, errors):
     """Its own libraries (the precision is in their names), from the prepared cache (`make test`
     prepares them; else built here once)."""
     low, net64 = nets
-    assert not prepare(mode="bf16").startswith("not built"), "this machine cannot compile the push"
+    assert not prepare(torch.get_num_threads(), mode="bf16").startswith("not built"), "this machine cannot compile the push"
     pushes = CompiledPushes("MSD_musicnn", musicnn.load_weights()[1], (16,), "bf16")
     assert pushes.status == "compiled" and "-bf16-k16-" in str(pushes.paths[16])
     rng = np.random.default_rng(6)

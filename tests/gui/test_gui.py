@@ -305,11 +305,12 @@ def test_window_starts_with_the_shipped_trained_models_on_musicnn(make_window, q
     """Defaults (no VGGish option): the musicnn front end and every shipped checkpoint, trained,
     each fed every 4th hop; nothing untrained; the spectrogram shows 96 musicnn bands. The
     front-end plot's title says how the musicnn push runs: here, compiling on, eager because a
-    build failed before (its .failed file)."""
+    build failed before (its .failed file, for the engine process's torch threads)."""
+    from app.gui.window import ENGINE_THREADS
     from audio.musicnn import build_musicnn
     from audio.musicnn.graph import package_key
     _, checksum = build_musicnn("MSD_musicnn")
-    (tmp_path / f"{package_key('MSD_musicnn', checksum, 0)}.failed").write_text("no compiler here\n")
+    (tmp_path / f"{package_key('MSD_musicnn', checksum, 0, ENGINE_THREADS)}.failed").write_text("no compiler here\n")
     monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path))
     monkeypatch.setenv("NYSTREAM_COMPILED_PUSH", "1")
     w = make_window(source=f"file:{music_file}", variants=None, random_vggish=None)
