@@ -287,7 +287,8 @@ def name_this_process(name: str) -> None:
 def prepare(frontends: dict, spec: FrontEndSpec) -> None:
     """``spec``'s front end built (musicnn: VGGish may download) and its one-stream push asked
     for (loaded, or built in the background), and the models' compiled kernels requested."""
-    from models.fused.ready import KERNELS
+    from models.fused.ready import KERNELS, set_up_numba
+    set_up_numba()                                  # now, not beside the hops a build's end loads them into
     KERNELS.request()
     if spec.name == "musicnn" and spec not in frontends:
         try:

@@ -3,11 +3,12 @@
 numba compiles a kernel on its first call (tens of seconds for all of them on 2 cores) and holds
 the calling thread's GIL for up to a quarter of a second at a time while it does; loading them
 from its cache takes a fraction of a second and, once numba's CPU target is set up, holds the
-GIL for about a millisecond at a time. So an engine never compiles: ``Kernels.request()`` (before the first hop) sets
-numba's target up, then either loads the kernels at once (the cache holds them: its marker is
-there; every hop is then compiled from the first) or starts a process that compiles them into
-the cache (``python -m models.fused.ready``, at a low priority) and, when it ends, loads them in
-a thread beside the hops.
+GIL for about a millisecond at a time. So an engine never compiles: ``Kernels.request()`` (before the first hop) either
+sets numba's target up and loads the kernels at once (the cache holds them: its marker is there;
+every hop is then compiled from the first), or starts a process that compiles them into the
+cache (``python -m models.fused.ready``, at a low priority) and, when it ends, loads them in a
+thread beside the hops (numba's target set up there too, unless ``set_up_numba`` ran before the
+hops began, as the window's engine process has it do while the user chooses).
 Until ``ready()``, a model's streams take the torch step (models/stream/batch.py ``kernels``),
 which equals the compiled one within float32 rounding; at the first step after, they take the
 compiled one. ``compile_all`` steps a small scratch model of every kind the backend takes
@@ -50,8 +51,8 @@ def marker(root: Path) -> Path:
 
 
 def set_up_numba() -> None:
-    """numba's CPU target set up in this process (~0.4 s once; what a first call would otherwise
-    do, holding the GIL for 0.1 s at a time)."""
+    """numba's CPU target set up in this process (~0.4 s the first time, then nothing; what a
+    first call would otherwise do, holding the GIL for 0.1 s at a time)."""
     from numba.core import registry
     registry.cpu_target.target_context.refresh()
     registry.cpu_target.typing_context.refresh()
@@ -84,8 +85,9 @@ def compile_all() -> None:
 
 
 class Kernels:
-    """This process's compiled kernels: ``request()`` makes them ready in the background (at
-    most once), ``ready()`` says whether they are (and looks at a build at most once a second),
+    """This process's compiled kernels: ``request()`` makes them ready (at most once: loaded at
+    once from the cache, else built in the background), ``ready()`` says whether they are (and
+    looks at a build at most once a second),
     ``wait()`` waits; ``status``: 'idle', 'building', 'loading', 'compiled' or 'eager: REASON'.
     ``numba_cache``: the build process's ``NUMBA_CACHE_DIR`` (default: this process's cache,
     models/fused/numba_cache.py)."""
@@ -107,7 +109,6 @@ class Kernels:
         with self._lock:
             if self.status != "idle":
                 return
-            set_up_numba()
             if marker(self.root).exists():
                 self._load(here=True)
             else:
@@ -156,6 +157,7 @@ class Kernels:
 
         def load():
             try:
+                set_up_numba()
                 compile_all()
             except Exception as e:  # noqa: BLE001 - the torch step serves on; status says why
                 self.status = f"eager: the compiled kernels could not be loaded ({type(e).__name__}: {e})"

@@ -116,19 +116,22 @@ def drift_error(variant, mode, retro, fused, seed, T, stabilize=True):
     return (out.double() - ref).abs().max().item(), DRIFT_STAGES * EPS32 * (1 + score) * v.abs().max().item()
 
 
+# 20,000 steps where a stream runs them in the app (the compiled single-output step; the torch
+# step where it is the only form, retroactive); the torch step's single-output twins of the
+# compiled ones, 4,000 (twice the horizon where unstabilised sums fail), at a fifth of the cost
 @pytest.mark.slow
-@pytest.mark.parametrize("variant,mode,retro,fused", [("continual", None, True, False),
-                                                       ("continual_nystrom", "continual", False, False),
-                                                       ("continual_nystrom", "fixed", False, False),
-                                                       ("continual_nystrom", "fixed", True, False),
-                                                       ("continual_nystrom", "fixed", False, True),
-                                                       ("continual_nystrom", "continual", False, True)])
-def test_no_drift_after_20k_steps(variant, mode, retro, fused, seed, errors):
-    """After 20,000 steps the output is as accurate as a fresh stream's: within a tolerance that
+@pytest.mark.parametrize("variant,mode,retro,fused,steps", [("continual", None, True, False, 20_000),
+                                                             ("continual_nystrom", "fixed", True, False, 20_000),
+                                                             ("continual_nystrom", "fixed", False, True, 20_000),
+                                                             ("continual_nystrom", "continual", False, True, 20_000),
+                                                             ("continual_nystrom", "continual", False, False, 4_000),
+                                                             ("continual_nystrom", "fixed", False, False, 4_000)])
+def test_no_drift_after_a_long_stream(variant, mode, retro, fused, steps, seed, errors):
+    """After ``steps`` the output is as accurate as a fresh stream's: within a tolerance that
     does not grow with the stream (unstabilised fixed-landmark sums already miss it after 2,000
     steps: test_drift_is_caught_without_stabilisation)."""
-    err, tol = drift_error(variant, mode, retro, fused, seed, 20_000)
-    errors(f"no drift after 20k steps, {variant}/{mode}", err, tol)
+    err, tol = drift_error(variant, mode, retro, fused, seed, steps)
+    errors(f"no drift after {steps // 1000}k steps, {variant}/{mode}{' (fused)' if fused else ''}", err, tol)
 
 
 def test_drift_is_caught_without_stabilisation():
