@@ -264,3 +264,23 @@ def test_the_precision_study_sets_the_same_streams_side_by_side():
     if bf16_hardware():
         low = precision_error("cpu", "bf16", models=["continual"], sources=sources)
         assert low["taggram_max_abs"] > 0 and (low["steps"], low["verdicts"]) == (same["steps"], same["verdicts"])
+
+
+def test_a_window_run_with_no_hop_is_one_line_and_a_page_row_of_none(tmp_path, capsys):
+    """`bench --gui` whose engine gave no hop (a starved first Start): one line with the time
+    waited, never a traceback; stored, its page column says 'none' for the first hop and '-'
+    for what needs hops, beside a run that had them."""
+    from app.bench import page as bench_page
+    from app.commands.bench import print_gui
+    empty = {"seconds": 60.2, "hops": 0, "hogs": 2, "cores": 2, "prepared_s": 2.5, "push": None, "kernels": None,
+             "first_hop_s": None, "models": 0, "cold": True}
+    print_gui(empty)
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["GUI: no hop within 60 s of Start (2 cores, 2 CPU hogs beside it; empty caches; "
+                   "engine process ready 2.50 s after the window opened)"]
+    store, page = tmp_path / "runs", tmp_path / "benchmarks.md"
+    bench_page.record("gui-hogs2-cold", empty, ["bench", "--gui", "60", "--hogs", "2", "--cold"], store=store, page=page)
+    lines = page.read_text().splitlines()
+    assert "| first hop after Start (s) | none | <= 3 empty caches, <= 1.5 warm |" in lines
+    assert "| hops shown / dropped | 0 / - | 0 dropped |" in lines
+    assert "| end-to-end delay median / p95 (ms) | - | p95 <= 100 quiet, 200 with two hogs |" in lines
