@@ -47,10 +47,10 @@ $(TEST_STAMP): $(STAMP)
 setup: $(TEST_STAMP)
 
 sysdeps:
-	@bash scripts/system-deps.sh
+	@PYTHON=$(PYTHON) bash scripts/system-deps.sh
 
 sysdeps-test:
-	@bash scripts/system-deps.sh --test
+	@PYTHON=$(PYTHON) bash scripts/system-deps.sh --test
 
 # `prepare` builds the compiled forms once per machine (a minute or two the first time, seconds after)
 run: sysdeps $(STAMP)

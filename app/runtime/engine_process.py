@@ -316,16 +316,22 @@ def serve(conn, parent_pid: int, torch_threads: int | None = None) -> None:
     outbox = Outbox(conn)
     frontends: dict = {}            # FrontEndSpec -> its built front end (kept between runs)
     run: Run | None = None
+    prepared: threading.Thread | None = None
     while True:
         try:
             message = conn.recv()
         except (EOFError, OSError):
             break                   # the window is gone
         kind = message[0]
-        if kind == "prepare":
-            prepare(frontends, message[1])
-            outbox.put(("prepared", 0, time.monotonic() - began))
+        if kind == "prepare":                       # on a thread: an "exit" meanwhile is answered at once
+            def preparing(spec=message[1]):
+                prepare(frontends, spec)
+                outbox.put(("prepared", 0, time.monotonic() - began))
+            prepared = threading.Thread(target=preparing, name="engine-prepare", daemon=True)
+            prepared.start()
         elif kind == "run":
+            if prepared is not None:
+                prepared.join()                     # its front end, then the run's
             _, run_id, fe_spec, source, models = message
             if run is not None:
                 run.stop()

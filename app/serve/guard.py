@@ -12,7 +12,11 @@ needs before any token is checked (docs/serve.md, "Threat model").
 - ``PatientWebSocket`` (uvicorn's websockets-sansio protocol): a keepalive pong that waits behind
   messages the app has not taken yet (the server is slowing the client down) does not close the
   connection; a handshake the websockets parser refuses (a header line over 8 KiB, too many
-  headers) is answered with its 414/431 and closed (uvicorn leaves it open and unanswered).
+  headers) is answered with its 414/431 and closed (uvicorn leaves it open and unanswered); a
+  frame it refuses (over ``Limits.message_bytes``: 1009) is answered with its close frame, then
+  the rest of what the client sends is read and dropped for up to ``LINGER_S`` until it closes
+  (uvicorn closes at once, and the unread bytes make TCP reset the connection, so the client
+  may see 1006 instead of the code).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from .protocol import Limits, try_later
 
 HEAD_BYTES = 8192                   # an HTTP request head arriving in pieces: 431 beyond this
+LINGER_S = 2.0                      # after a refused frame's close: what the client still sends, read and dropped
 RESERVED_FDS = 64                   # descriptors kept for the engine, logs, Ray, the listening socket
 TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 log = logging.getLogger("nystream.serve")
@@ -163,14 +168,29 @@ class GuardedHttp(H11Protocol):
 
 
 class PatientWebSocket(WebSocketsSansIOProtocol):
-    """uvicorn's websockets-sansio protocol, patient with pongs the server has not read yet, and
-    closing a handshake that the websockets parser refused."""
+    """uvicorn's websockets-sansio protocol, patient with pongs the server has not read yet,
+    closing a handshake that the websockets parser refused, and lingering after a refused frame."""
+
+    lingering = False
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return                                         # after a refused frame: dropped
         super().data_received(data)
         if not self.handshake_initiated and self.conn.handshake_exc is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self.conn.data_to_send()))      # its 414 / 431, if it made one
             self.transport.close()
+
+    def handle_parser_exception(self) -> None:
+        """uvicorn's (the app told, the close frame sent), then no more writes and the reads
+        dropped until the client closes, at most LINGER_S: its close code arrives whole."""
+        close = self.conn.close_sent
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = self.lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def keepalive_timeout(self) -> None:
         if self.read_paused and not self.transport.is_closing():
