@@ -46,10 +46,8 @@ def pytest_configure(config):
         return
     from models.fused import available
     if available():
-        from models.fused.numba_cache import cache_root
-        from models.fused.ready import build, marker
-        if not marker(cache_root()).exists():
-            build()
+        from models.fused.ready import prepare
+        prepare()
 
 
 @pytest.fixture

@@ -326,9 +326,8 @@ def classify(args, device: str) -> int:
     push = frontend.push_status()                         # one stream's compiled musicnn push (CPU)
     if push is not None:
         print(f"# the musicnn push: {push}", file=sys.stderr)
-    kernels = engine.kernels.words() if engine.kernels is not None else None
-    if kernels not in (None, "compiled (numba)"):          # the models' compiled kernels, not (yet) there
-        print(f"# the models' steady steps: {kernels}", file=sys.stderr)
+    if engine.kernels is not None and engine.kernels.words() and engine.kernels.status != "compiled":
+        print(f"# the models' steady steps: {engine.kernels.words()}", file=sys.stderr)   # not (yet) compiled
     if sources.failed or engine.errors:
         code = code or 1
     return code

@@ -49,16 +49,8 @@ def prepare_all(precisions=("float32",), threads=None) -> list[str]:
     beside a hop or a timed part); one line each, as printed."""
     from audio.musicnn import precision_problem
     from audio.musicnn.graph import prepare as prepare_pushes
-    from models.fused.numba_cache import cache_root
-    from models.fused.ready import build, marker, set_up_numba
-
-    def kernels() -> str:
-        set_up_numba()
-        if marker(cache_root()).exists():
-            return "ready (cached)"
-        build()
-        return f"compiled into {cache_root()}"
-    lines = [say("the models' compiled kernels (numba, once per machine)", kernels)]
+    from models.fused.ready import prepare as prepare_kernels
+    lines = [say("the models' compiled kernels (numba, once per machine)", prepare_kernels)]
     for mode in precisions:
         problem = precision_problem(mode, "cpu")           # built all the same: its tests run it emulated
         for n in threads or push_threads():

@@ -73,8 +73,9 @@ class Engine:
     seconds clock that the control budget is counted on
     (tests inject one); each StepResult's ``stages['control']`` is the milliseconds spent
     applying control before its hop. ``kernels``: the models' compiled CPU kernels
-    (models/fused/ready.py): requested by ``warm()``, taken from the first hop after they are
-    ready, the torch step until then (None: numba compiles them on their first call)."""
+    (models/fused/ready.py): asked for by each model's batch (loaded then where cached, else built
+    beside the hops), taken from the first hop after they are ready, the torch step until then
+    (None: numba compiles them on their first call)."""
 
     def __init__(self, frontend, entries: Iterable[Entry] = (), capacity: int = 1, *, shards: int = 1,
                  clock=time.perf_counter, recent_tokens: int = 480, kernels=KERNELS):
@@ -128,7 +129,7 @@ class Engine:
 
     def warm(self) -> None:
         """Each shard ready to serve (``StreamsShard.warm``): before the first hop, what
-        initialises on first use has, and the compiled kernels are on their way."""
+        initialises on first use has."""
         for shard in self.shards:
             shard.warm()
 
@@ -345,8 +346,6 @@ class Engine:
         except FrontEndMismatchError as e:
             raise EngineError(str(e)) from e
         if self.streams:                                 # streams run: it warms here, not in their hops
-            if self.kernels is not None and getattr(model, "fused", False):
-                self.kernels.request()
             warm_model(model, self.device, self.kernels)
         return entry, batches
 

@@ -95,10 +95,10 @@ class StreamsShard:
     @torch.no_grad()
     def warm(self) -> None:
         """Ready to serve (before any stream joins). What initialises on first use runs now, not
-        in the first streams' hops: the compiled kernels are requested (models/fused/ready.py:
-        loaded or built beside the hops, the torch step serving until then), each model steps a
-        scratch stream of random tokens through its warm-up and one landmark segment, and the
-        front end takes two hops of silence in a slot that is then free again.
+        in the first streams' hops: each model steps a scratch stream of random tokens through its
+        warm-up and one landmark segment (in the compiled backend where its kernels are ready:
+        its batch asked for them, models/fused/ready.py), and the front end takes two hops of
+        silence in a slot that is then free again.
         Then everything alive in the process leaves the cycle collector's view (``gc.freeze``): a
         full collection walks every such object, and the records of many streams set one off
         every few dozen hops (docs/benchmarks.md, design measurements). Cyclic garbage alive at
@@ -106,8 +106,6 @@ class StreamsShard:
         (app/runtime/memory.py: a hop's temporaries reuse memory, not fresh pages). Nothing of it
         stays in a stream."""
         many_streams_heap()
-        if any(getattr(b, "kernels", None) is not None for b in self.batches.values()):
-            self.kernels.request()
         for e in self.entries.values():
             warm_model(e.model, self.device, self.kernels)
         slot = self.frontend_batch.join()

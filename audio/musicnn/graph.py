@@ -119,6 +119,13 @@ def stale(out: Path, key: str) -> list[Path]:
     return [p for p in out.glob(prefix + "*") if not p.name.startswith(key) and ".part." not in p.name]
 
 
+def library_paths(model: str, checksum: str, ks, threads: int, mode: str) -> tuple[dict[int, Path], Path]:
+    """The compiled pushes' files in ``cache_dir``: each k's library, and the note a failed
+    build leaves (its key with k = 0)."""
+    paths = {k: cache_dir() / f"{package_key(model, checksum, k, threads, mode)}.pt2" for k in ks}
+    return paths, cache_dir() / f"{package_key(model, checksum, 0, threads, mode)}.failed"
+
+
 BUSY = 3                                                   # the build's exit status when another process is building
 
 
@@ -197,8 +204,7 @@ class CompiledPushes:
 
     def __init__(self, model: str, checksum: str, ks: tuple[int, ...], mode: str = "float32"):
         self.model, self.mode, self.ks, self.threads = model, mode, tuple(ks), torch.get_num_threads()
-        self.paths = {k: cache_dir() / f"{package_key(model, checksum, k, self.threads, mode)}.pt2" for k in self.ks}
-        self.failed = cache_dir() / f"{package_key(model, checksum, 0, self.threads, mode)}.failed"
+        self.paths, self.failed = library_paths(model, checksum, self.ks, self.threads, mode)
         self.pushes: dict[int, object] = {}
         self.build, self.next_look = None, 0.0
         if self.failed.exists():
@@ -376,14 +382,13 @@ def prepare(threads: int, model: str = "MSD_musicnn", mode: str = "float32") -> 
     ``cache_dir``, built here at this process's priority where missing (``nystream prepare``, the
     tests); what happened, in words."""
     from . import load_weights
-    checksum = load_weights(model)[1]
-    paths = [cache_dir() / f"{package_key(model, checksum, k, threads, mode)}.pt2" for k in STEADY_FRAMES]
-    if all(p.exists() for p in paths):
+    paths, failed = library_paths(model, load_weights(model)[1], STEADY_FRAMES, threads, mode)
+    if all(p.exists() for p in paths.values()):
         return "ready (cached)"
     problem = compiler_problem()
     if problem:
         return f"not built ({problem}); the push runs eagerly"
-    (cache_dir() / f"{package_key(model, checksum, 0, threads, mode)}.failed").unlink(missing_ok=True)
+    failed.unlink(missing_ok=True)                         # asked for: tried again
     t0 = time.perf_counter()
     while build_packages(model, mode, list(STEADY_FRAMES), threads, cache_dir()) == BUSY:
         time.sleep(1.0)                                    # another process builds: then look again
@@ -392,8 +397,9 @@ def prepare(threads: int, model: str = "MSD_musicnn", mode: str = "float32") -> 
 
 if __name__ == "__main__":                                 # CompiledPushes' build: MODEL PRECISION K[,K...] THREADS DIR
     os.nice(19)                                            # the lowest priority: the streams' hops come first
-    if compiler_problem():
-        sys.exit(compiler_problem())                       # the log's last line: the reason
+    problem = compiler_problem()
+    if problem:
+        sys.exit(problem)                                  # the log's last line: the reason
     model, mode, ks, threads, out = sys.argv[1:6]
     t0 = time.perf_counter()
     code = build_packages(model, mode, [int(k) for k in ks.split(",")], int(threads), Path(out))

@@ -189,9 +189,19 @@ class Kernels:
 KERNELS = Kernels()            # numba's dispatchers are the process's: so is their readiness
 
 
+def prepare() -> str:
+    """The kernels in this process's cache, compiled here where the marker says they are not
+    (``nystream prepare``, the tests); what happened, in words."""
+    set_up_numba()
+    if marker(cache_root()).exists():
+        return "ready (cached)"
+    build()
+    return f"compiled into {cache_root()}"
+
+
 def build() -> None:
     """Compile every kernel into numba's cache, then write the marker beside it (the build
-    process, and ``nystream prepare``)."""
+    process, and ``prepare``)."""
     compile_all()
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)

@@ -88,10 +88,10 @@ class StreamBatch(Slots):
     ``graphs``: replay captured CUDA graphs (default: on CUDA). ``fused``: steady steps in the
     compiled backend where it takes the model (default: as the model's own setting says).
     ``events``: how the step branches (default: "eager" on the CPU, "masked" elsewhere; "masked"
-    on the CPU runs the CUDA path's step there). ``kernels``: a models/fused/ready.py Kernels
-    that says when the compiled backend may be called; until ``kernels.ready()`` every stream
-    takes the torch step (and a recomputing Nyström model its torch pseudo-inverse), from the
-    first step after, the backend (None: at once, numba compiling on its first call)."""
+    on the CPU runs the CUDA path's step there). ``kernels``: a models/fused/ready.py Kernels,
+    asked for the compiled kernels here; until ``kernels.ready()`` every stream takes the torch
+    step (and a recomputing Nyström model its torch pseudo-inverse), from the first step after,
+    the backend (None: at once, numba compiling on its first call)."""
 
     def __init__(self, model, capacity: int, *, graphs: bool | None = None, fused: bool | None = None,
                  events: str | None = None, kernels=None):
@@ -105,6 +105,8 @@ class StreamBatch(Slots):
         self.positions = np.zeros(rows, np.int64)                                # its host mirror
         self.continual = self.cfg.variant in CONTINUAL
         self._fused = getattr(model, "fused", False) if fused is None else bool(fused)
+        if self._fused and kernels is not None:
+            kernels.request()                                  # loaded now where cached, else built beside
         self.kernels = kernels if self._fused and kernels is not None and not kernels.ready() else None
         self._compiled_pinv(self.kernels is None)
         self.backend = None
