@@ -1,8 +1,10 @@
-"""Audio files -> 16 kHz mono float32, streamed: a file is read block by block (soundfile reads
-WAV, FLAC, OGG/Vorbis/Opus, MP3, AIFF, AU, ...) and resampled by one stateful soxr stream, so
-memory does not grow with the file's length and a consumer that stops early stops the reading.
-The stream is bit-identical to resampling the whole file at once (tests/audio/test_decoding.py).
-Formats soundfile cannot read go to librosa's decoder, whole (the only path that holds a file).
+"""Audio files -> 16 kHz mono float32, streamed: a file is read block by block and resampled by
+one stateful soxr stream, so memory does not grow with the file's length and a consumer that
+stops early stops the reading. The stream is bit-identical to resampling the whole file at once
+(tests/audio/test_decoding.py). Two readers: soundfile (libsndfile: WAV, FLAC, OGG/Vorbis/Opus,
+MP3, AIFF, AU, ...; exact frame counts), and for what it cannot read PyAV (FFmpeg's decoders,
+shipped in its wheels: AAC/M4A, Opus in WebM/MP4, WMA, ALAC, the audio track of a video, ...;
+frame counts from the container's duration, an estimate), decoded packet by packet.
 
 A file that changes under us ends the run with one AudioFileError, never a decode with the old
 file's rate or length: each opening is checked against what ``probe`` saw (the file's identity,
@@ -31,11 +33,11 @@ BLOCK_SAMPLES = 1 << 22     # and at most this many samples (all channels) a blo
 MIN_RATE, MAX_RATE = 1_000, 768_000      # Hz a header may claim
 MAX_CHANNELS = 64
 MAX_SECONDS = 24 * 3600     # a file streamed hop by hop (classify, the window): its length costs no memory
-MAX_WHOLE_SECONDS = 3600    # a file held whole (offline tokens, accuracy, formats only librosa reads)
+MAX_WHOLE_SECONDS = 3600    # a file held whole (offline tokens, accuracy)
 # what a folder's files must end with to be taken as audio: soundfile's formats and the
-# containers librosa's fallback decoder reads
+# containers PyAV reads audio from
 AUDIO_SUFFIXES = frozenset(".wav .wave .flac .ogg .oga .opus .mp3 .aif .aiff .aifc .au .snd .caf .w64 .rf64 "
-                           ".m4a .aac .mp4 .wma .webm .mka".split())
+                           ".m4a .m4b .aac .mp4 .mov .m4v .mkv .mka .webm .wma .wmv .alac .ac3 .amr .3gp".split())
 
 
 def is_audio_name(name: str) -> bool:
@@ -85,13 +87,20 @@ def condition(x: np.ndarray, stats: SourceStats) -> np.ndarray:
 
 @dataclass
 class AudioFile:
-    """A checked audio file: what ``probe`` found out without decoding it (soundfile formats)."""
+    """A checked audio file: what ``probe`` found out reading its header (and, for PyAV, its
+    first packet)."""
     path: Path
     input_rate: int
     channels: int
-    frames: int                          # at input_rate
-    whole: np.ndarray | None = None      # librosa's decode, (frames, channels), formats soundfile lacks
+    frames: int                          # at input_rate (PyAV: from the container's duration)
+    reader: str = "soundfile"            # or "av"
     stamp: tuple = ()                    # (device, inode, size, mtime_ns) when probed
+    max_seconds: float = MAX_SECONDS     # the most read (PyAV: checked as it decodes)
+
+    @property
+    def exact(self) -> bool:
+        """Whether ``frames`` is the file's exact length (soundfile), not an estimate."""
+        return self.reader == "soundfile"
 
     @property
     def samples(self) -> int:
@@ -133,10 +142,9 @@ def probe(path: str | Path, max_seconds: float = MAX_SECONDS) -> AudioFile:
         with sf.SoundFile(os.fsencode(path)) as f:     # bytes: a name need not be UTF-8
             found = AudioFile(path, int(f.samplerate), int(f.channels), int(f.frames))
     except Exception as sf_error:  # noqa: BLE001 - soundfile raises several types
-        data, rate = _decode_with_librosa(path, sf_error)
-        found = AudioFile(path, int(rate), int(data.shape[1]), int(data.shape[0]), whole=data)
-    found.stamp = stamp(st)
-    if found.frames == 0:
+        found = _probe_with_av(path, sf_error, max_seconds)
+    found.stamp, found.max_seconds = stamp(st), max_seconds
+    if found.frames == 0 and found.exact:
         raise AudioFileError(f"{path} contains no audio samples")
     check_claims(path, found.input_rate, found.channels, found.frames, max_seconds)
     return found
@@ -192,10 +200,8 @@ def stream(audio: AudioFile, stats: SourceStats) -> Iterator[np.ndarray]:
     AudioFileError if the file is not the one ``probe`` checked, or changes while it is read."""
     rs = (soxr.ResampleStream(audio.input_rate, SAMPLE_RATE, 1, dtype="float32")
           if audio.input_rate != SAMPLE_RATE else None)
-    if audio.whole is not None:
-        block = block_frames(audio)
-        blocks = (audio.whole[i:i + block] for i in range(0, len(audio.whole), block))
-        yield from _resampled(blocks, rs, stats)
+    if audio.reader == "av":
+        yield from _resampled(av_blocks(audio), rs, stats)
         return
     with _open_checked(audio) as f:
         yield from _resampled(native_blocks(audio, f), rs, stats)
@@ -257,7 +263,8 @@ def decode_file(path: str | Path, stats: SourceStats | None = None) -> tuple[np.
     """A whole file -> (16 kHz mono float32, info), for the offline paths (token files): the
     result is held, the file's native samples are not."""
     audio = probe(path, MAX_WHOLE_SECONDS)
-    chunks, n, limit = [], 0, audio.samples           # sized from what is read, never from the claim
+    chunks, n = [], 0                                  # sized from what is read, never from the claim
+    limit = audio.samples if audio.exact else MAX_WHOLE_SECONDS * SAMPLE_RATE + 1   # av_blocks: the limit
     for chunk in stream(audio, stats if stats is not None else SourceStats()):
         chunks.append(chunk[:limit - n])
         n += len(chunks[-1])
@@ -270,34 +277,96 @@ def read_native(path: str | Path) -> tuple[np.ndarray, int]:
     """A whole file at its own rate, (frames, channels) float32, and the rate: blocks read and
     joined (memory from what is read, at most MAX_WHOLE_SECONDS), for the offline musicnn grid."""
     audio = probe(path, MAX_WHOLE_SECONDS)
-    if audio.whole is not None:
-        return audio.whole, audio.input_rate
-    with _open_checked(audio) as f:
-        blocks = list(native_blocks(audio, f))
+    if audio.reader == "av":
+        blocks = list(av_blocks(audio))
+    else:
+        with _open_checked(audio) as f:
+            blocks = list(native_blocks(audio, f))
     if not blocks:
         raise AudioFileError(f"{path} contains no audio samples")
     return np.concatenate(blocks), audio.input_rate
 
 
-def _decode_with_librosa(path: Path, first_error: Exception):
-    import warnings
-
-    import librosa
-
+def _probe_with_av(path: Path, first_error: Exception, max_seconds: float) -> AudioFile:
+    """What soundfile cannot read, through PyAV: the first audio track's rate and channels, its
+    length from the container (0 when it does not say), and one packet decoded."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            rate = int(librosa.get_samplerate(str(path)))
-            check_claims(path, rate, 1, 0, MAX_WHOLE_SECONDS)
-            data, rate = librosa.load(str(path), sr=None, mono=False, duration=MAX_WHOLE_SECONDS)
+        with _av_open(path) as container:
+            track = _audio_track(container, path)
+            rate, channels = int(track.codec_context.sample_rate or 0), int(track.codec_context.channels or 0)
+            check_claims(path, rate, channels, 0, max_seconds)
+            seconds = (float(track.duration * track.time_base) if track.duration
+                       else container.duration / 1e6 if container.duration else 0.0)
+            check_claims(path, rate, channels, round(seconds * rate), max_seconds)
+            if next(iter(container.decode(track)), None) is None:
+                raise AudioFileError(f"{path} contains no audio samples")
     except AudioFileError:
         raise
-    except Exception as e:  # noqa: BLE001
-        raise AudioFileError(f"cannot decode {path}: not audio, corrupt or truncated, or a "
-                             f"format without a decoder here (soundfile: {reason(first_error)}; "
-                             f"librosa: {reason(e)})") from e
-    data = np.atleast_2d(data).T if data.ndim == 1 else data.T
-    return data.astype(np.float32), rate
+    except Exception as e:  # noqa: BLE001 - FFmpeg's errors, by type
+        raise AudioFileError(f"cannot decode {path}: not audio, corrupt or truncated, or a format without a "
+                             f"decoder here (soundfile: {reason(first_error)}; PyAV: {reason(e)})") from e
+    return AudioFile(path, rate, channels, round(seconds * rate), reader="av")
+
+
+def _av_open(path: Path):
+    try:
+        import av
+    except ImportError as e:               # a broken install: PyAV is a dependency
+        raise AudioFileError(f"cannot decode {path}: PyAV is not installed (pip install av)") from e
+    return av.open(os.fsdecode(path), metadata_errors="ignore")
+
+
+def _audio_track(container, path):
+    track = next((s for s in container.streams if s.type == "audio"), None)
+    if track is None:
+        raise AudioFileError(f"{path} has no audio track")
+    return track
+
+
+def av_blocks(audio: AudioFile) -> Iterator[np.ndarray]:
+    """The file through PyAV, (frames, channels) float32 at its own rate, about BLOCK_SECONDS a
+    block; AudioFileError if it is not the file ``probe`` checked, is damaged after its first
+    packet, changes while it is read, or decodes to more than its limit (MAX_SECONDS)."""
+    import av
+
+    change = changed_since_probe(audio)
+    if change is not None:
+        raise AudioFileError(f"{audio.path} changed since it was checked: {change}; the run ends here")
+    block, done, limit = block_frames(audio), 0, audio.max_seconds * audio.input_rate
+    with _av_open(audio.path) as container:
+        track = _audio_track(container, audio.path)
+        if (int(track.codec_context.sample_rate), int(track.codec_context.channels)) != (audio.input_rate,
+                                                                                          audio.channels):
+            raise AudioFileError(f"{audio.path} changed since it was checked; the run ends here")
+        to_float = av.AudioResampler(format="flt", layout=track.codec_context.layout, rate=audio.input_rate)
+        held: list[np.ndarray] = []
+        n = 0
+        packets = container.decode(track)
+        while True:
+            try:
+                frame = next(packets, None)
+                converted = to_float.resample(frame)          # None: the resampler's tail
+            except Exception as e:  # noqa: BLE001 - a file damaged after its first packet
+                raise AudioFileError(f"{audio.path} is corrupt or truncated after "
+                                     f"{done / audio.input_rate:.1f} s ({reason(e)})") from e
+            for out in converted:
+                x = out.to_ndarray().reshape(-1, audio.channels)
+                held.append(x)
+                n += len(x)
+            if modified_in_place(audio):
+                raise AudioFileError(f"{audio.path} changed while it was being read, after "
+                                     f"{done / audio.input_rate:.1f} s: {changed_since_probe(audio)}; "
+                                     "the run ends here")
+            if held and (n >= block or frame is None):
+                x = np.concatenate(held) if len(held) > 1 else held[0]
+                held, n = [], 0
+                done += len(x)
+                if done > limit:
+                    raise AudioFileError(f"{audio.path} decodes to more than {audio.max_seconds / 3600:g} h of "
+                                         "audio, the most read here")
+                yield np.ascontiguousarray(x, dtype=np.float32)
+            if frame is None:
+                return
 
 
 def decode_native(path: str | Path) -> tuple[np.ndarray, int, dict]:

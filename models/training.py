@@ -38,14 +38,17 @@ def batches(lengths: np.ndarray, idx: np.ndarray, batch_size: int, rng: np.rando
 @torch.no_grad()
 def batch_predict(model, X: torch.Tensor, lengths: np.ndarray, idx: np.ndarray,
                   batch_size: int = 256) -> torch.Tensor:
-    """Logits (len(idx), classes) of each sequence's full window (start index 0, as streamed)."""
+    """Logits (len(idx), classes) of each sequence's last window, as streamed: its last n tokens
+    at their positions (the whole sequence, from position 0, when it fits the window)."""
     model.eval()
     logits = torch.empty(len(idx), model.cfg.num_classes)
     pos = {int(j): p for p, j in enumerate(idx)}
+    n = model.cfg.window
     for group in length_groups(lengths, idx).values():
         for i in range(0, len(group), batch_size):
             b = group[i:i + batch_size]
-            out = model(X[b, :int(lengths[b[0]])]).float().cpu()
+            L = int(lengths[b[0]])
+            out = model(X[b, max(0, L - n):L], start=max(0, L - n)).float().cpu()
             logits[[pos[int(j)] for j in b]] = out
     return logits
 
@@ -83,8 +86,9 @@ def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: 
         total, count = 0.0, 0
         for b in batches(lengths, splits["train"], tc.batch_size, rng):
             x = X[b, :int(lengths[b[0]])]
-            if 0 < tc.crop_min < x.shape[1]:
-                size = int(rng.integers(tc.crop_min, x.shape[1] + 1))
+            longest = min(x.shape[1], model.cfg.window)          # a crop fits the window
+            if 0 < tc.crop_min < longest or longest < x.shape[1]:
+                size = int(rng.integers(min(tc.crop_min, longest) if tc.crop_min else longest, longest + 1))
                 first = int(rng.integers(0, x.shape[1] - size + 1))
                 x = x[:, first:first + size]
             start = torch.randint(period, (len(b),), generator=gen).to(x.device)

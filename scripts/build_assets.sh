@@ -3,7 +3,7 @@
 # `classify` and the window): every variant, 1 block, m = 4, window n = 29 tokens, trained on the
 # musicnn GTZAN taggram tokens' training split (../shared/data/gtzan_musicnn_tokens, 443 tracks:
 # 80 % train, 20 % validation; the 290 evaluation tracks are never used for training).
-# Run from the repository root after `make setup`: bash scripts/build_assets.sh   (~5 min, CPU)
+# Run from the repository root after `make setup`: bash scripts/build_assets.sh   (a few minutes, CPU)
 #
 # Decisions (see docs/results.md "Trained models in the box"): lr 1e-4 (the paper's 1e-5 under-trains on
 # 354 sequences), random contiguous crops of >= 8 tokens (a live stream answers from its first

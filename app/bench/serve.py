@@ -83,7 +83,8 @@ def tree_usage(pid: int) -> dict[int, tuple[float, float]]:
     return {p: (proc_cpu_seconds(p), rss_mb(p)) for p in process_tree(pid)}
 
 
-ROLES = (("spawn_main", "workers"), ("resource_tracker", "workers"), ("ServeReplica", "replicas"),
+ROLES = (("models.fused.ready", "compiled-kernel builds"), ("audio.musicnn.graph", "compiled-push builds"),
+         ("spawn_main", "workers"), ("resource_tracker", "workers"), ("ServeReplica", "replicas"),
          ("ProxyActor", "Ray Serve's proxy"), ("ServeController", "Ray Serve's controller"), ("raylet", "raylet"),
          ("gcs_server", "Ray's GCS"))
 
@@ -98,7 +99,7 @@ def role_of(pid: int, server: int) -> str:
     try:
         line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
-        return "other Ray processes"
+        return "processes that ended"
     return next((role for key, role in ROLES if key in line), "other Ray processes")
 
 

@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from app.runtime.lineup import UnknownModelError  # noqa: F401  (bench's: a model named that is not shipped)
 from app.runtime.memory import release_free_heap, rss_mb
 from app.runtime.records import percentile
 from audio.melspec import HOP_SECONDS
@@ -51,8 +52,13 @@ def device_mb() -> float:
     return torch.cuda.memory_allocated() / 2 ** 20 if torch.cuda.is_available() else 0.0
 
 
-class UnknownModelError(ValueError):
-    """A model named to the bench that is not shipped."""
+def check_models(models) -> None:
+    """UnknownModelError, naming the shipped models, for a name in ``models`` that is not one."""
+    from app.runtime.lineup import shipped_checkpoints
+    known = [p.stem.split("-", 1)[1].replace("-", "/") for p in shipped_checkpoints("musicnn")]
+    missing = [m for m in models if m not in known]
+    if missing:
+        raise UnknownModelError(f"no shipped model {', '.join(missing)}; shipped: {', '.join(known)}")
 
 
 def bench_setup(device: str, models=None, mode: str = "float32"):
@@ -62,14 +68,7 @@ def bench_setup(device: str, models=None, mode: str = "float32"):
     from audio.frontends import build_frontend
 
     frontend = build_frontend("musicnn", device=device, precision=mode)
-    entries = default_lineup(frontend, device)
-    if models:
-        known = {e.name: e for e in entries}
-        missing = [m for m in models if m not in known]
-        if missing:
-            raise UnknownModelError(f"no shipped model {', '.join(missing)}; shipped: {', '.join(known)}")
-        entries = [known[m] for m in models]
-    return frontend, entries
+    return frontend, default_lineup(frontend, device, models=models or None)
 
 
 def demo_stream(i: int, seconds: float | None = None):

@@ -1,4 +1,4 @@
-"""`python main.py accuracy`: genre accuracy from audio files through the live path
+"""`nystream accuracy`: accuracy from audio files through the live path
 (app/offline/accuracy.py)."""
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from .extract import add_ray_arguments, ray_workers
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--audio", required=True, metavar="DIR", help="folder of <genre>.<nnnnn>.wav files")
+    p.add_argument("--audio", required=True, metavar="DIR",
+                   help="folder of <genre>.<nnnnn>.wav files (GTZAN's names), or of a sub-folder per class "
+                        "named as the models' classes (the layout extract --folders reads)")
     p.add_argument("--frontend", default="musicnn", choices=("musicnn", "vggish"),
                    help="front end that turns the audio into tokens (its shipped models are scored)")
     p.add_argument("--checkpoint", action="append", default=[], metavar="FILE",
@@ -40,18 +42,24 @@ def run(args) -> int:
     from audio.checksums import file_sha256
     from models.checkpoint import CheckpointError
     try:
-        files = find_files(args.audio)
-        if args.limit:
-            files = files[:args.limit]
-        if not files:
-            print(f"error: no <genre>.<nnnnn>.wav files in {args.audio}", file=sys.stderr)
-            return 1
         torch.set_num_threads(args.threads or torch.get_num_threads())
         frontend = build_frontend(args.frontend)
         entries = default_lineup(frontend, "cpu", checkpoints=args.checkpoint, variants=[])
         if not entries:
             print(f"error: no trained {args.frontend} models (assets/models/ or --checkpoint)",
                   file=sys.stderr)
+            return 1
+        classes = entries[0].classes
+        if any(e.classes != classes for e in entries):
+            print("error: the models score different classes: "
+                  + "; ".join(f"{e.path}: {', '.join(e.classes)}" for e in entries), file=sys.stderr)
+            return 1
+        files = find_files(args.audio, classes)
+        if args.limit:
+            files = files[:args.limit]
+        if not files:
+            print(f"error: no audio to score in {args.audio}: GTZAN-named files (<genre>.<nnnnn>.wav) or a "
+                  f"sub-folder per class ({', '.join(classes)})", file=sys.stderr)
             return 1
         for e in entries:
             from models.checkpoint import load_checkpoint
@@ -78,14 +86,14 @@ def run(args) -> int:
         if not read:
             print(f"error: none of the {len(files_all)} files could be read", file=sys.stderr)
             return 1
-        rows = summarise(files, preds, split_of(entries))
+        rows = summarise(files, preds, split_of(entries), classes)
         command = args.command_line or "python main.py accuracy --audio " + str(args.audio)
         atomic_write_text(out / "accuracy.md", markdown(rows, command, frontend.description))
         atomic_write_json(out / "accuracy.json", {"command": command, "frontend": frontend.description,
                                                   "files": [t for _, t in files], "rows": rows,
                                                   "skipped": {files_all[i][1]: why for i, why in skipped.items()}})
         focus = next((n for n in rows if n.startswith("continual_nystrom | native")), next(iter(rows)))
-        plot_confusion(rows, focus, out / "confusion.png")
+        plot_confusion(rows, focus, out / "confusion.png", classes)
         print(markdown(rows, command, frontend.description))
         shutil.rmtree(parts)
         return 0

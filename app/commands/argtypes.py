@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 from app.runtime.faults import resource_message
@@ -59,6 +60,11 @@ def writable_file(text: str) -> str:
     if path.exists() and not os.access(path, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text} cannot be written: permission denied")
     return text
+
+
+def writable_file_or_stdout(text: str) -> str:
+    """``-`` (standard output) or a ``writable_file``."""
+    return text if text == "-" else writable_file(text)
 
 
 def creatable(probe: Path, text: str, exists_ok: bool = False) -> None:
@@ -123,9 +129,58 @@ POSITIVE = integer(1)
 SECONDS = number(above=0)
 
 
+def deprecated(old: str, new: str) -> None:
+    """The one-line warning of a renamed option, on stderr."""
+    print(f"warning: {old} is deprecated and will be removed in the next release; use {new}", file=sys.stderr)
+
+
+class OldPace(argparse.Action):
+    """``--realtime`` / ``--fast``: the old names of ``--pace realtime|fast``, with a warning."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, "pace", nargs=0, help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        pace = option_string.lstrip("-")
+        deprecated(option_string, f"--pace {pace}")
+        namespace.pace = pace
+
+
+class DeviceOrMicrophone(argparse.Action):
+    """``--device cpu|cuda``; where the command has --mic, any other value is the old name of
+    ``--input-device NAME`` (with a warning)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if value in ("cpu", "cuda"):
+            namespace.device = value
+        elif hasattr(namespace, "input_device"):
+            deprecated(f"--device {value}", f"--input-device {value} (--device is now cpu or cuda)")
+            namespace.input_device = value
+        else:
+            parser.error(f"argument --device: invalid choice: {value!r} (choose from 'cpu', 'cuda')")
+
+
+class OldMicrophoneDevice(argparse.Action):
+    """``--device NAME`` where a command has no compute device (listen): the old name of
+    ``--input-device NAME``, with a warning."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, "input_device", help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        deprecated(f"--device {value}", f"--input-device {value}")
+        namespace.input_device = value
+
+
+def add_old_pace_names(p) -> None:
+    """``--realtime`` and ``--fast``, hidden, for one release."""
+    p.add_argument("--realtime", action=OldPace)
+    p.add_argument("--fast", action=OldPace)
+
+
 def add_device_arguments(p, what: str = "where the front end and models run", precision: bool = True) -> None:
     """--device cpu|cuda (compute, the same name in every command) and, if asked, --precision."""
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=what)
+    p.add_argument("--device", action=DeviceOrMicrophone, default="cpu", metavar="{cpu,cuda}", help=what)
     if precision:
         from audio.frontend_names import PRECISIONS
         p.add_argument("--precision", choices=PRECISIONS, default="float32",

@@ -134,6 +134,15 @@ def run(args) -> int:
         if args.page:
             from app.bench.page import record
             record(kind, data)
+    if args.streams:                           # what the run cannot do: said before any work
+        compute_device(args, "bench")
+        if args.models:
+            from app.bench.streams import UnknownModelError, check_models
+            try:
+                check_models(args.models)
+            except UnknownModelError as e:
+                print(f"error: --models: {e}", file=sys.stderr)
+                return 1
     if not (args.gui and args.cold):           # no compiled form builds beside a timed part
         from .prepare import prepare_all
         prepare_all(["float32"] + (["bf16"] if args.precision == "bf16" else []))
@@ -176,7 +185,6 @@ def run(args) -> int:
         from app.bench.frontend_modes import frontend_modes_bench
         from app.bench.streams import (UnknownModelError, print_streams, step_bench, streams_bench,
                                                streams_key, tensor_bench)
-        compute_device(args, "bench")
         if args.threads:
             torch.set_num_threads(args.threads)
         try:                                               # a model that is not shipped: said before any row

@@ -4,8 +4,10 @@ most ``--streams`` at a time, a new file joining as another ends, and each strea
 verdict (a ``{"verdict": ...}`` record with --jsonl, a table on stderr, rows of --summary)."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from pathlib import Path
 from itertools import islice
 
 from models.variants import VARIANTS
@@ -13,8 +15,8 @@ from models.variants import VARIANTS
 from app.runtime.frontend_args import device_text
 
 from . import command
-from .argtypes import (POSITIVE, SECONDS, WINDOW, add_device_arguments, compute_device, number,
-                       writable_file)
+from .argtypes import (POSITIVE, SECONDS, WINDOW, add_device_arguments, add_old_pace_names, compute_device,
+                       number, writable_dir, writable_file, writable_file_or_stdout)
 
 STREAMS = {"cpu": 16, "cuda": 64}          # default --streams: files classified at once
 
@@ -23,7 +25,8 @@ def add_arguments(p) -> None:
     from app.runtime.frontend_args import add_frontend_arguments
     src = p.add_argument_group("source (one of)")
     src.add_argument("path", nargs="*", help="audio files or folders (searched recursively for audio files); "
-                                             "each file is a stream of one engine")
+                                             "each file is a stream of one engine; - reads a file from "
+                                             "standard input")
     src.add_argument("--mic", action="store_true", help="capture from an input device")
     src.add_argument("--demo", nargs="?", const=1, type=POSITIVE, metavar="N",
                      help="the built-in synthetic music signal (N streams with seeds 0..N-1)")
@@ -32,6 +35,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seconds", type=SECONDS, help="stop each stream after this much audio (> 0)")
     p.add_argument("--pace", choices=("fast", "realtime"), default="fast",
                    help="a file or the demo as fast as it decodes, or paced like a sound card (one source)")
+    add_old_pace_names(p)
     p.add_argument("--loop", action="store_true", help="loop a file")
     p.add_argument("--streams", type=POSITIVE, metavar="N",
                    help=f"files classified at once (default: {STREAMS['cpu']} on the CPU, {STREAMS['cuda']} on CUDA)")
@@ -39,6 +43,10 @@ def add_arguments(p) -> None:
     p.add_argument("--variant", action="append", choices=VARIANTS, metavar="VARIANT",
                    help=f"add an untrained model of VARIANT ({', '.join(VARIANTS)}); repeat for more "
                         "(default: none when trained models exist, else all)")
+    p.add_argument("--models", type=model_names, default="best", metavar="NAMES",
+                   help="which shipped models run: 'all', or names separated by commas (regular, continual, "
+                        "nystrom, continual_nystrom, continual_nystrom/fixed); default: the most accurate "
+                        "(highest test accuracy, the cheaper step on a tie: continual)")
     p.add_argument("--checkpoint", action="append", default=[], metavar="FILE",
                    help="run this trained model instead of the shipped ones; repeat for more")
     p.add_argument("--onnx", action="append", default=[], metavar="FILE",
@@ -56,9 +64,27 @@ def add_arguments(p) -> None:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--jsonl", action="store_true",
                      help="JSON lines on stdout: a record per hop, then a verdict record per stream")
-    out.add_argument("--csv", metavar="FILE", type=writable_file, help="write records to a CSV file")
+    out.add_argument("--csv", metavar="FILE", type=writable_file_or_stdout,
+                     help="write records to a CSV file (-: standard output)")
+    p.add_argument("--output-dir", metavar="DIR", type=writable_dir,
+                   help="also write one JSON file per input, DIR/NAME.json (NAME: the stream's name, a "
+                        "folder's files under their folder): its verdict record, and with --output-records "
+                        "its hop records")
+    p.add_argument("--output-records", action="store_true", help="with --output-dir: the hop records too")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only each stream's verdict (one line per model) and errors")
+    p.add_argument("--top", type=POSITIVE, default=3, metavar="K",
+                   help="classes each verdict lists with their mean probability (default 3)")
     p.add_argument("--summary", metavar="FILE", type=writable_file,
-                   help="write one CSV row per file and model: file, model, genre, share, confidence, hops, error")
+                   help="write one CSV row per file and model: file, source, model, genre, share, confidence, hops, error")
+
+
+def model_names(text: str):
+    """'all', 'best', or shipped models' names separated by commas."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give 'all' or model names separated by commas")
+    return names[0] if len(names) == 1 and names[0] in ("all", "best") else names
 
 
 def list_devices() -> int:
@@ -67,45 +93,6 @@ def list_devices() -> int:
         print(f"{d['index']:3d}  {d['name']}  ({d['hostapi']}, {d['channels']} ch, "
               f"{d['default_rate']:.0f} Hz)")
     return 0
-
-
-class Sources:
-    """The run's sources, opened one at a time as the engine takes them: a file that cannot be
-    opened is one line (and a --summary row), and the next one is opened instead."""
-
-    def __init__(self, args):
-        from app.runtime.sources import audio_paths
-        self.args, self.failed, self.skipped, self.live = args, 0, 0, args.mic or args.pace == "realtime"
-        self.paths: list[tuple[str, str]] = []
-        if args.path:
-            self.paths, self.skipped = audio_paths(args.path)
-        self.count = len(self.paths) if args.path else (args.demo or 1)
-        self.on_failure = None           # (path, name, error) -> None
-
-    def __iter__(self):
-        from audio.errors import AudioError
-        from audio.sources import DemoSource, FileSource, MicrophoneSource
-        args = self.args
-        if args.mic:
-            yield MicrophoneSource(args.input_device or None)
-            return
-        if args.demo:
-            for i in range(args.demo):
-                source = DemoSource(seed=i, realtime=self.live, seconds=args.seconds)
-                source.name = "demo" if args.demo == 1 else f"demo:{i}"
-                yield source
-            return
-        for path, name in self.paths:
-            try:
-                source = FileSource(path, realtime=self.live, loop=args.loop)
-            except AudioError as e:
-                self.failed += 1
-                if self.on_failure is not None:
-                    self.on_failure(path, name, str(e))
-                continue
-            source.name = name
-            source.path = path
-            yield source
 
 
 def check_sources(args) -> None:
@@ -119,29 +106,38 @@ def check_sources(args) -> None:
         raise SystemExit("classify: --loop is for a file")
     if args.input_device is not None and not args.mic:
         raise SystemExit("classify: --input-device is for --mic")
+    if args.path.count("-") > 1:
+        raise SystemExit("classify: standard input (-) can be read once")
+    if args.output_records and not args.output_dir:
+        raise SystemExit("classify: --output-records is for --output-dir")
+    if args.checkpoint and args.models != "best":
+        raise SystemExit("classify: --models chooses among the shipped models; --checkpoint replaces them")
 
 
 class Report:
     """What the run writes besides its records: per stream, when it ends, its counts, its
-    verdict (a JSON record with --jsonl, a table on stderr) and its --summary rows; progress
-    over the files with the time left."""
+    verdict (a JSON record with --jsonl, a table on stderr, lines on stdout with --quiet), its
+    --summary rows and its --output-dir file; progress over the files with the time left."""
 
-    def __init__(self, args, sources: Sources):
+    def __init__(self, args, sources):
         from app.offline.progress import Progress
         from app.runtime.csv_rows import CsvRows
         self.args, self.sources = args, sources
         self.summary = CsvRows(args.summary) if args.summary else None
         self.tallies: dict[str, object] = {}         # the streams still running: name -> Tally
         self.smoothers: dict[str, object] = {}
+        self.records: dict[str, list] = {}           # --output-records: name -> its hop records
         many = sources.count > 1
-        self.progress = Progress(sources.count if many and not sources.live else 0, "classify", "file",
-                                 lambda line: print(line, file=sys.stderr))
+        self.progress = Progress(sources.count if many and not sources.live and not args.quiet else 0,
+                                 "classify", "file", lambda line: print(line, file=sys.stderr))
         self.progress.every = max(1, sources.count // 10)
         self.ended = 0
         self.reported: set[str] = set()              # the streams whose end was said
 
     def say(self, text: str) -> None:
-        self.progress.say(text)
+        """A line on stderr (with --quiet only errors)."""
+        if not (self.args.quiet and text.startswith("#")):
+            self.progress.say(text)
 
     def record(self, r) -> None:
         from app.runtime.verdict import Smoother, Tally, top_k
@@ -150,6 +146,8 @@ class Report:
             tally = self.tallies[r.source] = Tally()
             self.smoothers[r.source] = Smoother(self.args.smooth)
         tally.add(r)
+        if self.args.output_records:
+            self.records.setdefault(r.source, []).append(r.to_dict())
         if self.args.smooth > 0:
             smoother = self.smoothers[r.source]
             for name, m in r.models.items():
@@ -159,7 +157,9 @@ class Report:
         """A file that could not be opened: its line and summary row, and one step of progress."""
         from audio.errors import printable
         self.say(f"error: {error}")
-        self._write_summary(printable(path), {"verdict": {}, "hops": 0, "error": error})
+        message = {"verdict": {}, "source": name, "path": printable(path), "hops": 0, "error": error}
+        self._write_summary(printable(path), message)
+        self._write_output(name, message)
         self._ended()
 
     def left(self, name: str, source, error: str | None = None) -> None:
@@ -170,19 +170,39 @@ class Report:
         tally = self.tallies.pop(name, None) or Tally()
         self.smoothers.pop(name, None)
         stats = source.stats
-        message = verdict_message(tally, source, error)
+        message = verdict_message(tally, source, error, self.args.top)
+        if hasattr(source, "path"):
+            message["path"] = printable(source.path)
         if error is not None:
             self.say(f"error: {name}: {error}")
         self.say(f"# {name}: {stats.hops} hops, {stats.dropped} dropped, {stats.overflows} input "
                  f"overflows, {stats.nonfinite} non-finite samples zeroed, {stats.clipped} samples clipped")
         if tally.tops:
             self.say(f"# verdict over {name}, per model (the genre most often on top):\n"
-                     + "\n".join(f"#   {line}" for line in tally.table().splitlines()))
+                     + "\n".join(f"#   {line}" for line in tally.table(self.args.top).splitlines()))
         if self.args.jsonl:
             import json
             print(json.dumps(message, allow_nan=False), flush=True)
+        elif self.args.quiet:
+            for model, v in message["verdict"].items():
+                top = ", ".join(f"{printable(c)} {100 * p:.0f}%" for c, p in v["top"])
+                print(f"{printable(name)}  {printable(model)}  {printable(v['genre'])}  ({100 * v['share']:.0f}% of "
+                      f"{v['steps']} steps; highest mean probabilities: {top})", flush=True,
+                      file=sys.stderr if self.args.csv == "-" else sys.stdout)     # stdout: the CSV's
         self._write_summary(printable(getattr(source, "path", name)), message)
+        self._write_output(name, message, self.records.pop(name, None))
         self._ended()
+
+    def _write_output(self, name: str, message: dict, records=None) -> None:
+        """--output-dir: DIR/NAME.json, NAME the stream's name without 'file:' (a folder's files
+        under their folder), written whole (a temporary file renamed)."""
+        if not self.args.output_dir:
+            return
+        from audio.files import atomic_write_json
+        parts = [p for p in Path(name.removeprefix("file:")).parts if p not in ("", ".", "..", "/")]
+        path = Path(self.args.output_dir).joinpath(*parts[:-1], (parts[-1] if parts else "stream") + ".json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, {**message, **({"records": records} if records is not None else {})})
 
     def _write_summary(self, file: str, message: dict) -> None:
         from app.runtime.verdict import summary_rows
@@ -206,6 +226,7 @@ class Report:
 
 @command("classify", add_arguments)
 def run(args) -> int:
+    from app.runtime.lineup import UnknownModelError
     from app.runtime.onnx_step import OnnxModelError
     from audio.errors import AudioError
     from models.checkpoint import CheckpointError
@@ -215,12 +236,25 @@ def run(args) -> int:
         check_sources(args)
         device = compute_device(args, "classify")
         return classify(args, device)
+    except UnknownModelError as e:
+        print(f"error: --models: {e}", file=sys.stderr)
+        return 1
     except (AudioError, CheckpointError, OnnxModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 
 
 def classify(args, device: str) -> int:
+    from app.runtime.sources import RunSources
+    sources = RunSources(args.path, mic=args.mic, input_device=args.input_device, demo=args.demo,
+                         seconds=args.seconds, loop=args.loop, live=args.mic or args.pace == "realtime")
+    try:
+        return classify_sources(args, device, sources)
+    finally:
+        sources.close()
+
+
+def classify_sources(args, device: str, sources) -> int:
     from app.runtime.csv_rows import CsvRows
     from app.runtime.engine import Engine
     from app.runtime.faults import exit_code, raise_if_stopped, resource_message, signal_name, stdout_gone
@@ -229,7 +263,9 @@ def classify(args, device: str) -> int:
     from app.runtime.records import csv_row, human
     from audio.errors import AudioError
 
-    sources = Sources(args)
+    def note(text: str) -> None:                 # a '#' line on stderr, not with --quiet
+        if not args.quiet:
+            print(text, file=sys.stderr)
     if args.path and not sources.paths:
         raise SystemExit(f"classify: no audio files in {', '.join(args.path)} ({sources.skipped} other files)")
     opened = iter(sources)
@@ -245,7 +281,7 @@ def classify(args, device: str) -> int:
         frontend = frontend_from_args(args, device)
         entries = default_lineup(frontend, device, checkpoints=args.checkpoint, onnx=args.onnx,
                                  variants=args.variant, layers=args.layers, window=args.window,
-                                 landmarks=args.landmarks, seed=args.seed)
+                                 landmarks=args.landmarks, seed=args.seed, models=args.models)
         engine = Engine(frontend, entries, capacity=capacity)   # on CUDA each model step a replayed CUDA graph
     except BaseException:
         for source in first:
@@ -256,17 +292,18 @@ def classify(args, device: str) -> int:
     trained = [f"{e.name} ({e.path})" for e in entries if e.trained]
     what = (f"{sources.count} files, {capacity} at a time" if args.path and sources.count > 1
             else f"{args.demo} streams" if (args.demo or 0) > 1 else first[0].name)
-    print(f"# {device_text(device, args.precision)}; source {what}; front end: {frontend.description}"
+    note(f"# {device_text(device, args.precision)}; source {what}; front end: {frontend.description}"
           + (f"; trained: {', '.join(trained)}" if trained else "")
+          + (" (the most accurate shipped model; --models all runs them all)"
+             if args.models == "best" and not args.checkpoint and trained else "")
           + (f"; UNTRAINED models (random weights, seed {args.seed}), marked *: "
-             f"{', '.join(untrained)}" if untrained else ""), file=sys.stderr)
+             f"{', '.join(untrained)}" if untrained else ""))
     if sources.skipped:
-        print(f"# {sources.skipped} files in the folders passed over (hidden, or not audio by their suffix)",
-              file=sys.stderr)
+        note(f"# {sources.skipped} files in the folders passed over (hidden, or not audio by their suffix)")
     many = sources.count > 1
     rows, code = CsvRows(args.csv) if args.csv else None, 0
     hop_progress = None
-    if not many and args.csv:                # one source to a CSV: nothing else shows progress
+    if not many and args.csv and not args.quiet:     # one source to a CSV: nothing else shows progress
         hop_progress = hops_progress(args, first[0])
     engine.on_leave = lambda stream: report.left(stream.name, stream.source, stream.error)
     try:
@@ -280,7 +317,7 @@ def classify(args, device: str) -> int:
                 if hop_progress is not None:
                     hop_progress.step(f"# {r.step + 1} steps written to {args.csv}"
                                       if (r.step + 1) % hop_progress.every == 0 else "")
-            else:
+            elif not args.quiet:
                 print(f"{r.source}  {human(r)}" if many else human(r), flush=True)
             if args.seconds is not None and r.audio_time >= args.seconds - 1e-9:
                 stream = next(s for s in engine.streams if s.name == r.source)
@@ -295,7 +332,7 @@ def classify(args, device: str) -> int:
         print(f"error: {e}", file=sys.stderr)
         code = 1
     except OSError as e:
-        message = resource_message(e, args.csv or args.summary)
+        message = resource_message(e, args.csv or args.summary or args.output_dir)
         if message is None:
             raise
         print(f"error: {message}" + (f"; the CSV keeps its {rows.rows} complete rows" if rows else ""),
@@ -321,13 +358,13 @@ def classify(args, device: str) -> int:
             rows.close()
         report.close()
     if rows is not None:
-        print(f"# {rows.rows} rows in {args.csv}" if rows.created else f"# no rows, {args.csv} not written",
-              file=sys.stderr)
+        where = "standard output" if args.csv == "-" else args.csv
+        note(f"# {rows.rows} rows in {where}" if rows.created else f"# no rows, {where} not written")
     push = frontend.push_status()                         # one stream's compiled musicnn push (CPU)
     if push is not None:
-        print(f"# the musicnn push: {push}", file=sys.stderr)
+        note(f"# the musicnn push: {push}")
     if engine.kernels is not None and engine.kernels.words() and engine.kernels.status != "compiled":
-        print(f"# the models' steady steps: {engine.kernels.words()}", file=sys.stderr)   # not (yet) compiled
+        note(f"# the models' steady steps: {engine.kernels.words()}")   # not (yet) compiled
     if sources.failed or engine.errors:
         code = code or 1
     return code

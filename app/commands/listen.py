@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from . import command
-from .argtypes import SECONDS, writable_file
+from .argtypes import SECONDS, OldMicrophoneDevice, add_old_pace_names, writable_file
 
 
 def add_arguments(p) -> None:
@@ -16,6 +16,8 @@ def add_arguments(p) -> None:
     src.add_argument("--demo", action="store_true", help="the built-in synthetic music signal")
     p.add_argument("--input-device", metavar="DEVICE", help="input device index or (partial) name, with --mic")
     p.add_argument("--seconds", type=SECONDS, help="with --demo: stop after this much audio")
+    add_old_pace_names(p)
+    p.add_argument("--device", action=OldMicrophoneDevice)
     p.add_argument("--pace", choices=("realtime", "fast"), default="realtime",
                    help="send a file or the demo paced like a sound card, or as fast as the server's credit allows")
     p.add_argument("--token-file", metavar="FILE", help="send 'Authorization: Bearer' + the token in FILE")
@@ -32,6 +34,8 @@ def run(args) -> int:
     from app.serve.server import ServeError, read_token
     from audio.errors import AudioError
     from audio.sources import DemoSource, FileSource, MicrophoneSource
+    if args.seconds is not None and not args.demo:
+        raise SystemExit("listen: --seconds is for --demo (a file ends by itself; stop the microphone with Ctrl+C)")
     if not args.url.startswith(("ws://", "wss://")):
         raise SystemExit(f"listen: the address must start with ws:// or wss://, got {args.url!r}")
     try:

@@ -10,7 +10,7 @@ from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
 from . import command
-from .argtypes import POSITIVE, number, writable_dir
+from .argtypes import POSITIVE, integer, number, writable_dir
 from .extract import add_ray_arguments
 
 
@@ -43,6 +43,8 @@ def add_arguments(p) -> None:
     p.add_argument("--epochs", type=POSITIVE, default=d.epochs, help="the most, per phase")
     p.add_argument("--patience", type=POSITIVE, default=d.patience, help="early-stopping patience")
     p.add_argument("--batch-size", type=POSITIVE, default=d.batch_size, help="sequences per batch")
+    p.add_argument("--crop-min", type=integer(0), default=d.crop_min,
+                   help="random contiguous crops of at least this many tokens (0: whole sequences)")
     p.add_argument("--d-model", type=POSITIVE, default=192, help="model width d")
     p.add_argument("--heads", type=POSITIVE, default=16, help="attention heads")
     p.add_argument("--ff-dim", type=POSITIVE, default=384, help="feed-forward width")
@@ -70,7 +72,7 @@ def run(args) -> int:
                       fixed=not args.no_fixed,
                       model={"d_model": args.d_model, "heads": args.heads, "ff_dim": args.ff_dim},
                       train={"lr": args.lr, "epochs": args.epochs, "patience": args.patience,
-                             "batch_size": args.batch_size})
+                             "batch_size": args.batch_size, "crop_min": args.crop_min})
     try:
         with output_lock(cfg.work, "sweep"), output_lock(args.out, "sweep") if args.work else nullcontext():
             checkpoints = run_sweep(cfg, ray_address=args.ray, workers=args.workers)

@@ -20,9 +20,10 @@ def add_arguments(p) -> None:
                    help="attention variant to train")
     p.add_argument("--landmark-mode", default=None,
                    help="continual|fixed (continual_nystrom), segment|fixed (nystrom)")
-    p.add_argument("--landmarks", type=POSITIVE, default=4, help="m")
+    p.add_argument("--landmarks", type=POSITIVE, default=None, help="m (default 4, at most the window)")
     p.add_argument("--layers", type=int, default=1, choices=(1, 2), help="encoder blocks")
-    p.add_argument("--window", type=WINDOW, default=None, help="n (default: the sequence length)")
+    p.add_argument("--window", type=WINDOW, default=None,
+                   help="n (default: the data's typical sequence length, the median, at most the longest)")
     p.add_argument("--d-model", type=POSITIVE, default=192, help="model width d")
     p.add_argument("--heads", type=POSITIVE, default=16, help="attention heads (d must divide by it)")
     p.add_argument("--ff-dim", type=POSITIVE, default=384, help="feed-forward width")
@@ -40,9 +41,17 @@ def add_arguments(p) -> None:
     p.add_argument("--kmeans-tokens", type=POSITIVE, default=d.kmeans_tokens,
                    help="training tokens sampled for the fixed landmarks' k-means, per head")
     p.add_argument("--crop-min", type=integer(0), default=d.crop_min,
-                   help="train on random contiguous crops of at least this many tokens "
-                        "(0: whole sequences, the paper's setting)")
+                   help="train on random contiguous crops of at least this many tokens (default 8, the "
+                        "shipped models' recipe: a live stream answers from its first token; 0: whole "
+                        "sequences, the paper's setting)")
     add_device_arguments(p, "where to train", precision=False)
+
+
+def typical_length(lengths) -> int:
+    """The window a model of these sequences gets by default: their median length (a few long
+    files do not make every window long)."""
+    import numpy as np
+    return max(1, int(np.ceil(np.median(lengths))))
 
 
 @command("train", add_arguments)
@@ -64,10 +73,10 @@ def run(args) -> int:
         tokens = load_tokens(args.tokens)
         if len(tokens.labels) == 0:
             raise TrainError(f"{args.tokens} holds no sequences")
-        window = args.window or tokens.X.shape[1]
+        window = args.window or typical_length(tokens.lengths)
         cfg = ModelConfig(variant=args.variant, in_dim=tokens.X.shape[2], d_model=args.d_model,
                           heads=args.heads, ff_dim=args.ff_dim, dropout=args.dropout,
-                          window=window, num_landmarks=args.landmarks,
+                          window=window, num_landmarks=args.landmarks or min(4, window),
                           landmark_mode=args.landmark_mode, layers=args.layers,
                           num_classes=len(tokens.genres))
         init = None

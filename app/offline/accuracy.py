@@ -1,6 +1,8 @@
-"""`python main.py accuracy`: genre accuracy measured from audio, through the app's real path.
+"""`nystream accuracy`: accuracy measured from audio, through the app's real path.
 
-Every audio file of a GTZAN-named folder (``<genre>.<nnnnn>.<ext>``) is streamed like
+Every audio file of a GTZAN-named folder (``<genre>.<nnnnn>.<ext>``), or of a folder with a
+sub-folder per class (the layout of `extract --folders`, the classes the models were trained on),
+is streamed like
 ``classify FILE`` (file source, no real-time pacing, the chosen front end computed once per hop,
 every model stepping every hop) and the prediction at the end of each file is scored. Each model
 runs twice on the same tokens: fed at the spacing it was trained on (interleaved streams, the
@@ -24,13 +26,22 @@ from audio.gtzan import GENRES
 PATTERN = re.compile(r"^(?P<genre>[a-z]+)\.(?P<num>\d{5})\.(wav|au|ogg|flac|mp3)$")
 
 
-def find_files(folder: str | Path) -> list[tuple[Path, str]]:
-    """(path, track id as in the token files, e.g. 'blues/blues.00012.au'), sorted."""
+def find_files(folder: str | Path, classes=GENRES) -> list[tuple[Path, str]]:
+    """(path, track id as in the token files), sorted: GTZAN-named files (for the GTZAN genres,
+    'blues/blues.00012.au'), else the audio files of each sub-folder named after a class
+    ('hum/more/a.wav', as `extract --folders` names them)."""
+    from audio.decoding import audio_files_under
     out = []
-    for p in sorted(Path(folder).iterdir()):
-        m = PATTERN.match(p.name)
-        if m and m["genre"] in GENRES:
-            out.append((p, f"{m['genre']}/{m['genre']}.{m['num']}.au"))
+    if tuple(classes) == tuple(GENRES):
+        for p in sorted(Path(folder).iterdir()):
+            m = PATTERN.match(p.name)
+            if m and m["genre"] in GENRES:
+                out.append((p, f"{m['genre']}/{m['genre']}.{m['num']}.au"))
+        if out:
+            return out
+    for sub in sorted(p for p in Path(folder).iterdir() if p.is_dir() and p.name in classes):
+        files, _ = audio_files_under(sub)
+        out += [(f, f"{sub.name}/{f.relative_to(sub).as_posix()}") for f in files]
     return out
 
 
@@ -109,7 +120,7 @@ def run_files(files, frontend, entries, log, parts: Path | None = None, ray=None
             atomic_write_json(parts / f"{i:05d}.json", pred)
         log(f"[{k + 1}/{len(todo)}] {files[i][0].name} ({time.monotonic() - t0:.0f} s): " + (
             f"SKIPPED ({pred[SKIPPED]})" if SKIPPED in pred else ", ".join(
-                f"{n.split(' | ')[0]} {GENRES[p]}" for n, p in pred.items() if n.endswith("native"))))
+                f"{n.split(' | ')[0]} {entries[0].classes[p]}" for n, p in pred.items() if n.endswith("native"))))
     preds: dict[str, list[int]] = {}
     skipped = {i: done[i][SKIPPED] for i in range(len(files)) if SKIPPED in done[i]}
     for i in range(len(files)):
@@ -119,8 +130,8 @@ def run_files(files, frontend, entries, log, parts: Path | None = None, ray=None
     return preds, [f for i, f in enumerate(files) if i not in skipped], skipped
 
 
-def summarise(files, preds, where) -> dict:
-    labels = np.array([GENRES.index(tid.split("/")[0]) for _, tid in files])
+def summarise(files, preds, where, classes=GENRES) -> dict:
+    labels = np.array([list(classes).index(tid.split("/")[0]) for _, tid in files])
     groups = np.array([where.get(tid, "neither") for _, tid in files])
     rows = {}
     for name, p in preds.items():
@@ -130,7 +141,7 @@ def summarise(files, preds, where) -> dict:
             mask = groups == g
             row[g] = float((p[mask] == labels[mask]).mean()) if mask.any() else None
             row[f"n_{g}"] = int(mask.sum())
-        conf = np.zeros((10, 10), dtype=int)
+        conf = np.zeros((len(classes), len(classes)), dtype=int)
         np.add.at(conf, (labels, p), 1)
         row["confusion"] = conf.tolist()
         rows[name] = row
@@ -152,23 +163,23 @@ def markdown(rows: dict, command: str, frontend: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_confusion(rows: dict, name: str, path: Path) -> None:
+def plot_confusion(rows: dict, name: str, path: Path, classes=GENRES) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     conf = np.array(rows[name]["confusion"])
     fig, ax = plt.subplots(figsize=(6.4, 5.6), constrained_layout=True)
     ax.imshow(conf, cmap="Blues")
-    for i in range(10):
-        for j in range(10):
+    for i in range(len(classes)):
+        for j in range(len(classes)):
             if conf[i, j]:
                 ax.text(j, i, conf[i, j], ha="center", va="center",
                         color="white" if conf[i, j] > conf.max() / 2 else "black", fontsize=8)
-    ax.set_xticks(range(10), GENRES, rotation=45, ha="right")
-    ax.set_yticks(range(10), GENRES)
-    ax.set_xlabel("predicted at the end of the excerpt")
-    ax.set_ylabel("true genre")
+    ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right")
+    ax.set_yticks(range(len(classes)), classes)
+    ax.set_xlabel("predicted at the end of the file")
+    ax.set_ylabel("true class")
     model, feed = name.split(" | ")
-    ax.set_title(f"{model} (fed {feed}), from audio: {conf.sum()} GTZAN excerpts", fontsize=10)
+    ax.set_title(f"{model} (fed {feed}), from audio: {conf.sum()} files", fontsize=10)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -81,9 +81,6 @@ def train(tokens: TokenSet, cfg: ModelConfig, tc: TrainConfig, *, init=None, dat
     """
     if tokens.X.shape[2] != cfg.in_dim:
         raise TrainError(f"tokens are {tokens.X.shape[2]}-d but the model expects {cfg.in_dim}")
-    if tokens.X.shape[1] > cfg.window:
-        raise TrainError(f"sequences hold up to {tokens.X.shape[1]} tokens but the window is "
-                         f"{cfg.window}; use --window {tokens.X.shape[1]} or more")
     splits = make_splits(tokens, tc.data_seed)
     log(describe_setup(cfg, tokens, splits, data_name or "the given tokens") + f"; device {tc.device}, float32")
     unseen = [g for g, c in zip(tokens.genres, np.bincount(tokens.labels[splits["train"]],

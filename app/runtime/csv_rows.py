@@ -25,8 +25,14 @@ def safe_cell(value):
     return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
 
 
+STDOUT = "-"           # a CSV path that means standard output
+
+
 def create(path: str) -> int:
-    """A new file at ``path`` for this run alone (see the module's docstring)."""
+    """A new file at ``path`` for this run alone (see the module's docstring); ``-``: a copy of
+    standard output's descriptor."""
+    if path == STDOUT:
+        return os.dup(1)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         return os.open(path, flags, 0o666)
@@ -72,14 +78,16 @@ class CsvRows:
             while view:
                 view = view[os.write(self.fd, view):]
         except BaseException:
-            os.ftruncate(self.fd, self.size)    # shrinking needs no space
+            if self.path != STDOUT:
+                os.ftruncate(self.fd, self.size)    # shrinking needs no space
             raise
         self.size += len(data)
 
     def close(self) -> None:
         if self.fd is not None:
             try:
-                os.fsync(self.fd)
+                if self.path != STDOUT:
+                    os.fsync(self.fd)
             except OSError:
                 pass
             os.close(self.fd)

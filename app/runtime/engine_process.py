@@ -1,15 +1,17 @@
 """The engine in its own process, for the live window.
 
 The window process only draws; source capture (the microphone is opened here), the front end and
-every model's step run in a spawned process, so no paint ever holds up a hop and the two never
-share a heap or a GIL. ``EngineProcess`` is driven like an ``Engine``: the same control methods
+every model's step run in another process, so no paint ever holds up a hop and the two never
+share a heap or a GIL. Engine processes are forked from one server process (multiprocessing's
+forkserver) that imported torch and the engine once and never Qt: the first costs a fresh
+interpreter's start, each later one (Start after a killed engine) a fork. ``EngineProcess`` is driven like an ``Engine``: the same control methods
 (models are given as ``ModelSpec``s and built in the engine process), sent in call order over one
 pipe and applied there under the same control budget. Results come back as packed step records
 (app/runtime/steplog.py StepCodec, ~0.1 KB per model) with the hop's log-mel frames.
 
 Either side survives the other's end: the window sees the engine process die (``poll`` says so,
 with the signal or exit code), and the engine process exits when its parent is gone (its pipe
-reads end of file, and a watchdog checks the parent's pid twice a second).
+reads end of file, and a watchdog thread waits on the parent's pid).
 
 The window starts its engine process when it opens and asks it to ``prepare`` the front end it
 will start with: the front end is built, its compiled push loaded (or its build started) and the
@@ -41,9 +43,10 @@ from .sources import SourceSpec
 from .steplog import StepCodec
 
 GIL_SWITCH_S = 1e-4           # see share_the_gil()
-WATCH_PARENT_S = 0.5          # how often the engine process checks that its window still runs
+WATCH_PARENT_S = 0.5          # how often the engine process checks that its window still runs (no pidfd)
 PR_SET_NAME = 15              # prctl option (linux/prctl.h)
 OUTBOX = 4096                 # messages the engine process holds for a window that reads slowly
+PRELOAD = ("torch", "app.runtime.engine", "audio.frontends")   # what the fork server imports once
 ENGINE_THREADS = 1            # torch threads of the engine process: a hop's ~150 small torch calls
                               # gain nothing from a second thread, and on busy cores each call
                               # would wait for both of its threads to be scheduled
@@ -54,6 +57,14 @@ def share_the_gil() -> None:
     process (the control thread's k-means fit, the pipe) runs: each of the ~150 small torch
     calls of a musicnn hop releases the GIL and must wait to take it back."""
     sys.setswitchinterval(GIL_SWITCH_S)
+
+
+def engine_context():
+    """The multiprocessing context engine processes start in: forked from a server process that
+    imported PRELOAD (torch, the engine) once; it ends with this process."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
 
 
 @dataclass(frozen=True)
@@ -80,7 +91,7 @@ def death_cause(exitcode: int | None) -> str:
 
 
 class EngineProcess:
-    """A spawned engine process serving one run at a time; the window's handle on it.
+    """An engine process serving one run at a time; the window's handle on it.
 
     Control methods as ``Engine``'s (add_model, remove_model, reset_model, set_landmark_mode,
     use_fixed_landmarks, stop); ``start_run`` begins a run, ``poll`` returns what arrived.
@@ -88,9 +99,9 @@ class EngineProcess:
 
     def __init__(self, torch_threads: int | None = None):
         """``torch_threads``: the engine process's torch CPU threads (None: torch's default)."""
-        ctx = multiprocessing.get_context("spawn")
+        ctx = engine_context()
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(child, os.getpid(), torch_threads),
+        self.process = ctx.Process(target=serve, args=(child, os.getpid(), torch_threads, dict(os.environ)),
                                    name="nystream-engine", daemon=True)
         self.process.start()
         child.close()             # only the engine process holds its end: its reads see our end
@@ -272,10 +283,25 @@ class Run:
 
 
 def watch_parent(parent_pid: int) -> None:
-    """Exit when the window's process is gone (killed, even with SIGKILL)."""
+    """Exit when the window's process is gone (killed, even with SIGKILL): its pidfd becomes
+    readable (Linux 5.3+), or else its pid is looked for every WATCH_PARENT_S."""
+    import select
+    try:
+        fd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os._exit(0)
+    except (AttributeError, OSError):
+        fd = None
     while True:
-        if os.getppid() != parent_pid:
+        if fd is not None:
+            select.select([fd], [], [])
             os._exit(0)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:
+            pass
         time.sleep(WATCH_PARENT_S)
 
 
@@ -299,9 +325,14 @@ def prepare(frontends: dict, spec: FrontEndSpec) -> None:
         frontends[spec].stream()                    # (the compiled push: musicnn, one stream, CPU)
 
 
-def serve(conn, parent_pid: int, torch_threads: int | None = None) -> None:
-    """The engine process's main loop: one message at a time, in the order the window sent them."""
+def serve(conn, parent_pid: int, torch_threads: int | None = None, environ: dict | None = None) -> None:
+    """The engine process's main loop: one message at a time, in the order the window sent them.
+    ``environ``: the window's environment when it started this process (the fork server's is
+    the one it had when the server started)."""
     began = time.monotonic()
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl+C in the terminal is the window's to handle
     threading.Thread(target=watch_parent, args=(parent_pid,), name="engine-watchdog", daemon=True).start()
     name_this_process("nystream-engine")

@@ -46,6 +46,7 @@ class Entry:
     frontend: str | None         # front end the model was trained on (None: untrained)
     path: str = ""
     classes: tuple[str, ...] = field(default=GENRES)   # class names (a checkpoint's own)
+    test_accuracy: float = 0.0   # what its checkpoint records (0: none)
 
     def spec(self, device) -> ModelSpec:
         """How another process builds this trained model (from its checkpoint or ONNX file)."""
@@ -61,6 +62,36 @@ def shipped_checkpoints(frontend: str) -> list[Path]:
     return [found[k] for k in order if k in found] + sorted(p for k, p in found.items() if k not in order)
 
 
+CHEAPEST_FIRST = ("continual_nystrom/fixed", "continual_nystrom", "continual", "nystrom", "regular")   # SDA FLOPs a step
+
+
+class UnknownModelError(ValueError):
+    """A model asked for by name that is not shipped."""
+
+
+def best_shipped(entries: list[Entry]) -> Entry:
+    """The shipped model ``classify`` runs by default: the highest test accuracy its checkpoint
+    records, the cheaper step (fewer SDA FLOPs) on a tie."""
+    def key(e: Entry):
+        cost = CHEAPEST_FIRST.index(e.name) if e.name in CHEAPEST_FIRST else len(CHEAPEST_FIRST)
+        return -round(e.test_accuracy, 6), cost
+    return min(entries, key=key)
+
+
+def choose_shipped(entries: list[Entry], models) -> list[Entry]:
+    """``models``: None or "all" (every shipped model), "best" (``best_shipped``), or names;
+    UnknownModelError for a name that is not shipped."""
+    if models is None or models == "all" or not entries:
+        return entries
+    if models == "best":
+        return [best_shipped(entries)]
+    known = {e.name: e for e in entries}
+    missing = [m for m in models if m not in known]
+    if missing:
+        raise UnknownModelError(f"no shipped model {', '.join(missing)}; shipped: {', '.join(known)}")
+    return [known[m] for m in models]
+
+
 def unique(name: str, taken) -> str:
     while name in taken:
         name += "'"
@@ -73,8 +104,9 @@ def load_trained(path, frontend: str, device, taken=()) -> Entry:
     model, payload = load_checkpoint(path, frontend=frontend, device=device)
     fe = payload["frontend"]
     classes = tuple(payload.get("classes") or GENRES)
+    metrics = (payload.get("metadata") or {}).get("metrics") or {}
     return Entry(unique(model.cfg.key, taken), model, True, int(fe.get("spacing_hops", 1)),
-                 fe["name"], str(path), classes)
+                 fe["name"], str(path), classes, float(metrics.get("test_acc") or 0.0))
 
 
 def load_onnx(path, frontend: str, taken=()) -> Entry:
@@ -106,14 +138,18 @@ def untrained_config(variant: str, token_dim: int, *, layers: int, window: int,
                        num_landmarks=min(landmarks, window))
 
 
-def default_lineup(frontend, device, *, checkpoints=(), variants=None, onnx=(), **shape) -> list[Entry]:
-    """Given checkpoints, else the shipped ones for this front end; plus untrained ``variants``
-    (None: every variant when no trained model exists, else none); plus exported ``onnx`` steps."""
+def default_lineup(frontend, device, *, checkpoints=(), variants=None, onnx=(), models=None,
+                   **shape) -> list[Entry]:
+    """Given checkpoints, else the shipped ones for this front end (``models``: which of them,
+    as ``choose_shipped``); plus untrained ``variants`` (None: every variant when no trained
+    model exists, else none); plus exported ``onnx`` steps."""
     from models.sda import VARIANTS
     paths = list(checkpoints) or shipped_checkpoints(frontend.name)
     entries: list[Entry] = []
     for p in paths:
         entries.append(load_trained(p, frontend.name, device, [e.name for e in entries]))
+    if not checkpoints:
+        entries = choose_shipped(entries, models)
     for p in onnx:
         entries.append(load_onnx(p, frontend.name, [e.name for e in entries]))
     if variants is None:

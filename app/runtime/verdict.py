@@ -1,10 +1,11 @@
 """Reading a genre off a stream: a smoothed genre per model (exponential moving average of its
 probabilities) and a verdict per run (the genre most often on top, its share of the steps and
-its mean probability). Qt-free: the window and `classify` both use it."""
+its mean probability; the classes of highest mean probability). Qt-free: the window and
+`classify` both use it."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from audio.errors import printable
 from audio.melspec import HOP_SECONDS
@@ -43,6 +44,9 @@ def top_k(classes: list[str], probabilities: list[float], k: int = 3) -> list[tu
     return [(classes[i], probabilities[i]) for i in order[:k]]
 
 
+TOP = 3             # classes a verdict lists by mean probability (classify --top)
+
+
 @dataclass
 class Verdict:
     name: str           # model
@@ -50,6 +54,7 @@ class Verdict:
     share: float        # fraction of the model's steps with ``genre`` on top
     confidence: float   # mean probability of ``genre`` over those steps (all steps)
     steps: int
+    top: list = field(default_factory=list)   # [[class, mean probability]], highest first
 
 
 class Tally:
@@ -74,35 +79,40 @@ class Tally:
             for c, p in zip(m.classes, m.probabilities):
                 sums[c] = sums.get(c, 0.0) + p
 
-    def verdicts(self) -> list[Verdict]:
+    def verdicts(self, top: int = TOP) -> list[Verdict]:
+        """Per model: its verdict, with the ``top`` classes of highest mean probability."""
         out = []
         for name, tops in self.tops.items():
             steps = sum(tops.values())
             genre, n = max(tops.items(), key=lambda kv: kv[1])
-            out.append(Verdict(name, str(genre), n / steps, self.sums[name][genre] / steps, steps))
+            means = sorted(((c, p / steps) for c, p in self.sums[name].items()), key=lambda cp: -cp[1])
+            out.append(Verdict(name, str(genre), n / steps, self.sums[name][genre] / steps, steps,
+                               [[str(c), round(p, 6)] for c, p in means[:top]]))
         return out
 
-    def table(self) -> str:
+    def table(self, top: int = TOP) -> str:
         """The verdicts as an aligned text table (one row per model)."""
-        return verdict_table(self.verdicts())
+        return verdict_table(self.verdicts(top))
 
 
-def verdict_message(tally: Tally, source, error: str | None = None) -> dict:
+def verdict_message(tally: Tally, source, error: str | None = None, top: int = TOP) -> dict:
     """A stream's verdict as data, the service's verdict message and ``classify --jsonl``'s last
-    record of a stream: {"verdict": {model: {genre, share, confidence, steps}}, "source", "hops",
-    "nonfinite_zeroed", "clipped", "error"}."""
-    return {"verdict": {v.name: {k: x for k, x in asdict(v).items() if k != "name"} for v in tally.verdicts()},
+    record of a stream: {"verdict": {model: {genre, share, confidence, steps, top}}, "source",
+    "hops", "nonfinite_zeroed", "clipped", "error"}; ``top``: [[class, mean probability]] of the
+    ``top`` classes of highest mean probability, highest first."""
+    return {"verdict": {v.name: {k: x for k, x in asdict(v).items() if k != "name"} for v in tally.verdicts(top)},
             "source": source.name, "hops": source.stats.hops, "nonfinite_zeroed": source.stats.nonfinite,
             "clipped": source.stats.clipped, "error": error}
 
 
-SUMMARY_FIELDS = ("file", "model", "genre", "share", "confidence", "hops", "error")
+SUMMARY_FIELDS = ("file", "source", "model", "genre", "share", "confidence", "hops", "error")
 
 
 def summary_rows(file: str, message: dict) -> list[dict]:
     """``classify --summary``'s rows for one file from its verdict message: one per model, or one
     with only the error when no model answered (a file that could not be read)."""
-    base = {"file": file, "hops": message.get("hops", 0), "error": message.get("error") or ""}
+    base = {"file": file, "source": message.get("source", ""), "hops": message.get("hops", 0),
+            "error": message.get("error") or ""}
     rows = [{**base, "model": name, "genre": v["genre"], "share": round(v["share"], 6),
              "confidence": round(v["confidence"], 6)} for name, v in message["verdict"].items()]
     rows = rows or [{**base, "model": "", "genre": "", "share": "", "confidence": ""}]
@@ -110,8 +120,8 @@ def summary_rows(file: str, message: dict) -> list[dict]:
 
 
 def verdict_table(verdicts: list[Verdict]) -> str:
-    rows = [("model", "genre", "share of steps", "mean probability", "steps")]
+    rows = [("model", "genre", "share of steps", "mean probability", "steps", "highest mean probabilities")]
     rows += [(printable(v.name), printable(v.genre), f"{100 * v.share:.0f}%", f"{100 * v.confidence:.0f}%",
-              str(v.steps)) for v in verdicts]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+              str(v.steps), ", ".join(f"{printable(c)} {100 * p:.0f}%" for c, p in v.top)) for v in verdicts]
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

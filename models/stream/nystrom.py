@@ -272,7 +272,7 @@ class NystromStep(nn.Module):
         a, p = self._output(q, q_ring, p, here, k_scaled_t, z64, den, num,
                             torch.ones_like(done), present)
         zero = t.new_zeros(t.shape)
-        return self._dense(a, q_ring, k_ring, v_ring, scores.transpose(-1, -2), ref, den, num, den, s.seg_q, s.seg_k,
+        return self._dense(a, q_ring, k_ring, v_ring, scores.transpose(-1, -2), ref, den, num, den.clone(), s.seg_q, s.seg_k,
                      s.seg_count, s.completed, s.q_land, s.k_land, q_scaled, k_scaled_t, z64, p, zero,
                      torch.zeros_like(done))
 

@@ -81,11 +81,29 @@ def test_classify_with_a_checkpoint_marks_it_trained(tmp_path):
     assert bad.returncode == 1 and "not a readable checkpoint" in bad.stderr
 
 
-def test_classify_defaults_to_musicnn_and_the_shipped_trained_models(tmp_path):
-    """No flags: the musicnn front end (weights from the installed package) and every shipped
-    checkpoint, all trained, fed every 4th hop; the run ends with a verdict per model."""
+def test_classify_defaults_to_musicnn_and_the_most_accurate_shipped_model(tmp_path):
+    """No flags: the musicnn front end and one answer, the shipped model of highest test
+    accuracy (the cheaper step on a tie), trained, fed every 4th hop; the header says how to
+    run them all."""
+    from app.runtime.lineup import best_shipped, load_trained, shipped_checkpoints
+    entries = [load_trained(p, "musicnn", "cpu") for p in shipped_checkpoints("musicnn")]
+    best = best_shipped(entries)
+    assert best.test_accuracy == max(e.test_accuracy for e in entries) > 0.5
     path = write(tmp_path / "a.wav", tone(3.0, 22050, 440.0), 22050)
     r = classify(path, "--jsonl")
+    assert r.returncode == 0, r.stderr
+    *records, verdict = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(records) == 12 and set(records[0]["models"]) == {best.name} == set(verdict["verdict"])
+    assert records[0]["models"][best.name]["trained"] and records[0]["models"][best.name]["spacing"] == 4
+    assert "--models all runs them all" in r.stderr.splitlines()[0]
+
+
+def test_classify_all_shipped_models_and_their_verdicts_with_the_top_classes(tmp_path):
+    """--models all: every shipped checkpoint, all trained, fed every 4th hop; the run ends with
+    a verdict per model (the genre most often on top, its share of the steps, its mean
+    probability, and the --top classes of highest mean probability), as the records say."""
+    path = write(tmp_path / "a.wav", tone(3.0, 22050, 440.0), 22050)
+    r = classify(path, "--jsonl", "--models", "all", "--top", "4")
     assert r.returncode == 0, r.stderr
     assert "# the musicnn push" not in r.stderr            # compiling off (tests/conftest.py)
     *records, verdict = [json.loads(line) for line in r.stdout.splitlines()]
@@ -99,21 +117,47 @@ def test_classify_defaults_to_musicnn_and_the_shipped_trained_models(tmp_path):
         assert x["models"]["regular"]["top"][0] == x["models"]["continual"]["top"][0]
         assert x["models"]["regular"]["probabilities"] == pytest.approx(
             x["models"]["continual"]["probabilities"], abs=1e-5)
-    # the per-file verdict (stderr, also with --jsonl): per model the genre most often on top,
-    # its share of the steps and its mean probability, as the records say
+    # the per-file verdict (stderr, also with --jsonl), as the records say
     table = r.stderr[r.stderr.index("# verdict over file:a.wav"):].splitlines()[1:]
-    assert table[0].split() == ["#", "model", "genre", "share", "of", "steps", "mean", "probability", "steps"]
-    rows = {line.split()[1]: line.split()[2:] for line in table[1:]}
+    assert table[0].split() == ["#", "model", "genre", "share", "of", "steps", "mean", "probability", "steps",
+                                "highest", "mean", "probabilities"]
+    rows = {line.split()[1]: line.split()[2:] for line in table[1:6]}
     assert set(rows) == set(first["models"])
-    for name, (genre, share, mean, steps) in rows.items():
+    for name, (genre, share, mean, steps, *top) in rows.items():
         tops = [x["models"][name]["top"][0] for x in records]
-        probs = [x["models"][name]["probabilities"][x["models"][name]["classes"].index(genre)]
-                 for x in records]
+        classes = records[0]["models"][name]["classes"]
+        means = {c: sum(x["models"][name]["probabilities"][i] for x in records) / len(records)
+                 for i, c in enumerate(classes)}
         assert genre == max(set(tops), key=tops.count) and int(steps) == len(records)
         assert share == f"{100 * tops.count(genre) / len(tops):.0f}%"
-        assert mean == f"{100 * sum(probs) / len(probs):.0f}%"
+        assert mean == f"{100 * means[genre]:.0f}%"
         v = verdict["verdict"][name]                      # the same verdict as data
         assert v["genre"] == genre and v["steps"] == len(records) and f"{100 * v['share']:.0f}%" == share
+        want = sorted(means.items(), key=lambda cp: -cp[1])[:4]
+        assert [c for c, _ in v["top"]] == [c for c, _ in want]
+        assert [p for _, p in v["top"]] == pytest.approx([p for _, p in want], abs=1e-6)   # float32 sums
+        assert " ".join(top).split(", ")[0] == f"{want[0][0]} {100 * want[0][1]:.0f}%"
+
+
+def test_old_option_names_still_work_with_one_line_warnings(tmp_path):
+    """--realtime / --fast (now --pace) and the microphone's --device NAME (now --input-device)
+    keep working for one release, each saying its new form in one line."""
+    r = classify("--demo", "--seconds", "0.5", "--fast", "--random-vggish", "--variant", "continual", "--jsonl")
+    assert r.returncode == 0, r.stderr
+    assert ("warning: --fast is deprecated and will be removed in the next release; use --pace fast"
+            in r.stderr.splitlines())
+    assert len([x for x in r.stdout.splitlines() if '"step"' in x]) == 2
+    from app.cli import build_parser
+    assert build_parser().parse_args(["classify", "--demo", "--realtime"]).pace == "realtime"
+    r = classify("--mic", "--device", "no such microphone", "--random-vggish")
+    assert r.stderr.splitlines()[0] == ("warning: --device no such microphone is deprecated and will be removed in "
+                                        "the next release; use --input-device no such microphone (--device is now "
+                                        "cpu or cuda)")
+    assert r.returncode == 1 and r.stderr.splitlines()[-1].startswith("error: ") and "Traceback" not in r.stderr
+    args = build_parser().parse_args(["listen", "ws://x/v1/stream", "--mic", "--device", "3", "--fast"])
+    assert (args.input_device, args.pace) == ("3", "fast")
+    with pytest.raises(SystemExit):                        # where there is no microphone: still an error
+        build_parser().parse_args(["extract", "--gtzan", ".", "--out", "t.npz", "--device", "gpu"])
 
 
 def test_classify_refuses_a_checkpoint_of_another_front_end(tmp_path):
@@ -149,3 +193,50 @@ def test_one_stream_says_how_its_musicnn_push_ran(tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     line = [x for x in r.stderr.splitlines() if x.startswith("# the musicnn push: ")]
     assert line == ["# the musicnn push: eager while its compiled form builds in the background (about a minute, once)"], r.stderr
+
+
+def test_stdin_output_dir_csv_to_stdout_quiet_and_one_name_per_source(tmp_path):
+    """`classify -` reads a file from standard input (named stdin); --output-dir writes one JSON
+    per input as it ends, under the input's name (a folder's files under their folder), the
+    verdict as --jsonl's and with --output-records the hop records as --jsonl's; --csv - is the
+    CSV on stdout; --quiet prints only the verdicts; the summary, the CSV and the JSON name a
+    source the same way."""
+    music = tmp_path / "music" / "jazz"
+    music.mkdir(parents=True)
+    a = write(music / "a.wav", tone(1.6, 22050, 440.0), 22050)
+    b = write(tmp_path / "b.wav", tone(1.1, 16000, 660.0, channels=2), 16000)
+    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", "-", "--quiet"], input=a.read_bytes(),
+                       capture_output=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+    line, = r.stdout.decode().splitlines()
+    assert line.startswith("stdin  continual  ") and "% of 6 steps; highest mean probabilities: " in line
+    jsonl = classify(tmp_path / "music", b, "--jsonl", "--summary", tmp_path / "s.csv")
+    assert jsonl.returncode == 0, jsonl.stderr
+    lines = [json.loads(x) for x in jsonl.stdout.splitlines()]
+    verdicts = {x["source"]: x for x in lines if "verdict" in x}
+    records = {s: [x for x in lines if x.get("source") == s and "step" in x] for s in verdicts}
+    assert set(verdicts) == {"file:music/jazz/a.wav", "file:b.wav"}
+    assert verdicts["file:b.wav"]["path"] == str(b)
+    summary = list(csv.DictReader((tmp_path / "s.csv").open()))
+    assert {(row["source"], row["file"]) for row in summary} == {("file:music/jazz/a.wav", str(a)),
+                                                                 ("file:b.wav", str(b))}
+    out = tmp_path / "out"
+    r = classify(tmp_path / "music", b, "--csv", "-", "--output-dir", out, "--output-records", "-q")
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(r.stdout.splitlines()))
+    assert {row["source"] for row in rows} == set(verdicts) and len(rows) == sum(map(len, records.values()))
+    assert len(r.stderr.splitlines()) == 2 and all("highest mean probabilities" in x for x in r.stderr.splitlines())
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.json")) == ["b.wav.json",
+                                                                                  "music/jazz/a.wav.json"]
+    for name, path in (("file:b.wav", out / "b.wav.json"), ("file:music/jazz/a.wav", out / "music/jazz/a.wav.json")):
+        written = json.loads(path.read_text())
+        got = written.pop("records")
+        assert written == verdicts[name]                      # the same verdict as --jsonl's
+        assert [{k: x[k] for k in ("step", "audio_time", "source")} for x in got] == \
+            [{k: x[k] for k in ("step", "audio_time", "source")} for x in records[name]]
+        assert [x["models"]["continual"]["probabilities"] for x in got] == \
+            [x["models"]["continual"]["probabilities"] for x in records[name]]
+    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", "-"], input=b"", capture_output=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 1 and r.stderr.decode().splitlines()[-1] == \
+        "error: standard input is empty (0 bytes): pipe audio into `classify -`"

@@ -55,10 +55,10 @@ def test_a_file_classified_gives_its_verdict_as_data_and_a_summary_row_per_model
         assert v["genre"] == genre and v["steps"] == 12 and v["share"] == tops.count(genre) / 12
         mean = sum(r["models"][name]["probabilities"][r["models"][name]["classes"].index(genre)] for r in records) / 12
         assert math.isclose(v["confidence"], mean, rel_tol=1e-12)
-    assert summary.read_text().splitlines()[0] == "file,model,genre,share,confidence,hops,error"
+    assert summary.read_text().splitlines()[0] == "file,source,model,genre,share,confidence,hops,error"
     rows = list(csv.DictReader(summary.open()))
-    assert [(r["file"], r["model"], r["genre"], r["hops"], r["error"]) for r in rows] == [
-        (str(song), name, v["genre"], "12", "") for name, v in verdict["verdict"].items()]
+    assert [(r["file"], r["source"], r["model"], r["genre"], r["hops"], r["error"]) for r in rows] == [
+        (str(song), "file:a.wav", name, v["genre"], "12", "") for name, v in verdict["verdict"].items()]
     assert float(rows[0]["share"]) == round(verdict["verdict"]["continual_nystrom/fixed"]["share"], 6)
     assert err.splitlines()[0].startswith("# device cpu, float32; source file:a.wav;")
 

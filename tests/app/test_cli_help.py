@@ -34,7 +34,7 @@ def test_every_option_has_help_and_states_its_default_once():
 
 def test_train_help_shows_the_defaults_it_trains_with():
     text = subparsers()["train"].format_help()
-    for option, default in (("--d-model", "192"), ("--heads", "16"), ("--lr", "1e-05"),
+    for option, default in (("--d-model", "192"), ("--heads", "16"), ("--lr", "0.0001"),
                             ("--variant", "continual_nystrom")):
         options = text[text.index("options:"):]
         block = options[options.index(f"  {option}"):]

@@ -1,4 +1,4 @@
-"""The one-way imports of the README's "where things live" map, read from the source (every
+"""The one-way imports of docs/developers.md's "where things live" map, read from the source (every
 import, also those inside functions), and no import cycle between modules."""
 import ast
 from pathlib import Path

@@ -44,7 +44,7 @@ def test_classify_on_a_full_disk_says_so_and_keeps_only_whole_rows(tmp_path, sma
     mount, fill = small_disk
     fill(40_000)                                        # about 30 rows of five models
     out = mount / "steps.csv"
-    p = main_py("classify", song(tmp_path), "--csv", out)
+    p = main_py("classify", song(tmp_path), "--csv", out, "--models", "all")
     _, err = p.communicate(timeout=300)
     assert p.returncode == 1, err[-2000:]
     assert "Traceback" not in err

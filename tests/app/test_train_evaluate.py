@@ -13,7 +13,11 @@ from app.offline.train import MIN_PER_GENRE, TrainError, make_splits, train
 from audio.gtzan import GENRES
 from audio.tokens.cache import TokenSet, convert_musicnn, load_tokens, pack, save_tokens
 from models.checkpoint import load_checkpoint, save_checkpoint
-from models.training import TrainConfig
+from models.training import TrainConfig, batch_predict
+from error_model import model_scores, relative_tol
+
+STAGES = 6      # float32 stages in a block: embedding, q/k/v projection, scores, softmax sums, output
+                # projection, feed-forward (tests/error_model.py)
 from models.transformer import ModelConfig
 
 
@@ -142,10 +146,21 @@ def test_train_and_evaluate_cli_refuse_bad_input(tmp_path, capsys):
     save_tokens(tmp_path / "t2.npz", synthetic_tokens(seed=1))
     with pytest.raises(EvaluateError, match="trained on another token file"):
         evaluate(str(tmp_path / "t2.npz"), [str(tmp_path / "c.pt")], log=lambda s: None)
-    # window shorter than the sequences
-    assert main(["train", "--tokens", str(tmp_path / "t.npz"), "--window", "4",
-                 "--out", str(tmp_path / "x.pt"), *tiny]) == 1
-    assert "--window 10" in capsys.readouterr().err
+    # a window shorter than the sequences: trained on crops that fit it, scored on each
+    # sequence's last window (what a stream sees at its end)
+    assert main(["train", "--tokens", str(tmp_path / "t.npz"), "--window", "4", "--variant", "continual",
+                 "--out", str(tmp_path / "x.pt"), *tiny]) == 0
+    assert "window n = 4" in capsys.readouterr().err
+    short = load_checkpoint(tmp_path / "x.pt")[0].eval()
+    x = torch.as_tensor(tokens.X[:1, :int(tokens.lengths[0])])
+    short.reset(1)
+    for t in range(x.shape[1]):
+        streamed = short.step(x[:, t])
+    L = x.shape[1]
+    got = batch_predict(short, x, np.array([L]), np.array([0]))       # the last window at its positions
+    score = model_scores(short.double(), x[:, L - 4:].double(), L - 4)
+    tol = 2 * relative_tol(score, 4, STAGES) * max(1.0, streamed.abs().max().item())   # two float32 paths
+    assert (got - streamed).abs().max().item() <= tol
 
 
 def test_end_to_end_on_gtzan_excerpts(shared_data, tmp_path, capsys):

@@ -46,4 +46,4 @@ def test_tally_gives_the_genre_most_often_on_top_its_share_and_mean_probability(
     assert (b.genre, b.steps, b.share) == ("rock", 4, 1.0)
     assert b.confidence == pytest.approx((0.8 + 0.7 + 0.4 + 0.7) / 4)
     table = Tally.of(runs).table().splitlines()
-    assert table[0].split()[:2] == ["model", "genre"] and table[1].split() == ["a", "blues", "67%", "43%", "3"]
+    assert table[0].split()[:2] == ["model", "genre"] and table[1].split()[:5] == ["a", "blues", "67%", "43%", "3"]

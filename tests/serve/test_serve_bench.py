@@ -40,4 +40,17 @@ def test_a_process_of_the_tree_is_named_by_its_command_line(title, role):
         child.kill()
         child.wait()
         child.stdout.close()
-    assert role_of(child.pid, server=0) == "other Ray processes"     # gone: nothing to read
+    assert role_of(child.pid, server=0) == "processes that ended"    # gone: nothing to read
+
+
+def test_a_compiled_form_built_beside_the_server_is_named_so():
+    for module, role in (("models.fused.ready", "compiled-kernel builds"), ("audio.musicnn.graph", "compiled-push builds")):
+        child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)", "-m", module],
+                                 stdout=subprocess.PIPE)
+        try:
+            child.stdout.readline()
+            assert role_of(child.pid, server=0) == role
+        finally:
+            child.kill()
+            child.wait()
+            child.stdout.close()
