@@ -329,11 +329,11 @@ def av_blocks(audio: AudioFile) -> Iterator[np.ndarray]:
     packet, changes while it is read, or decodes to more than its limit (MAX_SECONDS)."""
     import av
 
-    change = changed_since_probe(audio)
-    if change is not None:
-        raise AudioFileError(f"{audio.path} changed since it was checked: {change}; the run ends here")
     block, done, limit = block_frames(audio), 0, audio.max_seconds * audio.input_rate
     with _av_open(audio.path) as container:
+        change = changed_since_probe(audio)          # the stat after opening: the file opened is the one checked
+        if change is not None:
+            raise AudioFileError(f"{audio.path} changed since it was checked: {change}; the run ends here")
         track = _audio_track(container, audio.path)
         if (int(track.codec_context.sample_rate), int(track.codec_context.channels)) != (audio.input_rate,
                                                                                           audio.channels):

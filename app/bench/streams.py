@@ -22,7 +22,6 @@ import time
 
 import torch
 
-from app.runtime.lineup import UnknownModelError  # noqa: F401  (bench's: a model named that is not shipped)
 from app.runtime.memory import release_free_heap, rss_mb
 from app.runtime.records import percentile
 from audio.melspec import HOP_SECONDS
@@ -50,15 +49,6 @@ def device_peak(device: str) -> float:
 
 def device_mb() -> float:
     return torch.cuda.memory_allocated() / 2 ** 20 if torch.cuda.is_available() else 0.0
-
-
-def check_models(models) -> None:
-    """UnknownModelError, naming the shipped models, for a name in ``models`` that is not one."""
-    from app.runtime.lineup import shipped_checkpoints
-    known = [p.stem.split("-", 1)[1].replace("-", "/") for p in shipped_checkpoints("musicnn")]
-    missing = [m for m in models if m not in known]
-    if missing:
-        raise UnknownModelError(f"no shipped model {', '.join(missing)}; shipped: {', '.join(known)}")
 
 
 def bench_setup(device: str, models=None, mode: str = "float32"):

@@ -137,9 +137,10 @@ def run(args) -> int:
     if args.streams:                           # what the run cannot do: said before any work
         compute_device(args, "bench")
         if args.models:
-            from app.bench.streams import UnknownModelError, check_models
+            from app.runtime.lineup import UnknownModelError, choose_shipped, load_trained, shipped_checkpoints
             try:
-                check_models(args.models)
+                choose_shipped([load_trained(p, "musicnn", "cpu") for p in shipped_checkpoints("musicnn")],
+                               args.models)
             except UnknownModelError as e:
                 print(f"error: --models: {e}", file=sys.stderr)
                 return 1
@@ -183,8 +184,8 @@ def run(args) -> int:
         import torch
 
         from app.bench.frontend_modes import frontend_modes_bench
-        from app.bench.streams import (UnknownModelError, print_streams, step_bench, streams_bench,
-                                               streams_key, tensor_bench)
+        from app.bench.streams import print_streams, step_bench, streams_bench, streams_key, tensor_bench
+        from app.runtime.lineup import UnknownModelError
         if args.threads:
             torch.set_num_threads(args.threads)
         try:                                               # a model that is not shipped: said before any row

@@ -311,7 +311,8 @@ def classify_sources(args, device: str, sources) -> int:
             raise_if_stopped()                 # a stop that code under the engine swallowed
             report.record(r)
             if args.jsonl:
-                print(r.to_json(), flush=True)
+                if not args.quiet:
+                    print(r.to_json(), flush=True)
             elif rows is not None:
                 rows.write(csv_row(r))
                 if hop_progress is not None:
