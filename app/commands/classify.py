@@ -76,7 +76,8 @@ def add_arguments(p) -> None:
     p.add_argument("--top", type=POSITIVE, default=3, metavar="K",
                    help="classes each verdict lists with their mean probability (default 3)")
     p.add_argument("--summary", metavar="FILE", type=writable_file,
-                   help="write one CSV row per file and model: file, source, model, genre, share, confidence, hops, error")
+                   help="write one CSV row per file and model: file, source, model, genre, share, confidence, "
+                        "hops, error")
 
 
 def model_names(text: str):

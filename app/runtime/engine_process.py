@@ -4,7 +4,8 @@ The window process only draws; source capture (the microphone is opened here), t
 every model's step run in another process, so no paint ever holds up a hop and the two never
 share a heap or a GIL. Engine processes are forked from one server process (multiprocessing's
 forkserver) that imported torch and the engine once and never Qt: the first costs a fresh
-interpreter's start, each later one (Start after a killed engine) a fork. ``EngineProcess`` is driven like an ``Engine``: the same control methods
+interpreter's start, each later one (Start after a killed engine) a fork. ``EngineProcess`` is
+driven like an ``Engine``: the same control methods
 (models are given as ``ModelSpec``s and built in the engine process), sent in call order over one
 pipe and applied there under the same control budget. Results come back as packed step records
 (app/runtime/steplog.py StepCodec, ~0.1 KB per model) with the hop's log-mel frames.
