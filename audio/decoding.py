@@ -353,11 +353,11 @@ def av_blocks(audio: AudioFile) -> Iterator[np.ndarray]:
                 x = out.to_ndarray().reshape(-1, audio.channels)
                 held.append(x)
                 n += len(x)
-            if modified_in_place(audio):
-                raise AudioFileError(f"{audio.path} changed while it was being read, after "
-                                     f"{done / audio.input_rate:.1f} s: {changed_since_probe(audio)}; "
-                                     "the run ends here")
             if held and (n >= block or frame is None):
+                if modified_in_place(audio):                 # once a block, as the soundfile reader
+                    raise AudioFileError(f"{audio.path} changed while it was being read, after "
+                                         f"{done / audio.input_rate:.1f} s: {changed_since_probe(audio)}; "
+                                         "the run ends here")
                 x = np.concatenate(held) if len(held) > 1 else held[0]
                 held, n = [], 0
                 done += len(x)

@@ -176,3 +176,17 @@ def test_hostile_files_through_pyav_are_one_line_each(tmp_path):
         list(stream(audio, SourceStats()))
     with pytest.raises(AudioFileError, match=r"declares .* hours of audio, over the"):
         probe(adts, max_seconds=2.0)                                  # its estimate, refused before decoding
+
+
+def test_an_m4a_replaced_or_written_after_its_check_is_refused_in_one_line(tmp_path):
+    """What probe checked is what PyAV reads: a file overwritten after the check, or renamed
+    over, ends the stream before any audio of the other file is decoded."""
+    path = encode(tmp_path / "a.m4a", "ipod", "aac", 44100, 2, 3.0)
+    other = encode(tmp_path / "b.m4a", "ipod", "aac", 22050, 1, 5.0, tone=880.0)
+    for replace in (lambda: path.write_bytes(other.read_bytes()), lambda: other.replace(path)):
+        audio = probe(path)
+        replace()
+        with pytest.raises(AudioFileError, match=r"changed since it was checked: it was (modified|replaced)") as e:
+            list(stream(audio, SourceStats()))
+        assert "\n" not in str(e.value)
+        other = encode(tmp_path / "b.m4a", "ipod", "aac", 22050, 1, 5.0, tone=880.0)
