@@ -86,9 +86,10 @@ def train_phase(model, X, labels, lengths, splits, tc: TrainConfig, rng, phase: 
         total, count = 0.0, 0
         for b in batches(lengths, splits["train"], tc.batch_size, rng):
             x = X[b, :int(lengths[b[0]])]
-            longest = min(x.shape[1], model.cfg.window)          # a crop fits the window
-            if 0 < tc.crop_min < longest or longest < x.shape[1]:
-                size = int(rng.integers(min(tc.crop_min, longest) if tc.crop_min else longest, longest + 1))
+            if x.shape[1] > model.cfg.window or 0 < tc.crop_min < x.shape[1]:   # a random crop that fits the window
+                longest = min(x.shape[1], model.cfg.window)
+                shortest = min(tc.crop_min, longest) if tc.crop_min else longest
+                size = int(rng.integers(shortest, longest + 1))
                 first = int(rng.integers(0, x.shape[1] - size + 1))
                 x = x[:, first:first + size]
             start = torch.randint(period, (len(b),), generator=gen).to(x.device)

@@ -13,6 +13,7 @@ from itertools import islice
 from models.variants import VARIANTS
 
 from app.runtime.frontend_args import device_text
+from app.runtime.verdict import TOP
 
 from . import command
 from .argtypes import (POSITIVE, SECONDS, WINDOW, add_device_arguments, add_old_pace_names, compute_device,
@@ -73,8 +74,8 @@ def add_arguments(p) -> None:
     p.add_argument("--output-records", action="store_true", help="with --output-dir: the hop records too")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print only each stream's verdict (one line per model) and errors")
-    p.add_argument("--top", type=POSITIVE, default=3, metavar="K",
-                   help="classes each verdict lists with their mean probability (default 3)")
+    p.add_argument("--top", type=POSITIVE, default=TOP, metavar="K",
+                   help=f"classes each verdict lists with their mean probability (default {TOP})")
     p.add_argument("--summary", metavar="FILE", type=writable_file,
                    help="write one CSV row per file and model: file, source, model, genre, share, confidence, "
                         "hops, error")

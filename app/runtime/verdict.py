@@ -8,7 +8,6 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from audio.errors import printable
-from audio.melspec import HOP_SECONDS
 
 
 class Smoother:
@@ -22,6 +21,7 @@ class Smoother:
     @property
     def alpha(self) -> float:
         """Weight of the newest hop: 1 - exp(-hop / seconds)."""
+        from audio.melspec import HOP_SECONDS             # numpy: not for `classify --help`
         return 1.0 if self.seconds <= 0 else 1.0 - math.exp(-HOP_SECONDS / self.seconds)
 
     def update(self, name: str, probabilities: list[float]) -> list[float]:
