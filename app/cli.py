@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from app.commands import HELP, load
+from app.commands import HELP, WITHOUT_TORCH, load
 from app.runtime.faults import (exit_code, hold_signals, resource_message, restore, signal_name,
                                 stop_on_signals, stdout_gone, stop_received, take_held_signals)
 from app.runtime.memory import fixed_mmap_threshold
@@ -38,10 +38,15 @@ def version() -> str:
             return tomllib.load(f)["project"]["version"]
 
 
+def chosen_command(argv: list[str]) -> str:
+    """The command ``argv`` names ("" for none: the default run)."""
+    return next((a for a in argv if not a.startswith("-")), "")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser. Given ``argv``, only its command's arguments are built (its module alone is
     imported: `nystream --help` loads no torch); without, every command's."""
-    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
+    chosen = None if argv is None else chosen_command(argv)
     p = argparse.ArgumentParser(prog="nystream", formatter_class=HelpFormatter,
                                 description="live music-genre classification with continual (Nyström) transformers; "
                                             "`nystream COMMAND --help` for a command's options (docs/commands.md)")
@@ -90,10 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # the command's module, and torch where the command will run, are imported while
             # the signals wait: an extension module's init that a signal interrupts can abort the
-            # process (torch's did); asking for help or the version loads no torch
+            # process (torch's did); asking for help or the version, or a client, loads no torch
             words = sys.argv[1:] if argv is None else argv
             parser = build_parser(words)
-            if not {"-h", "--help", "--version"} & set(words):
+            if not {"-h", "--help", "--version"} & set(words) and chosen_command(words) not in WITHOUT_TORCH:
                 import torch  # noqa: F401
         finally:
             take_held_signals()

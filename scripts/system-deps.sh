@@ -2,7 +2,8 @@
 # Debian packages Nystream uses: g++ (torch's inductor compiles one stream's musicnn push with it,
 # audio/musicnn/graph.py; without it that push runs eagerly), PortAudio (libportaudio2) for the
 # microphone and the X11/xcb libraries Qt's window needs; with --test also JACK (jackd2), whose dummy server gives the
-# microphone tests a real, clocked PortAudio input, and Xvfb for the real-window screenshot test;
+# microphone tests a real, clocked PortAudio input, Xvfb for the real-window screenshot test and
+# Chromium for the page's test in a real browser;
 # and python3-venv where $PYTHON (default python3) cannot create a virtual environment (Debian's
 # and Ubuntu's python3 without it). Installs only what is missing, with apt-get (as root, or
 # through sudo -n). Where that is not possible it says what to run and carries on (files and the
@@ -11,7 +12,7 @@
 set -uo pipefail
 pkgs=(g++ libportaudio2 libxcb-icccm4 libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libxcb-shape0
       libxcb-render-util0 libxcb-image0 libegl1 libfontconfig1)
-[ "${1:-}" = "--test" ] && pkgs+=(jackd2 xvfb)
+[ "${1:-}" = "--test" ] && pkgs+=(jackd2 xvfb chromium)
 python="${PYTHON:-python3}"
 venv_ok() { "$python" -c "import ensurepip, venv" >/dev/null 2>&1; }
 venv_ok || pkgs+=(python3-venv)          # Debian's and Ubuntu's python3 lack ensurepip without it

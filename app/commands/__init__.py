@@ -25,6 +25,8 @@ HELP = {
     "prepare": "build this machine's compiled forms ahead of the first Start (make run does it)",
 }
 
+WITHOUT_TORCH = {"listen"}      # a client: runs where neither torch nor Qt is installed
+
 
 @dataclass(frozen=True)
 class Command:

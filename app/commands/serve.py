@@ -13,7 +13,12 @@ def add_arguments(p) -> None:
     from app.runtime.frontend_args import add_frontend_arguments
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (beyond loopback only with --token-file)")
     p.add_argument("--port", type=int, default=8765, help="TCP port (0: any free one, printed)")
-    p.add_argument("--token-file", metavar="FILE", help="clients must send 'Authorization: Bearer' + the token in FILE")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="clients must give the token in FILE ('Authorization: Bearer TOKEN'; the page: /#token=TOKEN)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let pages of ORIGIN (scheme://host[:port]) use the server beside its own page; repeat for more")
+    p.add_argument("--ssl-certfile", metavar="FILE", help="serve https and wss with this certificate (PEM)")
+    p.add_argument("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM)")
     p.add_argument("--max-streams", type=POSITIVE, default=32, help="clients at once (one stream each)")
     p.add_argument("--batch-delay-ms", type=number(0, 1000), default=None, metavar="MS",
                    help="a ready hop waits at most this for the other streams of its lane, to step them "
@@ -46,6 +51,8 @@ def add_arguments(p) -> None:
                      help="close a stream whose audio falls more than S behind real time (after its first 10 s)")
     lim.add_argument("--request-seconds", type=SECONDS, default=Limits.request_seconds, metavar="S",
                      help="close a connection whose HTTP request (the WebSocket upgrade) is not whole within S")
+    lim.add_argument("--max-upload-mb", type=number(above=0), default=Limits.upload_bytes / 2**20, metavar="MB",
+                     help="refuse a POSTed file over MB mebibytes (413; by its Content-Length, before reading it)")
     lim.add_argument("--ping-seconds", type=SECONDS, default=Limits.ping_seconds, metavar="S",
                      help="keepalive: ping a client every S, close it when no pong comes within S")
 
@@ -59,7 +66,7 @@ def hub_spec(args):
     delay = {} if args.batch_delay_ms is None else {"batch_delay_ms": args.batch_delay_ms}
     per_address = args.max_streams_per_address
     limits = Limits(speed=args.client_speed, lag_seconds=args.max_lag_seconds, request_seconds=args.request_seconds,
-                    ping_seconds=args.ping_seconds,
+                    ping_seconds=args.ping_seconds, upload_bytes=int(args.max_upload_mb * 2**20),
                     streams_per_address=max(1, args.max_streams // 4) if per_address is None else per_address)
     return HubSpec(fe, args.max_streams, tuple(args.checkpoint),
                    tuple(args.variant) if args.variant else None, shape, limits, **delay)
@@ -67,13 +74,14 @@ def hub_spec(args):
 
 @command("serve", add_arguments)
 def run(args) -> int:
-    from app.serve.server import ServeError, check_exposure, read_token
+    from app.serve.server import ServeError, check_exposure, public_options, read_token
     if args.onnx:
         raise SystemExit("serve: --onnx is refused: an exported step holds one stream's state; "
                          "serve batches torch models (--checkpoint)")
     try:
         token = read_token(args.token_file) if args.token_file else None
         check_exposure(args.host, token)
+        public = public_options(args.host, args.allow_origin, args.ssl_certfile, args.ssl_keyfile)
     except ServeError as e:
         raise SystemExit(f"serve: {e}") from None
     if args.processes > 1 and (args.ray or args.device != "cpu"):
@@ -82,9 +90,9 @@ def run(args) -> int:
     compute_device(args, "serve")
     if args.processes > 1:
         from app.serve.workers import serve_workers
-        return serve_workers(hub_spec(args), token, args.host, args.port, args.processes)
+        return serve_workers(hub_spec(args), token, args.host, args.port, args.processes, public)
     if args.ray:
         from app.serve.ray_serve import deploy
-        return deploy(hub_spec(args), token, args.host, args.port, args.replicas, args.ray)
+        return deploy(hub_spec(args), token, args.host, args.port, args.replicas, args.ray, public)
     from app.serve.server import serve_forever
-    return serve_forever(hub_spec(args), token, args.host, args.port)
+    return serve_forever(hub_spec(args), token, args.host, args.port, public)

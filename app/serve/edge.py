@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -28,14 +29,16 @@ import time
 import urllib.error
 import urllib.request
 
-from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Request, Response, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from .guard import AddressStreams
 from .protocol import GOING_AWAY, SERVER_ERROR, Limits, health_sums, try_later
+from .upload import hop_batches, reason_of, refused
 from .server import DRAIN_SECONDS, LoopServer, uvicorn_config
-from .service import bearer_ok
+from .access import Access, AccessGuard, answer_subprotocol, token_ok
 
 UPSTREAM_GONE = 1012                # RFC 6455 "service restart": the client may connect again
 SHUTTING_DOWN = "the server is shutting down"
@@ -54,11 +57,19 @@ class Fixed:
         return list(self.fixed)
 
 
-def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstream_token: str | None) -> FastAPI:
+def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstream_token: str | None,
+               origins=(), loopback: bool = True) -> FastAPI:
     """The relay app: clients with ``token`` (None: any), at most ``streams`` in all and the
     per-address caps of ``limits``, relayed to ``upstreams`` (``Fixed``, or an object with the
-    same two members) with ``upstream_token``."""
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    same two members) with ``upstream_token``; the page and the access rules as the server's
+    (``origins``, ``loopback``: app/serve/access.py)."""
+    from audio.sources import FileSource
+
+    from .page import add_page
+    from .service import API_TEXT, UPLOAD_DOC
+    from .upload import opened, refused, spool
+    app = add_page(FastAPI(**API_TEXT))
+    app.add_middleware(AccessGuard, access=Access(token, frozenset(origins), loopback))
     app.state.upstreams = upstreams
     app.state.relays, app.state.closing = {}, False          # (client, upstream) -> the client-to-upstream task
     app.state.load = {}                                      # an upstream's address -> the streams relayed to it
@@ -74,20 +85,52 @@ def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstr
         if not healths:
             return Response(json.dumps({"error": f"no {one} is running"}).encode(), status_code=503,
                             media_type="application/json")
-        return {**summed(healths, upstreams.noun), "limits": limits.doc()}
+        return {**summed(healths, upstreams.noun), "limits": limits.doc(), "token_required": token is not None}
+
+    @app.post("/v1/classify", summary="Classify a whole audio file: its verdict, as classify --jsonl's last record",
+              openapi_extra=UPLOAD_DOC)
+    async def classify(request: Request, records: bool = False):
+        """The file decoded here (as the plain server does it) and streamed to an upstream as a
+        client that keeps to its credit; its records and verdict answer the request."""
+        if not token_ok(request.headers, token):
+            return refused(401, "this server needs its token: Authorization: Bearer TOKEN",
+                           **{"www-authenticate": "Bearer"})
+        with places.held(request, streams) as refusal:
+            if refusal is not None:
+                return refused(503, refusal.reason, **{"retry-after": f"{limits.retry_seconds:g}"})
+            spooled = await spool(request, limits.upload_bytes, limits.request_seconds)
+            if not isinstance(spooled, str):
+                return spooled
+            try:
+                source = await opened(spooled)
+                if not isinstance(source, FileSource):
+                    return source
+                for address in sorted(upstreams.addresses(), key=lambda a: app.state.load.get(a, 0)):
+                    app.state.load[address] = app.state.load.get(address, 0) + 1
+                    try:
+                        return await upload_through(address, headers, source, spooled, records)
+                    except (InvalidStatus, OSError, asyncio.TimeoutError):
+                        continue                 # (one stopping, or gone and not yet replaced): the next one
+                    finally:
+                        unload(app, address)
+                return refused(503, f"no {one} took the file; retry in {limits.retry_seconds:g} s",
+                               **{"retry-after": f"{limits.retry_seconds:g}"})
+            finally:
+                os.unlink(spooled)
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket):
-        if not bearer_ok(ws.headers.get("authorization"), token):
+        if not token_ok(ws.headers, token):
             await ws.close(code=1008)                    # before accepting: the upgrade answers 403
             return
+        subprotocol = answer_subprotocol(ws.headers)
         if app.state.closing:                            # draining: no new streams
-            await ws.accept()
+            await ws.accept(subprotocol=subprotocol)
             await close(ws, GOING_AWAY, SHUTTING_DOWN)
             return
         with places.held(ws, streams) as refusal:
             if refusal is not None:
-                await ws.accept()
+                await ws.accept(subprotocol=subprotocol)
                 await close(ws, refusal.code, refusal.reason)
                 return
             failure = f"no {one} is running"
@@ -105,15 +148,64 @@ def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstr
                     unload(app, address)
                     raise
                 try:
-                    await ws.accept()
+                    await ws.accept(subprotocol=subprotocol)
                     await relay(ws, upstream, f"the {one} serving this stream stopped; connect again for a fresh stream")
                 finally:
                     unload(app, address)
                 return
-            await ws.accept()
+            await ws.accept(subprotocol=subprotocol)
             await close(ws, *astuple(try_later(f"no {one} took the stream ({failure})", limits)))
 
     return app
+
+
+async def upload_through(address: str, headers: dict, source, path: str, records: bool) -> JSONResponse:
+    """A decoded file streamed to the upstream at ``address`` as 16 kHz f32le, within the credit
+    its hello answer gives: the verdict record (the file's decoding counts in it), with
+    ``records`` its hop records too. OSError / InvalidStatus when the upstream cannot be reached
+    (the caller tries another); a stream cut short answers 502."""
+    from audio.errors import AudioError
+    from audio.melspec import HOP, SAMPLE_RATE
+    upstream = await connect(f"ws://{address}/v1/stream", additional_headers=headers, max_size=None,
+                             open_timeout=OPEN_SECONDS, ping_interval=None, proxy=None, compression=None)
+    kept, error, verdict = [], None, None
+    try:
+        await upstream.send(json.dumps({"sample_rate": SAMPLE_RATE, "channels": 1, "format": "f32le"}))
+        credit = json.loads(await upstream.recv())["credit_seconds"]
+        heard, sent = 0.0, 0.0
+
+        async def take() -> None:
+            """One message of the upstream: a record (its audio time is heard) or the verdict."""
+            nonlocal heard, verdict
+            d = json.loads(await upstream.recv())
+            if "verdict" in d:
+                verdict = d
+                return
+            heard = d["audio_time"]
+            if records:
+                kept.append(d)
+        try:
+            batches = hop_batches(source)
+            while batch := await asyncio.to_thread(next, batches, None):
+                for hop in batch:
+                    while sent - heard >= credit:
+                        await take()
+                    await upstream.send(hop.astype("<f4").tobytes())
+                    sent += HOP / SAMPLE_RATE
+        except AudioError as e:               # corrupt past its start: the verdict says so, as classify's
+            error = reason_of(e, path)
+        await upstream.send(json.dumps({"end": True}))
+        while verdict is None:
+            await take()
+    except ConnectionClosed:
+        frame = upstream.protocol.close_rcvd
+        return refused(502, f"the stream was cut: {frame.reason if frame else 'the upstream stopped'}")
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(upstream.close(), CLOSE_SECONDS)
+    verdict.update(nonfinite_zeroed=source.stats.nonfinite, clipped=source.stats.clipped,
+                   error=verdict["error"] or error)
+    return JSONResponse({"records": kept, **verdict} if records else verdict)
 
 
 def astuple(e) -> tuple[int, str]:
@@ -258,20 +350,25 @@ class Edge:
     """The edge's uvicorn server on a thread of this process (one per process)."""
     running: "Edge | None" = None
 
-    def __init__(self, upstreams, sock, limits: Limits, streams: int, token: str | None, upstream_token: str | None):
-        self.app, self.upstreams = build_edge(upstreams, limits, streams, token, upstream_token), upstreams
+    def __init__(self, upstreams, sock, limits: Limits, streams: int, token: str | None, upstream_token: str | None,
+                 public):
+        self.app = build_edge(upstreams, limits, streams, token, upstream_token, public.origins, public.loopback)
+        self.upstreams = upstreams
         # each relayed stream holds two descriptors (the client's, the upstream's)
-        config = uvicorn_config(self.app, limits, 2 * streams, lifespan="off", timeout_graceful_shutdown=2)
+        config = uvicorn_config(self.app, limits, 2 * streams, lifespan="off", timeout_graceful_shutdown=2,
+                                **public.tls())
         self.server = LoopServer(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
                                        name="nystream-edge")
 
     @classmethod
     def start(cls, upstreams, sock, limits: Limits, streams: int, token: str | None = None,
-              upstream_token: str | None = None) -> None:
-        """The edge on ``sock`` (``build_edge``)."""
+              upstream_token: str | None = None, public=None) -> None:
+        """The edge on ``sock`` (``build_edge``), offered as ``public`` says (app/serve/server.py
+        ``Public``; None: loopback, no TLS)."""
+        from .server import Public
         cls.stop()
-        edge = cls.running = cls(upstreams, sock, limits, streams, token, upstream_token)
+        edge = cls.running = cls(upstreams, sock, limits, streams, token, upstream_token, public or Public())
         edge.thread.start()
         deadline = time.monotonic() + 10
         while not edge.server.started and edge.thread.is_alive() and time.monotonic() < deadline:

@@ -94,8 +94,8 @@ FINISHED = None                             # the outbox's last item: every reco
 class Connection:
     """One client's stream: its source, outbox (records as JSON text) and verdict."""
 
-    def __init__(self, number: int, hello: Hello, limits: Limits):
-        self.source = NetworkSource(f"ws:{number}", PcmDecoder(hello))
+    def __init__(self, name: str, hello: Hello, limits: Limits):
+        self.source = NetworkSource(name, PcmDecoder(hello))
         self.stream = None                  # its Stream in the engine, once joined
         self.outbox: asyncio.Queue = asyncio.Queue()     # records as JSON text, then FINISHED
         self.outbox_limit = max(1, int(limits.outbox_seconds / HOP_SECONDS))
@@ -138,7 +138,8 @@ class Hub:
         self.engine_hops = self.stream_hops = 0          # lane hops that stepped a stream; records made
 
     # ------------------------------------------------------------------ connections
-    async def open(self, hello: Hello) -> Connection:
+    async def open(self, hello: Hello, kind: str = "ws") -> Connection:
+        """A new stream named ``kind:N`` (``ws``: a WebSocket client; ``upload``: a posted file)."""
         if self.draining:
             raise ProtocolError(GOING_AWAY, "the server is shutting down")
         full = try_later(f"the server is full ({self.capacity} streams)", self.limits)
@@ -147,7 +148,7 @@ class Hub:
         except ValueError:
             raise full from None
         self.load[lane] += 1
-        conn = Connection(self.joined, hello, self.limits)
+        conn = Connection(f"{kind}:{self.joined}", hello, self.limits)
         self.joined += 1
         try:
             conn.stream = await self._engine(lane, self.engine.join, conn.source, lane)

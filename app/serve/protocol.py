@@ -63,6 +63,7 @@ class Limits:
     requests_per_address: int = 32      # ... of one client address, or its streams_per_address if more (0: no cap of its own)
     ping_seconds: float = 20.0          # keepalive: a ping this often, a pong expected within as long
     retry_seconds: float = 5.0          # what a 1013 asks the client to wait
+    upload_bytes: int = 100 << 20       # a POSTed file (413 beyond it)
 
     def behind_edge(self) -> "Limits":
         """A worker's or replica's limits: every connection comes from the edge (app/serve/edge.py),
@@ -75,7 +76,7 @@ class Limits:
                 "speed": self.speed, "credit_seconds": self.credit_seconds, "outbox_seconds": self.outbox_seconds,
                 "idle_seconds": self.idle_seconds, "lag_seconds": self.lag_seconds,
                 "streams_per_address": self.streams_per_address, "request_seconds": self.request_seconds,
-                "retry_seconds": self.retry_seconds}
+                "retry_seconds": self.retry_seconds, "upload_bytes": self.upload_bytes}
 
 
 def try_later(what: str, limits: Limits) -> ProtocolError:

@@ -74,7 +74,8 @@ class EngineReplica:
         node = ray.util.get_node_ip_address()
         host = "127.0.0.1" if node == edge_node else node      # beyond loopback: the token still guards it
         sock = bind(host, 0)
-        app = build_app(spec.build, token=token, limits=spec.limits, version=package_version())
+        app = build_app(spec.build, token=token, limits=spec.limits, version=package_version(),
+                        loopback=host == "127.0.0.1")
         self.server = LoopServer(uvicorn_config(app, spec.limits, 2 * spec.capacity, lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
                                        name="nystream-replica")
@@ -137,12 +138,14 @@ class Replicas:
         self.thread.join(timeout=15)
 
 
-def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_per_replica: float = 1.0) -> str:
+def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_per_replica: float = 1.0,
+          public=None) -> str:
     """Deploy on the connected Ray (``ray.init`` done by the caller) and start the edge
     (app/serve/edge.py) on ``host:port``; the stream's URL once every replica serves."""
     from .edge import Edge
-    from .server import bind
-    public = bind(host, port)                        # ServeError (one line) when it cannot be had
+    from .server import Public, bind
+    public = public or Public()
+    sock = bind(host, port)                          # ServeError (one line) when it cannot be had
     secret = secrets.token_urlsafe(32)               # the replicas' token: only the edge holds it
     global _registry                                 # held here: an actor without a handle is gone
     _registry = Registry.options(name=REGISTRY, namespace=NAMESPACE, get_if_exists=True).remote()
@@ -156,15 +159,15 @@ def start(spec, token: str | None, host: str, port: int, replicas: int, *, cpus_
     while len(upstreams.addresses()) < replicas and time.monotonic() < deadline:
         time.sleep(0.2)
         upstreams.refresh()
-    Edge.start(upstreams, public, spec.limits, replicas * spec.capacity, token, secret)   # the one of this process
-    return f"ws://{host_port(host, public.getsockname()[1])}/v1/stream"
+    Edge.start(upstreams, sock, spec.limits, replicas * spec.capacity, token, secret, public)   # the one of this process
+    return public.stream_url(host_port(host, sock.getsockname()[1]))
 
 
 def runtime_env() -> dict:
     return {"working_dir": str(ROOT), "excludes": EXCLUDES, "env_vars": {"OMP_NUM_THREADS": "1"}}
 
 
-def deploy(spec, token: str | None, host: str, port: int, replicas: int, address: str) -> int:
+def deploy(spec, token: str | None, host: str, port: int, replicas: int, address: str, public=None) -> int:
     """`serve --ray`: start (a local Ray, or join ADDRESS), deploy, serve until SIGTERM / SIGINT."""
     from app.runtime.lineup import load_trained
     from models.checkpoint import CheckpointError
@@ -180,17 +183,17 @@ def deploy(spec, token: str | None, host: str, port: int, replicas: int, address
         raise SystemExit(f"serve: cannot {'start Ray' if address == 'local' else f'reach the Ray cluster at {address!r}'}: "
                          f"{type(e).__name__}: {first_line(e)}") from None
     from .edge import Edge, signalled
-    from .server import ServeError
+    from .server import Public, ServeError
     stop, hurry = threading.Event(), threading.Event()    # set by signals once the edge serves
     try:
         try:
-            url = start(spec, token, host, port, replicas)
+            url = start(spec, token, host, port, replicas, public=public)
         except ServeError as e:
             raise SystemExit(f"serve: {e}") from None
         except RuntimeError as e:       # Ray Serve's "Deploying application ... failed"
             raise SystemExit(f"serve: Ray Serve could not deploy the app ({first_line(e)}); "
                              f"the replicas' errors are in Ray's logs") from None
-        print(f"# serving {url} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each"
+        print(f"# serving {(public or Public()).urls(url.split('/')[2])} on Ray Serve: {replicas} replicas of up to {spec.capacity} streams each"
               f"{', token required' if token else ''}", file=sys.stderr, flush=True)
         stop, hurry = signalled()
         while not stop.is_set():

@@ -6,8 +6,11 @@ import asyncio
 import ipaddress
 import signal
 import socket
+import ssl
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import uvicorn
 
@@ -53,6 +56,52 @@ def check_exposure(host: str, token: str | None) -> None:
     if token is None and not is_loopback(host):
         raise ServeError(f"--host {host} is reachable from other machines: give --token-file, "
                          f"or serve on 127.0.0.1")
+
+
+@dataclass(frozen=True)
+class Public:
+    """How the public socket is offered: the pages' origins allowed beside its own
+    (``--allow-origin``), whether it listens on loopback only, and its TLS certificate and key
+    (``--ssl-certfile``, ``--ssl-keyfile``: uvicorn's names)."""
+    origins: tuple[str, ...] = ()
+    loopback: bool = True
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    def tls(self) -> dict:
+        """uvicorn's options for the certificate (none without one)."""
+        return {"ssl_certfile": self.certfile, "ssl_keyfile": self.keyfile} if self.certfile else {}
+
+    def stream_url(self, where: str) -> str:
+        """The stream's URL at ``where`` (HOST:PORT)."""
+        return f"ws{'s' if self.certfile else ''}://{where}/v1/stream"
+
+    def urls(self, where: str) -> str:
+        """The stream's and the page's URLs at ``where``, as the serving line says them."""
+        return f"{self.stream_url(where)} (page: http{'s' if self.certfile else ''}://{where}/)"
+
+
+def public_options(host: str, origins, certfile: str | None, keyfile: str | None) -> Public:
+    """``Public`` from serve's options, each checked: ServeError in one line for an origin that is
+    not scheme://host[:port], a certificate without its key (or the reverse), or a pair that does
+    not load."""
+    allowed = []
+    for origin in origins or ():
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") \
+                or parts.query or parts.fragment or parts.username:
+            raise ServeError(f"--allow-origin {origin!r}: give an origin as a browser sends it, "
+                             f"scheme://host[:port] (e.g. https://example.org)")
+        allowed.append(f"{parts.scheme}://{parts.netloc.lower()}")
+    if bool(certfile) != bool(keyfile):
+        raise ServeError("give --ssl-certfile and --ssl-keyfile together")
+    if certfile:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+        except (OSError, ssl.SSLError) as e:
+            raise ServeError(f"the certificate {certfile} with the key {keyfile} cannot be used: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+    return Public(tuple(allowed), is_loopback(host), certfile, keyfile)
 
 
 class LoopServer(uvicorn.Server):
@@ -141,19 +190,21 @@ def host_port(host: str, port: int) -> str:
     return f"{host if ':' not in host else '[' + host + ']'}:{port}"
 
 
-def serve_app(spec, token: str | None, sock: socket.socket, on_start, quiet: bool = False) -> None:
+def serve_app(spec, token: str | None, sock: socket.socket, on_start, quiet: bool = False,
+              public: Public = Public()) -> None:
     """Build the hub (a bad option: one line, exit 1), then serve its app on ``sock`` until
     SIGTERM / SIGINT has drained it; ``on_start(hub)`` once clients may connect."""
     from .service import build_app
     hub = built_hub(spec)
-    app = build_app(lambda: hub, token=token, limits=spec.limits, version=package_version(), on_start=on_start)
-    config = uvicorn_config(app, spec.limits, 2 * hub.capacity, lifespan="on")
+    app = build_app(lambda: hub, token=token, limits=spec.limits, version=package_version(), on_start=on_start,
+                    origins=public.origins, loopback=public.loopback)
+    config = uvicorn_config(app, spec.limits, 2 * hub.capacity, lifespan="on", **public.tls())
     DrainingServer(config, app, quiet=quiet).run(sockets=[sock])
 
 
-def serve_forever(spec, token: str | None, host: str, port: int) -> int:
+def serve_forever(spec, token: str | None, host: str, port: int, public: Public = Public()) -> int:
     """Serve until SIGTERM / SIGINT (then drain). The line ``# serving ws://HOST:PORT/v1/stream``
-    on stderr says the models are loaded and clients may connect."""
+    (``wss://`` with a certificate) on stderr says the models are loaded and clients may connect."""
     try:
         sock = bind(host, port)
     except ServeError as e:
@@ -162,9 +213,9 @@ def serve_forever(spec, token: str | None, host: str, port: int) -> int:
     precision = getattr(getattr(spec, "frontend", None), "precision", "float32")
 
     def started(hub):
-        print(f"# serving ws://{where}/v1/stream: up to {hub.capacity} streams, front end {hub.frontend}, "
+        print(f"# serving {public.urls(where)}: up to {hub.capacity} streams, front end {hub.frontend}, "
               f"models {', '.join(hub.models)}, {device_text(hub.device, precision)}{', token required' if token else ''}",
               file=sys.stderr, flush=True)
-    serve_app(spec, token, sock, started)
+    serve_app(spec, token, sock, started, public=public)
     print("# stopped", file=sys.stderr, flush=True)
     return 0

@@ -1,6 +1,8 @@
-"""The ASGI application of `serve` (FastAPI on Starlette): ``GET /v1/health`` and the WebSocket
+"""The ASGI application of `serve` (FastAPI on Starlette): the page at ``/`` (app/serve/page.py),
+``GET /v1/health``, ``POST /v1/classify`` (a whole file, app/serve/upload.py) and the WebSocket
 ``/v1/stream``, one stream of the hub's batched engine per connection (protocol v1,
-docs/serve.md), run by uvicorn (app/serve/server.py).
+docs/serve.md), behind the access rules (app/serve/access.py), run by uvicorn
+(app/serve/server.py).
 
 The hub is made by ``make_hub()`` when the app starts (its lifespan), in the process that serves
 (a worker, a Ray Serve replica: each builds its own engine).
@@ -9,29 +11,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import time
 
-from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 
+from .access import Access, AccessGuard, answer_subprotocol, token_ok
 from .guard import AddressStreams
 from .hub import FINISHED, Connection, Hub, hello_reply
 from .protocol import (INVALID, POLICY, SERVER_ERROR, UNSUPPORTED, VERSION, Limits, ProtocolError, parse_control,
                        parse_hello)
 
 
-def bearer_ok(header: str | None, token: str | None) -> bool:
-    """The Authorization header carries the server's token (constant-time comparison)."""
-    if token is None:
-        return True
-    given = (header or "").encode("utf-8", "replace")
-    return hmac.compare_digest(given, f"Bearer {token}".encode())
-
-
 def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), version: str = "",
-              on_start=None) -> FastAPI:
-    """The app; ``make_hub()`` -> Hub, called once at start-up, then ``on_start(hub)``."""
+              on_start=None, origins=(), loopback: bool = True) -> FastAPI:
+    """The app; ``make_hub()`` -> Hub, called once at start-up, then ``on_start(hub)``.
+    ``origins``: the pages' origins allowed beside the server's own; ``loopback``: the server
+    listens on loopback only (it then answers requests to a loopback name only)."""
+    from .page import add_page
+    from .upload import classify_upload, refused
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -46,27 +44,71 @@ def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), 
             for pool in hub.pools:
                 pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = add_page(FastAPI(lifespan=lifespan, version=version or "0", **API_TEXT))
+    app.add_middleware(AccessGuard, access=Access(token, frozenset(origins), loopback))
     app.state.token, app.state.limits = token, limits
     streams = AddressStreams(limits)
 
-    @app.get("/v1/health")
+    @app.get("/v1/health", summary="The server's load, models and limits (no token needed)")
     async def health():
-        return {**app.state.hub.health(), "protocol": VERSION, "version": version, "limits": limits.doc()}
+        return {**app.state.hub.health(), "protocol": VERSION, "version": version, "limits": limits.doc(),
+                "token_required": token is not None}
+
+    @app.post("/v1/classify", summary="Classify a whole audio file: its verdict, as classify --jsonl's last record",
+              openapi_extra=UPLOAD_DOC)
+    async def classify(request: Request, records: bool = False):
+        """The body is the file's bytes, in any format `classify` reads; ``records=1`` adds the
+        hop records (``records``, before the verdict's keys)."""
+        if not token_ok(request.headers, token):
+            return refused(401, "this server needs its token: Authorization: Bearer TOKEN",
+                           **{"www-authenticate": "Bearer"})
+        with streams.held(request, app.state.hub.capacity) as refusal:
+            if refusal is not None:
+                return refused(503, refusal.reason, **{"retry-after": f"{limits.retry_seconds:g}"})
+            return await classify_upload(request, app.state.hub, records, limits.upload_bytes)
 
     @app.websocket("/v1/stream")
     async def stream(ws: WebSocket):
-        if not bearer_ok(ws.headers.get("authorization"), token):
+        if not token_ok(ws.headers, token):
             await ws.close(code=1008)                  # before accepting: the upgrade answers 403
             return
         with streams.held(ws, app.state.hub.capacity) as refusal:
-            await ws.accept()
+            await ws.accept(subprotocol=answer_subprotocol(ws.headers))
             if refusal is not None:
                 await close(ws, refusal.code, refusal.reason)
                 return
             await serve_connection(ws, app.state.hub, limits)
 
     return app
+
+
+API_TEXT = {
+    "title": "Nystream serve",
+    "description": "Live music-genre classification. Besides these HTTP routes: the WebSocket "
+                   "`/v1/stream` (protocol version 1: a JSON hello, then PCM audio, answered by one "
+                   "record per 0.25 s hop and a verdict; docs/serve.md, \"Protocol, version 1\"). "
+                   "The page at `/` uses both. Programs send `Authorization: Bearer TOKEN` when the "
+                   "server has a token; a page offers the WebSocket subprotocols `nystream` and "
+                   "`nystream.bearer.` + the token in base64url.",
+    "docs_url": None, "redoc_url": None, "openapi_url": "/openapi.json",
+}
+UPLOAD_DOC = {
+    "requestBody": {"required": True, "description": "the audio file's bytes (WAV, FLAC, MP3, OGG, Opus, AAC/M4A, "
+                                                     "a video's audio track)",
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+    "responses": {
+        "200": {"description": "the verdict record: verdict (per model: genre, share, confidence, steps, top), "
+                               "source, hops, nonfinite_zeroed, clipped, error; with records=1 also records"},
+        "400": {"description": "an empty body"}, "401": {"description": "no token, or a wrong one"},
+        "403": {"description": "a page of another origin, or a host name this server does not answer"},
+        "408": {"description": "no part of the body arrived for the request deadline"},
+        "413": {"description": "over --max-upload-mb (by its Content-Length: refused before it is read)"},
+        "415": {"description": "not audio in a format this server decodes"},
+        "422": {"description": "audio that cannot be used: truncated, empty, absurd header values"},
+        "503": {"description": "the server is full or draining; Retry-After says when to ask again"},
+        "507": {"description": "the server's disk is full"},
+    },
+}
 
 
 async def serve_connection(ws: WebSocket, hub: Hub, limits: Limits) -> None:

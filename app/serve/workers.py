@@ -29,7 +29,7 @@ import time
 
 from app.runtime.memory import glibc_call
 
-from .server import DRAIN_SECONDS, ServeError, bind, host_port
+from .server import DRAIN_SECONDS, Public, ServeError, bind, host_port
 
 START_S = 300.0                      # the longest a worker may take to load its models
 WATCH_S = 0.5
@@ -137,7 +137,7 @@ class Workers:
                 p.join()
 
 
-def serve_workers(spec, token: str | None, host: str, port: int, count: int) -> int:
+def serve_workers(spec, token: str | None, host: str, port: int, count: int, public=None) -> int:
     """`serve --workers K`: the edge on ``host:port`` in front of K workers, until SIGTERM / SIGINT."""
     from .edge import Edge, signalled
     secret = secrets.token_urlsafe(32)                # the workers' token: only the edge holds it
@@ -148,8 +148,8 @@ def serve_workers(spec, token: str | None, host: str, port: int, count: int) -> 
         raise SystemExit(f"serve: {e}") from None
     stop, hurry = signalled()
     try:
-        Edge.start(workers, sock, spec.limits, spec.capacity, token, secret)
-        print(f"# serving ws://{host_port(host, sock.getsockname()[1])}/v1/stream: {count} workers of up to "
+        Edge.start(workers, sock, spec.limits, spec.capacity, token, secret, public)
+        print(f"# serving {(public or Public()).urls(host_port(host, sock.getsockname()[1]))}: {count} workers of up to "
               f"{workers.spec.capacity} streams each{', token required' if token else ''}", file=sys.stderr, flush=True)
         while not stop.is_set():
             time.sleep(0.2)

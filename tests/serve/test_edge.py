@@ -173,3 +173,22 @@ def test_the_edge_spreads_streams_evenly_and_skips_a_dead_upstream():
     finally:
         Edge.stop()
         a.should_exit = b.should_exit = True
+
+
+def test_through_the_edge_a_posted_file_gets_what_classify_gives_and_the_page_loads(files, capsys, errors, edge_of):
+    """POST /v1/classify at the edge: the file decoded there, streamed to the server within its
+    credit; the verdict and records are classify's. The edge's page and access rules are the
+    server's: the server's own token is no client's, another origin is refused."""
+    from test_page import post, request, same_verdict
+    checkpoints, songs = files
+    want_records, want = classify_jsonl(capsys, songs["a"], checkpoints, verdict=True)
+    with server(checkpoints, capacity=2) as (url, app):
+        base = edge_of(url).replace("ws://", "http://").replace("/v1/stream", "")
+        status, got = post(base, songs["a"], token=CLIENTS_TOKEN, records=True)
+        assert status == 200, got
+        same_verdict(errors, got, want, "through the edge")
+        same(errors, got["records"], want_records)
+        assert post(base, songs["a"], token=TOKEN)[0] == 401
+        assert post(base, songs["a"], token=CLIENTS_TOKEN, headers={"Origin": "https://evil.example"})[0] == 403
+        assert b'<button id="start"' in request(base + "/")[2]
+        assert json.loads(request(base + "/v1/health")[2])["token_required"] is True

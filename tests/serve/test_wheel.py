@@ -1,6 +1,7 @@
 """A wheel carries the shipped assets: built from the project's files, installed (without its
 dependencies, which the test environment lends) into a fresh virtual environment, its
-`nystream serve` started from another directory finds the musicnn weights and the shipped models."""
+`nystream serve` started from another directory finds the musicnn weights and the shipped models,
+and answers its page."""
 import json
 import os
 import re
@@ -51,6 +52,9 @@ def test_an_installed_wheel_serves_the_shipped_models_from_any_directory(tmp_pat
         health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=20).read())
         assert health["models"] == ["regular", "continual", "nystrom", "continual_nystrom", "continual_nystrom/fixed"]
         assert health["frontend"].startswith("musicnn MSD_musicnn (pretrained")
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=20).read()     # the page, from the wheel
+        assert b'<button id="start" type="button">Start</button>' in page
+        assert b"registerProcessor" in urllib.request.urlopen(f"http://127.0.0.1:{port}/static/worklet.js", timeout=20).read()
         code = subprocess.run([str(fresh / "bin" / "python"), "-c", "import app, audio; print(app.__file__, audio.__file__)"],
                               cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60).stdout
         assert code.count(str(fresh)) == 2                    # the wheel's code, not the checkout's
