@@ -1,4 +1,6 @@
-"""`main.py classify` end to end on real files, and its errors."""
+"""`nystream classify` end to end on real files, and its errors: through the command's entry point
+in this process (tests/cli_helpers.py), and in a process of its own where the process is the
+point (standard input, descriptor 1, a background build)."""
 import csv
 import json
 import subprocess
@@ -8,13 +10,19 @@ import sys
 from pathlib import Path
 
 from audio_helpers import tone, write
+from cli_helpers import Ran, run_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def classify(*args, timeout=300):
-    return subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+def classify(*args) -> Ran:
+    return run_command("classify", *args)
+
+
+def classify_process(*args, stdin=None) -> subprocess.CompletedProcess:
+    """`main.py classify ARGS` in a process of its own (bytes in and out)."""
+    return subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", *map(str, args)], input=stdin,
+                          capture_output=True, timeout=300, cwd=ROOT)
 
 
 def test_classify_file_jsonl(tmp_path):
@@ -189,9 +197,9 @@ def test_one_stream_says_how_its_musicnn_push_ran(tmp_path, monkeypatch):
     monkeypatch.setenv("NYSTREAM_PUSH_CACHE", str(tmp_path / "push"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     path = write(tmp_path / "a.wav", tone(3.0, 22050, 440.0), 22050)
-    r = classify(path, "--jsonl")
+    r = classify_process(path, "--jsonl")                   # its background build is this process's alone
     assert r.returncode == 0, r.stderr
-    line = [x for x in r.stderr.splitlines() if x.startswith("# the musicnn push: ")]
+    line = [x for x in r.stderr.decode().splitlines() if x.startswith("# the musicnn push: ")]
     assert line == ["# the musicnn push: eager while its compiled form builds in the background (about a minute, once)"], r.stderr
 
 
@@ -205,8 +213,7 @@ def test_stdin_output_dir_csv_to_stdout_quiet_and_one_name_per_source(tmp_path):
     music.mkdir(parents=True)
     a = write(music / "a.wav", tone(1.6, 22050, 440.0), 22050)
     b = write(tmp_path / "b.wav", tone(1.1, 16000, 660.0, channels=2), 16000)
-    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", "-", "--quiet"], input=a.read_bytes(),
-                       capture_output=True, timeout=300, cwd=ROOT)
+    r = classify_process("-", "--quiet", stdin=a.read_bytes())
     assert r.returncode == 0 and r.stderr == b"", r.stderr
     line, = r.stdout.decode().splitlines()
     assert line.startswith("stdin  continual  ") and "% of 6 steps; highest mean probabilities: " in line
@@ -226,16 +233,25 @@ def test_stdin_output_dir_csv_to_stdout_quiet_and_one_name_per_source(tmp_path):
     for name, path in (("file:b.wav", out / "b.wav.json"), ("file:music/jazz/a.wav", out / "music/jazz/a.wav.json")):
         written = json.loads(path.read_text())
         assert written.pop("records") == records[name] and written == verdicts[name]
-    r = classify(b, "--csv", "-", "-q")
+    r = classify_process(b, "--csv", "-", "-q")             # the CSV goes to the process's descriptor 1
     assert r.returncode == 0, r.stderr
-    rows = list(csv.DictReader(r.stdout.splitlines()))
+    rows = list(csv.DictReader(r.stdout.decode().splitlines()))
     assert [(row["source"], row["continual.top"]) for row in rows] == \
         [("file:b.wav", x["models"]["continual"]["top"][0]) for x in records["file:b.wav"]]
-    assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("file:b.wav  continual  ")
+    assert len(r.stderr.splitlines()) == 1 and r.stderr.decode().startswith("file:b.wav  continual  ")
     r = classify(b, "--jsonl", "-q")
     assert r.returncode == 0 and r.stderr == "" and [json.loads(x) for x in r.stdout.splitlines()] == \
         [verdicts["file:b.wav"]]
-    r = subprocess.run([sys.executable, str(ROOT / "main.py"), "classify", "-"], input=b"", capture_output=True,
-                       timeout=120, cwd=ROOT)
+    r = classify_process("-", stdin=b"")
     assert r.returncode == 1 and r.stderr.decode().splitlines()[-1] == \
         "error: standard input is empty (0 bytes): pipe audio into `classify -`"
+
+
+def test_the_sample_that_ships_is_classical_to_every_shipped_model():
+    """The README's first example runs from a clone: the sample in assets/ (scripts/make_sample.py's
+    rendering of Bach's Prelude in C) is classical to each shipped model on nearly every step."""
+    r = classify(ROOT / "assets" / "sample" / "prelude-bwv846.ogg", "--models", "all", "--jsonl", "-q")
+    assert r.returncode == 0, r.stderr
+    verdict, = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(verdict["verdict"]) == 5 and verdict["hops"] == 89
+    assert all(v["genre"] == "classical" and v["share"] >= 0.9 for v in verdict["verdict"].values()), verdict

@@ -3,8 +3,6 @@ work), bad checkpoints are one-line errors in every command that loads them, and
 ever non-finite: a model that answers NaN stops the run, JSON is standard JSON."""
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ import torch
 from tiny import tiny_model
 
 from app.cli import build_parser
+from cli_helpers import run_command
 from engine_helpers import engine_of
 from audio.frontends import build_frontend
 from audio.sources import DemoSource
@@ -58,7 +57,7 @@ def test_bad_arguments_are_usage_errors_at_parse_time(argv, words, capsys):
      "error: --models: no shipped model bogus; shipped: regular, continual, nystrom, continual_nystrom"),
 ])
 def test_precisions_this_run_cannot_have_and_unknown_models_are_one_line_errors_before_any_work(argv, words):
-    r = subprocess.run([sys.executable, "main.py", *argv], capture_output=True, text=True, timeout=120)
+    r = run_command(*argv)
     assert r.returncode != 0 and r.stderr.strip().splitlines()[-1].startswith(words), r.stderr
     assert "Traceback" not in r.stderr and "compiled" not in r.stderr      # nothing prepared first
 
@@ -95,8 +94,8 @@ def test_a_broken_checkpoint_is_one_line_in_classify_evaluate_and_train(tmp_path
             ["evaluate", "--tokens", str(tokens), "--checkpoint", str(tmp_path / "bad.pt"), "--report",
              str(tmp_path / "report")]]
     for argv in runs:
-        out = subprocess.run([sys.executable, "main.py", *argv], capture_output=True, text=True, timeout=300)
-        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-800:]
+        out = run_command(*argv)                 # an exception other than the one-line error would raise here
+        assert out.returncode == 1, out.stderr[-800:]
         line = [x for x in out.stderr.splitlines() if x.startswith("error:")]
         assert len(line) == 1 and "bad.pt: field 'config' is invalid: heads must be >= 1" in line[0], \
             out.stderr[-800:]
