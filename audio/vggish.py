@@ -26,8 +26,13 @@ ENV_VAR = "NYSTREAM_VGGISH_WEIGHTS"
 
 
 def _architecture() -> torch.nn.Module:
+    """VGGish's layers with their parameters allocated, not initialised: every caller fills them
+    (AudioSet weights, or a seeded random init); torch's default init of its 72 M parameters
+    would take a third of a second to be thrown away."""
     from torchvggish.torchvggish import VGG, make_layers
-    return VGG(make_layers(), postprocess=False)
+    with torch.device("meta"):
+        model = VGG(make_layers(), postprocess=False)
+    return model.to_empty(device="cpu")
 
 
 def _urls() -> tuple[str, str]:

@@ -3,8 +3,9 @@
 The window process only draws; source capture (the microphone is opened here), the front end and
 every model's step run in another process, so no paint ever holds up a hop and the two never
 share a heap or a GIL. Engine processes are forked from one server process (multiprocessing's
-forkserver) that imported torch and the engine once and never Qt: the first costs a fresh
-interpreter's start, each later one (Start after a killed engine) a fork. ``EngineProcess`` is
+forkserver) that imported torch and the engine and loaded the compiled kernels once, and never
+Qt: the first costs a fresh interpreter's start, each later one (Start after a killed engine) a
+fork. ``EngineProcess`` is
 driven like an ``Engine``: the same control methods
 (models are given as ``ModelSpec``s and built in the engine process), sent in call order over one
 pipe and applied there under the same control budget. Results come back as packed step records
@@ -47,7 +48,8 @@ GIL_SWITCH_S = 1e-4           # see share_the_gil()
 WATCH_PARENT_S = 0.5          # how often the engine process checks that its window still runs (no pidfd)
 PR_SET_NAME = 15              # prctl option (linux/prctl.h)
 OUTBOX = 4096                 # messages the engine process holds for a window that reads slowly
-PRELOAD = ("torch", "app.runtime.engine", "audio.frontends")   # what the fork server imports once
+PRELOAD = ("torch", "app.runtime.engine", "audio.frontends",   # what the fork server imports once,
+           "models.fused.preload")                             # and the compiled kernels it loads
 ENGINE_THREADS = 1            # torch threads of the engine process: a hop's ~150 small torch calls
                               # gain nothing from a second thread, and on busy cores each call
                               # would wait for both of its threads to be scheduled

@@ -300,7 +300,7 @@ def test_a_flooding_client_is_read_at_the_rate_limit(files):
     checkpoints, _ = files
     limits = Limits(outbox_seconds=2.0, burst_seconds=1.0, speed=1.0)
     with server(checkpoints, limits=limits) as (url, app):
-        with client(url) as ws:
+        with client(url, close_timeout=0.5) as ws:    # its close waits behind the unread flood: not for long
             # the clock starts before the hello, so before the server's reading starts (after
             # it): the server's own elapsed time is at most the test's, whatever either waits for
             start, stop = time.monotonic(), threading.Event()
