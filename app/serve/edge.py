@@ -37,7 +37,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from .guard import AddressStreams
 from .protocol import GOING_AWAY, SERVER_ERROR, Limits, health_sums, try_later
 from .upload import hop_batches, reason_of, refused
-from .server import DRAIN_SECONDS, LoopServer, uvicorn_config
+from .server import DRAIN_SECONDS, LoopServer, package_version, uvicorn_config
 from .access import Access, AccessGuard, answer_subprotocol, token_ok
 
 UPSTREAM_GONE = 1012                # RFC 6455 "service restart": the client may connect again
@@ -68,7 +68,7 @@ def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstr
     from .page import add_page
     from .service import API_TEXT, UPLOAD_DOC
     from .upload import opened, refused, spool
-    app = add_page(FastAPI(**API_TEXT))
+    app = add_page(FastAPI(version=package_version() or "0", **API_TEXT))
     app.add_middleware(AccessGuard, access=Access(token, frozenset(origins), loopback))
     app.state.upstreams = upstreams
     app.state.relays, app.state.closing = {}, False          # (client, upstream) -> the client-to-upstream task
