@@ -67,7 +67,7 @@ def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstr
 
     from .page import add_page
     from .service import API_TEXT, UPLOAD_DOC
-    from .upload import opened, refused, spool
+    from .upload import busy, opened, spool, unauthorized
     app = add_page(FastAPI(version=package_version() or "0", **API_TEXT))
     app.add_middleware(AccessGuard, access=Access(token, frozenset(origins), loopback))
     app.state.upstreams = upstreams
@@ -93,11 +93,10 @@ def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstr
         """The file decoded here (as the plain server does it) and streamed to an upstream as a
         client that keeps to its credit; its records and verdict answer the request."""
         if not token_ok(request.headers, token):
-            return refused(401, "this server needs its token: Authorization: Bearer TOKEN",
-                           **{"www-authenticate": "Bearer"})
+            return unauthorized()
         with places.held(request, streams) as refusal:
             if refusal is not None:
-                return refused(503, refusal.reason, **{"retry-after": f"{limits.retry_seconds:g}"})
+                return busy(refusal.reason, limits.retry_seconds)
             spooled = await spool(request, limits.upload_bytes, limits.request_seconds)
             if not isinstance(spooled, str):
                 return spooled
@@ -113,8 +112,7 @@ def build_edge(upstreams, limits: Limits, streams: int, token: str | None, upstr
                         continue                 # (one stopping, or gone and not yet replaced): the next one
                     finally:
                         unload(app, address)
-                return refused(503, f"no {one} took the file; retry in {limits.retry_seconds:g} s",
-                               **{"retry-after": f"{limits.retry_seconds:g}"})
+                return busy(f"no {one} took the file; retry in {limits.retry_seconds:g} s", limits.retry_seconds)
             finally:
                 os.unlink(spooled)
 

@@ -29,7 +29,7 @@ def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), 
     ``origins``: the pages' origins allowed beside the server's own; ``loopback``: the server
     listens on loopback only (it then answers requests to a loopback name only)."""
     from .page import add_page
-    from .upload import classify_upload, refused
+    from .upload import busy, classify_upload, unauthorized
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -60,11 +60,10 @@ def build_app(make_hub, *, token: str | None = None, limits: Limits = Limits(), 
         """The body is the file's bytes, in any format `classify` reads; ``records=1`` adds the
         hop records (``records``, before the verdict's keys)."""
         if not token_ok(request.headers, token):
-            return refused(401, "this server needs its token: Authorization: Bearer TOKEN",
-                           **{"www-authenticate": "Bearer"})
+            return unauthorized()
         with streams.held(request, app.state.hub.capacity) as refusal:
             if refusal is not None:
-                return refused(503, refusal.reason, **{"retry-after": f"{limits.retry_seconds:g}"})
+                return busy(refusal.reason, limits.retry_seconds)
             return await classify_upload(request, app.state.hub, records, limits.upload_bytes)
 
     @app.websocket("/v1/stream")

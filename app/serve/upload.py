@@ -31,6 +31,15 @@ def refused(status: int, reason: str, **headers) -> JSONResponse:
     return JSONResponse({"error": reason}, status_code=status, headers=headers or None)
 
 
+def unauthorized() -> JSONResponse:
+    return refused(401, "this server needs its token: Authorization: Bearer TOKEN", **{"www-authenticate": "Bearer"})
+
+
+def busy(reason: str, retry_seconds: float) -> JSONResponse:
+    """503: full or draining, with when to ask again."""
+    return refused(503, reason, **{"retry-after": f"{retry_seconds:g}"})
+
+
 async def spool(request: Request, cap: int, seconds: float) -> str | JSONResponse:
     """The body in a temporary file (its path), or the refusal: 413 over ``cap`` bytes (by its
     Content-Length, before reading; else once the bytes read pass it), 408 when no part of it
@@ -113,7 +122,7 @@ async def classify_file(request: Request, path: str, hub: Hub, records: bool) ->
     try:
         conn = await hub.open(Hello(SAMPLE_RATE, 1, "f32le"), kind="upload")   # fed 16 kHz hops, not PCM
     except ProtocolError as e:                        # full, or draining
-        return refused(503, e.reason, **{"retry-after": f"{hub.limits.retry_seconds:g}"})
+        return busy(e.reason, hub.limits.retry_seconds)
     conn.source.stats = source.stats                  # the file's decoding counts (clipped, repaired samples)
     conn.source.input_rate = source.input_rate
     kept: list[dict] = []

@@ -19,18 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import uvicorn
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from app.runtime.frontend_args import FrontEndSpec
 from app.serve.access import bearer_subprotocol
-from app.serve.server import bind, uvicorn_config
-from app.serve.service import build_app
-from app.serve.spec import HubSpec
 from audio_helpers import write
 from doc_example import example
-from test_serve import HELLO, LIMITS, TOKEN, classify_jsonl, hops_of, records_and_verdict, same, stream
+from test_serve import HELLO, LIMITS, TOKEN, classify_jsonl, hops_of, records_and_verdict, same, server, stream
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
@@ -38,23 +33,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @contextmanager
-def serving(checkpoints, *, capacity=3, limits=LIMITS, origins=(), tls=None, token=TOKEN):
-    """The app of `serve` on a free loopback port in a thread: its base URL (http or https)."""
-    spec = HubSpec(FrontEndSpec("musicnn"), capacity, tuple(checkpoints), None, {}, limits)
-    app = build_app(spec.build, token=token, limits=limits, origins=origins)
-    sock = bind("127.0.0.1", 0)
-    srv = uvicorn.Server(uvicorn_config(app, limits, 2 * capacity, **(tls or {})))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert srv.started
-    try:
-        yield f"{'https' if tls else 'http'}://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=20)
+def serving(checkpoints, **options):
+    """``test_serve.server``'s app: its base URL (http or https)."""
+    with server(checkpoints, **options) as (url, _):
+        yield url.replace("ws", "http", 1).removesuffix("/v1/stream")
 
 
 def request(url, *, method="GET", body=None, headers=None, context=None):

@@ -35,12 +35,14 @@ LIMITS = Limits(outbox_seconds=1.0, burst_seconds=2.0, streams_per_address=0)
 
 
 @contextmanager
-def server(checkpoints, *, capacity=3, limits=LIMITS, **spec_options):
+def server(checkpoints, *, capacity=3, limits=LIMITS, token=TOKEN, origins=(), tls=None, **spec_options):
+    """The app of `serve` on a free loopback port in a thread (``tls``: uvicorn's ssl_certfile and
+    ssl_keyfile): (the stream's URL, ws or wss, and the app)."""
     spec = HubSpec(FrontEndSpec("musicnn"), capacity, tuple(checkpoints), None, {}, limits, **spec_options)
-    app = build_app(spec.build, token=TOKEN, limits=limits)
+    app = build_app(spec.build, token=token, limits=limits, origins=origins)
     sock = bind("127.0.0.1", 0)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)   # accepted sockets inherit it
-    srv = uvicorn.Server(uvicorn_config(app, limits, 2 * capacity))
+    srv = uvicorn.Server(uvicorn_config(app, limits, 2 * capacity, **(tls or {})))
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -48,7 +50,7 @@ def server(checkpoints, *, capacity=3, limits=LIMITS, **spec_options):
         time.sleep(0.05)
     assert srv.started
     try:
-        yield f"ws://127.0.0.1:{sock.getsockname()[1]}/v1/stream", app
+        yield f"{'wss' if tls else 'ws'}://127.0.0.1:{sock.getsockname()[1]}/v1/stream", app
     finally:
         srv.should_exit = True
         thread.join(timeout=20)
