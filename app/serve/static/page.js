@@ -94,9 +94,17 @@ async function start() {
     return;
   }
   const ctx = new AudioContext();
-  await ctx.audioWorklet.addModule("static/worklet.js");
-  const node = new AudioWorkletNode(ctx, "nystream-capture", { numberOfInputs: 1, numberOfOutputs: 0 });
-  ctx.createMediaStreamSource(media).connect(node);
+  let node;
+  try {
+    await ctx.audioWorklet.addModule("static/worklet.js");
+    node = new AudioWorkletNode(ctx, "nystream-capture", { numberOfInputs: 1, numberOfOutputs: 0 });
+    ctx.createMediaStreamSource(media).connect(node);
+  } catch (e) {
+    media.getTracks().forEach((t) => t.stop());
+    ctx.close();
+    say(`This browser cannot capture audio here: ${e.name}: ${e.message}`, true);
+    return;
+  }
   const url = new URL("v1/stream", location.href);
   url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
   const protocols = token ? ["nystream", "nystream.bearer." + base64url(token)] : ["nystream"];
