@@ -302,7 +302,7 @@ def test_the_page_streams_a_microphone_in_chromium_and_shows_classifys_genre(tmp
     """Headless Chromium, its fake microphone playing a GTZAN excerpt: the page's Start streams
     it, the page's WebSocket receives records whose most frequent top genre is `classify`'s
     verdict on that excerpt, the page shows it, Stop brings the verdict; the excerpt chosen as a
-    file shows classify's verdict; a screenshot is kept."""
+    file shows classify's verdict; /docs draws the API; a screenshot is kept."""
     if CHROMIUM is None:
         pytest.skip("no Chromium here (Debian: apt-get install chromium; make test installs it)")
     playwright = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (the dev extra)")
@@ -344,6 +344,9 @@ def test_the_page_streams_a_microphone_in_chromium_and_shows_classifys_genre(tmp
             page.wait_for_selector("#file-verdict table", timeout=60_000)
             shown = page.inner_text("#file-verdict")
             assert EXCERPT in shown and f"{best.name}\t{want['genre']}" in shown, shown
+            page.goto(f"{base}/docs")                          # the API's description, drawn from /openapi.json
+            page.wait_for_selector("#paths section", timeout=30_000)
+            assert "POST /v1/classify" in page.inner_text("#paths") and "413" in page.inner_text("#paths")
             assert problems == []
         finally:
             browser.close()
