@@ -126,17 +126,20 @@ class TestLocal:
 
 
     def test_a_killed_worker_is_replaced_and_the_tokens_are_the_same(self, excerpts, reference, tmp_path):
-        """SIGKILL of the Ray Data worker once the first track is written: Ray starts another, the
-        track in flight is computed again, and the musicnn token file is still the single-process one."""
+        """SIGKILL of the Ray Data worker once the first track is written, or once it has run a
+        second (on a busy host the driver may write its first part only after the worker has done
+        every track and left): Ray starts another, the tracks in flight are computed again, and
+        the musicnn token file is still the single-process one."""
         out = tmp_path / "ray.npz"
         parts = out.with_name(out.name + ".parts")
-        killed, lines = [], []
+        killed, lines, seen = [], [], {}
 
         def killer():
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not killed:
-                if parts.is_dir() and any(parts.glob("*.npy")):
-                    for pid in actor_pids("TrackTokens"):
+                now = time.monotonic()
+                for pid in actor_pids("TrackTokens"):
+                    if (parts.is_dir() and any(parts.glob("*.npy"))) or now - seen.setdefault(pid, now) >= 1.0:
                         os.kill(pid, signal.SIGKILL)
                         killed.append(pid)
                 time.sleep(0.05)
