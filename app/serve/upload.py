@@ -67,6 +67,9 @@ async def spool(request: Request, cap: int, seconds: float) -> str | JSONRespons
     except OSError as e:
         os.unlink(path)
         return refused(507, f"the server cannot store the upload: {e.strerror or e}")
+    except BaseException:                  # the client went away mid-body (or the request was cancelled)
+        os.unlink(path)
+        raise
     if total == 0:
         os.unlink(path)
         return refused(400, "the body is empty: send the audio file's bytes")

@@ -352,3 +352,22 @@ def test_the_page_streams_a_microphone_in_chromium_and_shows_classifys_genre(tmp
             browser.close()
     if os.environ.get("NYSTREAM_DOCS_SCREENSHOTS"):
         shutil.copy(tmp_path / "page.png", ROOT / "docs" / "serve-page.png")
+
+
+def test_a_client_that_leaves_mid_body_leaves_no_temporary_file(files):
+    """Half of a declared body, then the connection closed: the server's copy of it is removed
+    and the server serves on."""
+    checkpoints, songs = files
+    temp = Path(os.environ.get("TMPDIR", "/tmp"))
+    before = set(temp.glob("nystream-upload-*"))
+    with serving(checkpoints) as base:
+        host, port = base.split("//")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=20) as s:
+            s.sendall(f"POST /v1/classify HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                      f"Content-Length: 100000\r\n\r\n".encode() + b"\0" * 50_000)
+            time.sleep(0.5)
+        deadline = time.monotonic() + 20
+        while set(temp.glob("nystream-upload-*")) - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not set(temp.glob("nystream-upload-*")) - before
+        assert post(base, songs["a"])[0] == 200
