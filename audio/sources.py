@@ -25,8 +25,20 @@ from .errors import AudioDeviceError, DeviceLostError, printable
 from .melspec import HOP, HOP_SECONDS, SAMPLE_RATE, num_tokens
 
 
+SPEEDS = (0.5, 1.0, 2.0, 4.0, 8.0)     # playback speeds a file or the demo offers (1: a sound card's)
+
+
+def check_speed(speed: float) -> float:
+    """``speed`` if it is one of SPEEDS; ValueError naming them otherwise."""
+    if speed not in SPEEDS:
+        raise ValueError(f"a playback speed is one of {', '.join(f'{s:g}' for s in SPEEDS)}, got {speed!r}")
+    return float(speed)
+
+
 class RealtimeClock:
-    """Paces hops in real time, like a sound card: hop k is available at start + (k+1) * 0.25 s.
+    """Paces hops like a sound card playing at ``speed()`` times real time: each hop is
+    available one hop's duration / speed after the one before (read at every hop, so a change
+    of speed takes effect at the next hop).
 
     ``wait()`` returns the time the next hop became available (after sleeping until then), False
     if the consumer is more than ``max_lag`` hops behind (that hop is dropped and counted, as a
@@ -34,10 +46,10 @@ class RealtimeClock:
     """
 
     def __init__(self, stats: SourceStats, stop: threading.Event, max_lag: int = 4,
-                 paused: threading.Event | None = None):
-        self.stats, self.stop, self.max_lag = stats, stop, max_lag
+                 paused: threading.Event | None = None, speed=lambda: 1.0):
+        self.stats, self.stop, self.max_lag, self.speed = stats, stop, max_lag, speed
         self.paused = paused or threading.Event()
-        self.start, self.k = time.monotonic(), 0
+        self.due = time.monotonic()           # when the last hop was (or would have been) available
 
     def wait(self):
         if self.paused.is_set():              # hold the position; the pause does not count as lag
@@ -45,11 +57,11 @@ class RealtimeClock:
             while self.paused.is_set():
                 if self.stop.wait(0.05):
                     return None
-            self.start += time.monotonic() - t0
-        self.k += 1
-        due = self.start + self.k * HOP_SECONDS
-        now = time.monotonic()
-        if now - due > self.max_lag * HOP_SECONDS:
+            self.due += time.monotonic() - t0
+        period = HOP_SECONDS / self.speed()
+        self.due += period
+        due, now = self.due, time.monotonic()
+        if now - due > self.max_lag * period:
             self.stats.dropped += 1
             return False
         if due > now and self.stop.wait(due - now):
@@ -57,16 +69,26 @@ class RealtimeClock:
         return due
 
 
+def paced(source) -> RealtimeClock | None:
+    """A real-time ``source``'s clock, at its (changeable) ``speed``; None when it runs as fast
+    as it is read."""
+    if not source.realtime:
+        return None
+    return RealtimeClock(source.stats, source._stop, paused=source.paused, speed=lambda: source.speed)
+
+
 class FileSource:
     """Hops of a file, decoded block by block as they are taken (audio/decoding.py): as fast as
-    possible, or paced in real time; optionally looped. Memory does not grow with the file.
+    possible, or paced in real time at ``speed`` (SPEEDS; ``speed`` may change as it plays);
+    optionally looped. Memory does not grow with the file.
 
     Token count follows ``melspec.num_tokens``: the trailing partial hop is not classified, and a
     file shorter than one hop gives one zero-padded hop.
     """
 
-    def __init__(self, path: str | Path, *, realtime: bool = False, loop: bool = False):
+    def __init__(self, path: str | Path, *, realtime: bool = False, loop: bool = False, speed: float = 1.0):
         self.stats = SourceStats()
+        self.speed = check_speed(speed)
         self.audio = probe(path)              # a bad file fails here, before any model loads
         self.info = self.audio.info()
         self.name = f"file:{printable(Path(path).name)}"      # a non-UTF-8 name shows its bytes as \xff
@@ -90,7 +112,7 @@ class FileSource:
             yield np.pad(pending, (0, HOP - len(pending)))
 
     def __iter__(self):
-        clock = RealtimeClock(self.stats, self._stop, paused=self.paused) if self.realtime else None
+        clock = paced(self)
         self.last_ready = None
         stats = self.stats                   # repaired samples are counted on the first pass
         while not self._stop.is_set():
@@ -118,13 +140,16 @@ class FileSource:
 
 class DemoSource:
     """A deterministic synthetic piece (no third-party audio): 120 BPM, a bass line, a
-    four-chord progression with harmonics and decay, and a seeded noise hi-hat on off-beats."""
+    four-chord progression with harmonics and decay, and a seeded noise hi-hat on off-beats.
+    Real time: paced at ``speed``, as a file is."""
 
     CHORDS = ((220.00, 277.18, 329.63), (174.61, 220.00, 261.63),
               (196.00, 246.94, 293.66), (164.81, 207.65, 246.94))
 
-    def __init__(self, *, seed: int = 0, realtime: bool = False, seconds: float | None = None):
+    def __init__(self, *, seed: int = 0, realtime: bool = False, seconds: float | None = None,
+                 speed: float = 1.0):
         self.stats = SourceStats()
+        self.speed = check_speed(speed)
         self.name, self.input_rate = "demo", SAMPLE_RATE
         self.seed, self.realtime, self.seconds = seed, realtime, seconds
         self._stop = threading.Event()
@@ -138,7 +163,7 @@ class DemoSource:
         return np.clip(tonal + _noise(self.seed, start, count) * hat, -1, 1).astype(np.float32)
 
     def __iter__(self):
-        clock = RealtimeClock(self.stats, self._stop, paused=self.paused) if self.realtime else None
+        clock = paced(self)
         self.last_ready = None
         total = math.inf if self.seconds is None else int(self.seconds / HOP_SECONDS)
         t = 0

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QButtonGroup, QCheckBox, QComboBox, QDoubleSpinBo
 from app.runtime.sources import SourceKind
 from audio.errors import AudioError
 from audio.frontends import FRONTENDS
+from audio.sources import SPEEDS
 from models.sda import VARIANTS
 
 FRONTEND_LABELS = {"musicnn": "musicnn (pretrained, ships)", "vggish": "VGGish (the paper's)"}
@@ -50,8 +51,15 @@ class SidePanel(QWidget):
         self.open_btn = QPushButton("Open file…")
         f.addRow("File", self.open_btn)
         f.addRow(self.file_label)                  # a row of its own: a long name never squeezes the button
-        self.loop_box = QCheckBox("Loop file (real-time pace)")
+        self.loop_box = QCheckBox("Loop file")
         f.addRow("", self.loop_box)
+        self.speed_box = QComboBox()
+        for speed in SPEEDS:
+            self.speed_box.addItem(f"{speed:g}x", speed)
+        self.speed_box.setCurrentIndex(SPEEDS.index(1.0))
+        self.speed_box.setToolTip("playback speed of a file or the demo signal, live (a microphone plays "
+                                  "at its own); a hop the models cannot keep up with is dropped and counted")
+        f.addRow("Speed", self.speed_box)
         self.compute_box = QComboBox()
         self.compute_box.addItem("CPU", "cpu")
         if torch.cuda.is_available():

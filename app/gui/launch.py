@@ -34,7 +34,8 @@ def launch(args) -> int:
     explicit = args.frontend or args.vggish_weights or args.random_vggish
     window = MainWindow(Options(source=args.source, variants=args.variant, checkpoints=args.checkpoint,
                                 frontend=frontend_name(args) if explicit else None,
-                                vggish_weights=args.vggish_weights, random_vggish=random_seed(args)),
+                                vggish_weights=args.vggish_weights, random_vggish=random_seed(args),
+                                speed=args.speed),
                         settings)
     window.show()
     stopped = []

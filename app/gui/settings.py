@@ -23,11 +23,12 @@ class Options:
     frontend: str | None = None               # 'musicnn' | 'vggish' (default: saved, else musicnn)
     vggish_weights: str | None = None
     random_vggish: int | None = None
+    speed: float | None = None                # a file's or the demo's playback speed (audio.sources.SPEEDS)
     autostart: bool = True
 
 
 KNOWN_KEYS = frozenset((
-    "source/kind", "source/device", "source/file", "source/loop", "models/variants", "models/layers",
+    "source/kind", "source/device", "source/file", "source/loop", "source/speed", "models/variants", "models/layers",
     "models/window", "models/landmarks", "view/smoothing_s", "cost/flops_kind", "table/reference",
     "compute", "frontend", "window/geometry", "window/state"))
 
@@ -144,6 +145,8 @@ def load_settings(w) -> list[str]:
     if path and Path(path).is_file():
         w.set_file(path)
     w.loop_box.setChecked(r.flag("source/loop", True))
+    speeds = [f"{w.speed_box.itemData(i):g}" for i in range(w.speed_box.count())]
+    w.speed_box.setCurrentIndex(speeds.index(r.choice("source/speed", "1", speeds)))
     saved = w.settings.value("models/variants", None)        # a hand-written a,b reads as a list
     items = saved if isinstance(saved, (list, tuple)) else str(saved).split(",")
     variants = list(VARIANTS) if saved is None else [str(v).strip() for v in items if str(v).strip()]
@@ -172,6 +175,7 @@ def save_settings(w) -> None:
     s.setValue("source/device", w.device_box.currentText())
     s.setValue("source/file", w.file_path or "")
     s.setValue("source/loop", w.loop_box.isChecked())
+    s.setValue("source/speed", f"{w.speed:g}")
     s.setValue("models/variants", ",".join(v for v, b in w.variant_boxes.items() if b.isChecked()))
     s.setValue("models/layers", w.layers_box.value())
     s.setValue("models/window", w.window_box.value())
@@ -198,6 +202,8 @@ def apply_options(w) -> None:
             w.device_box.setCurrentText(spec.arg)
         elif spec.kind is SourceKind.FILE:
             w.set_file(spec.arg)
+    if o.speed is not None:
+        w.speed_box.setCurrentIndex(w.speed_box.findData(o.speed))
     if o.variants is not None:
         tick(w, o.variants)
     for path in o.checkpoints:

@@ -85,7 +85,7 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ layout
     def _build_ui(self) -> None:
         side = self.side = SidePanel()
-        for name in ("source_kind", "device_box", "file_label", "loop_box", "compute_box",
+        for name in ("source_kind", "device_box", "file_label", "loop_box", "speed_box", "compute_box",
                      "frontend_box", "start_btn", "pause_btn", "stop_btn", "variant_boxes",
                      "layers_box", "window_box", "landmarks_box", "mode_group", "mode_continual",
                      "mode_fixed", "reset_btn", "focus_box", "smooth_box"):
@@ -96,6 +96,7 @@ class MainWindow(QMainWindow):
         self.start_btn.clicked.connect(self.start)
         self.pause_btn.clicked.connect(self.toggle_pause)
         self.stop_btn.clicked.connect(self.stop)
+        self.speed_box.currentIndexChanged.connect(lambda _: self.running and self.engine.set_speed(self.speed))
         for box in self.variant_boxes.values():
             box.toggled.connect(lambda _checked: self.sync_models())
         side.apply_btn.clicked.connect(lambda: self.sync_models(rebuild=True))
@@ -271,13 +272,18 @@ class MainWindow(QMainWindow):
         """The chosen source, read from the widgets; the engine process opens it."""
         kind = SourceKind(self.source_kind.currentData())
         if kind is SourceKind.FILE:
-            return SourceSpec(kind, self.file_path or "", loop=self.loop_box.isChecked())
+            return SourceSpec(kind, self.file_path or "", loop=self.loop_box.isChecked(), speed=self.speed)
         if kind is SourceKind.MIC:
             device = self.device_box.currentData()
             if device is None and self.device_box.isEditable():
                 device = self.device_box.currentText()
             return SourceSpec(kind, "" if device is None else str(device))
-        return SourceSpec(SourceKind.DEMO)
+        return SourceSpec(SourceKind.DEMO, speed=self.speed)
+
+    @property
+    def speed(self) -> float:
+        """The chosen playback speed of a file or the demo."""
+        return self.speed_box.currentData()
 
     def open_engine(self) -> None:
         """A fresh engine process, preparing the chosen front end and the compiled forms while

@@ -20,7 +20,8 @@ will start with: the front end is built, its compiled push loaded (or its build 
 models' compiled kernels requested (models/fused/ready.py), so that Start finds them ready.
 
 Messages, window -> engine: ("prepare", FrontEndSpec), ("run", run_id, FrontEndSpec, SourceSpec,
-[(name, ModelSpec, kwargs)]), ("call", method, args, kwargs), ("pause", on), ("stop",), ("exit",).
+[(name, ModelSpec, kwargs)]), ("call", method, args, kwargs), ("pause", on), ("speed", x), ("stop",),
+("exit",).
 Engine -> window, each tagged with its run_id: ("prepared", 0, seconds since the process began),
 ("ready", id, front-end facts), ("warn", id, text), ("step", id, new kinds, packed hop, mel),
 ("push", id, how the front end's network runs, or None: on its first hop and whenever it
@@ -128,6 +129,10 @@ class EngineProcess:
 
     def set_paused(self, paused: bool) -> None:
         self._send(("pause", paused))
+
+    def set_speed(self, speed: float) -> None:
+        """Play the run's file or demo at ``speed`` from its next hop (a microphone keeps its own)."""
+        self._send(("speed", speed))
 
     def stop(self) -> None:
         """End the run after the hop in progress (closes its source)."""
@@ -277,6 +282,11 @@ class Run:
         if self.source is not None and hasattr(self.source, "paused"):
             (self.source.paused.set if on else self.source.paused.clear)()
 
+    def set_speed(self, speed: float) -> None:
+        from audio.sources import check_speed
+        if self.source is not None and hasattr(self.source, "speed"):
+            self.source.speed = check_speed(speed)
+
     def stop(self, timeout: float = 2.0) -> None:
         self.stopping = True
         self.engine.stop()
@@ -393,6 +403,8 @@ def serve(conn, parent_pid: int, torch_threads: int | None = None, environ: dict
             getattr(run.engine, method)(*args, **kwargs)
         elif kind == "pause" and run is not None:
             run.pause(message[1])
+        elif kind == "speed" and run is not None:
+            run.set_speed(message[1])
         elif kind == "stop" and run is not None:
             run.stop()
             run = None

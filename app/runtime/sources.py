@@ -24,6 +24,7 @@ class SourceSpec:
     kind: SourceKind
     arg: str = ""              # the device (mic) or path (file); '' for the default device
     realtime: bool = True      # pace a file or the demo like a sound card
+    speed: float = 1.0         # ... playing at this speed (audio.sources.SPEEDS)
     loop: bool = False         # loop a file
     seconds: float | None = None   # the demo's length (None: endless)
 
@@ -49,13 +50,13 @@ class SourceSpec:
         starts it then). Typed AudioError on failure."""
         from audio.sources import DemoSource, FileSource, MicrophoneSource
         if self.kind is SourceKind.DEMO:
-            return DemoSource(realtime=self.realtime, seconds=self.seconds)
+            return DemoSource(realtime=self.realtime, seconds=self.seconds, speed=self.speed)
         if self.kind is SourceKind.MIC:
             mic = MicrophoneSource(self.arg or None)          # index or (partial) name
             return mic.start() if start else mic
         if not self.arg:
             raise AudioFileError("no file chosen: open a file (or drop one on the window) first")
-        return FileSource(self.arg, realtime=self.realtime, loop=self.loop)
+        return FileSource(self.arg, realtime=self.realtime, loop=self.loop, speed=self.speed)
 
 
 STDIN = "-"                     # a path that means standard input

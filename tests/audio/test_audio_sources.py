@@ -37,6 +37,27 @@ def test_file_source_hops_and_realtime_pacing(tmp_path):
     looped.close()
 
 
+def test_a_speed_paces_the_sources_clock_and_changes_at_the_next_hop(tmp_path):
+    """At speed x a hop is due 0.25 s / x after the one before (on the source's own clock, so
+    exactly, however busy the host); a speed set while it plays holds from the next hop; a
+    speed the window does not offer is refused in one line."""
+    path = write(tmp_path / "t.wav", tone(3.0, 16000), 16000)
+    for source in (FileSource(path, realtime=True, speed=4.0), DemoSource(realtime=True, seconds=3, speed=4.0)):
+        ready = []
+        for i, _ in enumerate(source):
+            ready.append(source.last_ready)
+            if i == 3:
+                source.speed = 8.0
+        assert len(ready) + source.stats.dropped == 12
+        # whole periods (more than one where a stalled host made the source drop a hop)
+        periods = np.diff(ready) / np.array([0.0625] * 3 + [0.03125] * (len(ready) - 4))
+        np.testing.assert_allclose(periods, np.maximum(1, np.round(periods)), atol=1e-6)
+        assert round(periods.sum()) - len(periods) == source.stats.dropped
+    for bad in (0.0, -1.0, 3.0, float("nan"), 1e9):
+        with pytest.raises(ValueError, match="playback speed is one of 0.5, 1, 2, 4, 8"):
+            FileSource(path, speed=bad)
+
+
 def test_audio_time_is_the_streams_own_when_hops_are_dropped(tmp_path):
     """A real-time file source whose consumer stalls for 2 s drops hops (the sound card's
     overrun); each token's audio time counts them, so the last one is the file's length."""

@@ -1,4 +1,6 @@
-"""Fixtures of the window tests: a window on a temporary settings file, a short music file."""
+"""Fixtures of the window tests: a window on a temporary settings file, playing its file or the
+demo at 4x (SPEED: a test that counts hops per second of the host's clock asks for 1x), a short
+music file."""
 import gc
 
 import numpy as np
@@ -7,6 +9,7 @@ import pytest
 from app.gui.ini import IniSettings
 from app.gui.window import MainWindow, Options
 from audio_helpers import tone, write
+from gui_helpers import SPEED
 
 
 @pytest.fixture
@@ -14,10 +17,10 @@ def make_window(qtbot, tmp_path):
     windows = []
 
     def make(source=None, variants=("regular", "continual", "continual_nystrom"), n=8, start=True,
-             random_vggish=0, **kw):
+             random_vggish=0, speed=SPEED, **kw):
         settings = IniSettings(tmp_path / "settings.ini")
         w = MainWindow(Options(source=source, variants=None if variants is None else list(variants),
-                               random_vggish=random_vggish, autostart=False, **kw), settings)
+                               random_vggish=random_vggish, speed=speed, autostart=False, **kw), settings)
         qtbot.addWidget(w)
         w.slow_panels_s = 0             # every panel on every frame with new hops: tests read them all
         w.show()

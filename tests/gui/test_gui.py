@@ -21,7 +21,7 @@ from app.runtime.sources import SourceKind
 from app.runtime.verdict import Tally, top_k
 from app.gui.window import MainWindow, Options
 from audio_helpers import tone, write
-from gui_helpers import WAIT_MS, wait_steps
+from gui_helpers import SPEED, WAIT_MS, wait_steps
 from process_helpers import descendants, gone_within, name_of
 from models.checkpoint import save_checkpoint
 from models.transformer import ModelConfig, build_model
@@ -54,14 +54,22 @@ def test_window_runs_a_file_and_every_plot_gets_data(make_window, qtbot, music_f
     assert "RANDOM" in w.status["tokens"].text()
     assert f"dropped hops: {last.dropped_hops}" in w.status["run"].text()     # the source's own count
     assert "untrained" in w.top_label.text()
-    # real-time pace, on the source's clock: each hop is due 0.25 s after the one before, so the
-    # records' ready times step by 0.25 s per hop shown or dropped, however fast this host is
-    # (whether it keeps up is measured by `bench --gui`)
+    # real-time pace at the chosen speed, on the source's clock: each hop is due 0.25 s / speed
+    # after the one before, so the records' ready times step by that per hop shown or dropped,
+    # however fast this host is (whether it keeps up is measured by `bench --gui`)
+    assert w.speed == SPEED
     recent = list(w.history)[-9:]
     for a, b in zip(recent, recent[1:]):
         hops = (b.step - a.step) + (b.dropped_hops - a.dropped_hops)
-        assert b.ready_time - a.ready_time == pytest.approx(0.25 * hops, abs=1e-6)
+        assert b.ready_time - a.ready_time == pytest.approx(0.25 / SPEED * hops, abs=1e-6)
         assert b.done_time >= b.ready_time
+    # the speed changed live: from the next hop, twice as fast
+    w.speed_box.setCurrentIndex(w.speed_box.findData(2 * SPEED))
+    wait_steps(qtbot, w, len(w.history) + 12)
+    recent = list(w.history)[-9:]
+    for a, b in zip(recent, recent[1:]):
+        hops = (b.step - a.step) + (b.dropped_hops - a.dropped_hops)
+        assert b.ready_time - a.ready_time == pytest.approx(0.25 / (2 * SPEED) * hops, abs=1e-6)
 
 
 def test_dropping_a_file_on_the_window_plays_it(make_window, qtbot, music_file):
@@ -430,7 +438,7 @@ def test_settings_persist_between_runs(make_window, qtbot, music_file):
     qtbot.addWidget(w2)
     assert w2.file_path == str(music_file) and w2.source_kind.currentIndex() == 2
     assert [v for v, b in w2.variant_boxes.items() if b.isChecked()] == ["nystrom"]
-    assert (w2.window_box.value(), w2.layers_box.value()) == (16, 2)
+    assert (w2.window_box.value(), w2.layers_box.value(), w2.speed) == (16, 2, SPEED)
 
 
 @pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb not installed (scripts/system-deps.sh --test)")
@@ -444,7 +452,7 @@ def test_real_window_under_xvfb_saves_a_screenshot(tmp_path):
         env["DISPLAY"] = display
         shot = tmp_path / "window.png"
         r = subprocess.run([sys.executable, str(ROOT / "main.py"), "gui", "--source", "demo", "--random-vggish",
-                            "--settings", str(tmp_path / "s.ini"), "--screenshot", str(shot),
+                            "--speed", "2", "--settings", str(tmp_path / "s.ini"), "--screenshot", str(shot),
                             "--quit-after", "6"], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert r.returncode == 0, r.stderr[-2000:]
         from PySide6.QtGui import QImage
@@ -452,6 +460,7 @@ def test_real_window_under_xvfb_saves_a_screenshot(tmp_path):
         assert (img.width(), img.height()) == (1366, 768)               # the whole small screen
         colours = {img.pixel(x, y) for x in range(0, 1366, 25) for y in range(0, 768, 25)}
         assert len(colours) > 20                      # a drawn window, not a blank frame
+        assert "speed=2" in (tmp_path / "s.ini").read_text()       # --speed played, and was kept
     finally:
         xvfb.terminate()
         xvfb.wait(5)
@@ -486,7 +495,7 @@ def test_agreement_column_with_two_blocks_and_an_untrained_regular_beside_a_trai
 
 
 def test_frames_redraw_the_plots_per_hop_and_the_ranking_and_table_once_a_second(make_window, qtbot):
-    w = make_window(source="demo", start=False)
+    w = make_window(source="demo", start=False, speed=1.0)
     w.slow_panels_s = 1.0                        # the window's own setting
     w.start()
     wait_steps(qtbot, w, 12)
@@ -508,12 +517,12 @@ def test_a_settings_file_with_bad_values_never_stops_the_window(make_window, qtb
     notice above the plots names its key (whole, until dismissed), unknown keys and unquoted
     lists are named too, the window starts, and the next save writes valid values back."""
     (tmp_path / "settings.ini").write_text(
-        "[source]\nkind=tape\nloop=maybe\nfile=/a,b.wav\n[models]\nlayers=abc\nwindow=nan\nlandmarks=-3\n"
+        "[source]\nkind=tape\nloop=maybe\nspeed=3\nfile=/a,b.wav\n[models]\nlayers=abc\nwindow=nan\nlandmarks=-3\n"
         "variants=regular,bogus\n[view]\nsmoothing_s=fast\n[cost]\nflops_kind=gigaflops\n[window]\n"
         "geometry=not-bytes\nstate=1\n[General]\ncompute=tpu\nfrontend=wav2vec\ncolour=blue\n")
     w = make_window(source=None, variants=None, start=False, random_vggish=None)
     line = w.notice.text()
-    for key in ("source/kind", "source/loop", "source/file", "models/layers", "models/window",
+    for key in ("source/kind", "source/loop", "source/speed", "source/file", "models/layers", "models/window",
                 "models/landmarks", "models/variants", "view/smoothing_s", "cost/flops_kind",
                 "window/geometry", "window/state", "compute", "frontend", "colour"):
         assert key in line, key
@@ -610,15 +619,20 @@ def test_a_checkpoint_of_its_own_classes_shows_their_names(make_window, qtbot, t
     qtbot.waitUntil(lambda: w.focus_box.currentText() == "continual [own]", timeout=WAIT_MS)
     wait_steps(qtbot, w, 6)
     panel = w.genre
-    panel.redraw(list(w.recent), "continual [own]")   # drawn here, from the newest step
-    p = np.array(w.recent[-1].models["continual [own]"].probabilities)
+    recent = list(w.recent)                            # (the engine's reader adds steps meanwhile)
+    panel.redraw(recent, "continual [own]")            # drawn here, from the newest step
+    p = np.array(recent[-1].models["continual [own]"].probabilities)
     drawn = np.sort(np.argsort(-p)[:MAX_BARS])        # every class up to MAX_BARS, else the most probable
     ticks = [name for _, name in panel.bars_plot.getAxis("left")._tickLevels[0]]
     assert ticks == [classes[i] for i in drawn] and len(drawn) == min(count, MAX_BARS)
     np.testing.assert_array_equal(panel.bars.opts["width"], p[drawn])
     np.testing.assert_array_equal(panel.bars.opts["y"], np.arange(len(drawn)))
-    curves = [c.getData()[1] for c in panel.history]
-    assert [y is not None and np.isfinite(y).any() for y in curves] == [j < len(drawn) for j in range(MAX_BARS)]
-    assert curves[0][-1] == p[drawn[0]]
+    curves = [c.getData() for c in panel.history]
+    assert [y is not None and np.isfinite(y).any() for _, y in curves] == [j < len(drawn) for j in range(MAX_BARS)]
+    # each drawn point is its step's probability (matched by audio time: on a busy host pyqtgraph
+    # may still hand back a frame's data from before the redraw above)
+    at = {r.audio_time: r.models["continual [own]"].probabilities for r in recent}
+    (xs, ys), first = curves[0], panel.drawn[1][0]
+    assert len(xs) >= 5 and all(y == at[x][first] for x, y in zip(xs, ys) if np.isfinite(y))
     assert w.top_label.text().startswith("class ")
     w.grab()                     # drawing the panels raises nothing
