@@ -1,6 +1,6 @@
 """Crash-safe writes: a file is written beside its final name, fsynced, renamed over it, and its
 directory fsynced, so that a crash or a full disk leaves the old file or the new one, never a
-part of one. Used for token files and parts, manifests and reports (checkpoints: models/checkpoint.py)."""
+part of one. Used for token files and parts, manifests, reports and checkpoints."""
 from __future__ import annotations
 
 import errno

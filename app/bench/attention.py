@@ -10,7 +10,7 @@ from models.fused import available as fused_available
 from models.landmarks import fit_fixed_landmarks
 from models.stream.sums import Stability
 from models.stream.sda import streaming_sda
-from models.training import with_config
+from app.offline.training import with_config
 from models.transformer import ModelConfig, build_model
 
 from .timing import Row, paired_medians, time_steps, warm

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from app.runtime.onnx_step import OnnxStep
-from models.checkpoint import load_checkpoint
+from app.checkpoint import load_checkpoint
 from audio.assets import assets_dir
 from models.landmarks import fit_fixed_landmarks
 from app.offline.onnx_export import export_onnx

@@ -40,7 +40,7 @@ def run(args) -> int:
     from audio.frontends import build_frontend
     from app.offline.ray.cluster import RayClusterError
     from audio.checksums import file_sha256
-    from models.checkpoint import CheckpointError
+    from app.checkpoint import CheckpointError
     try:
         torch.set_num_threads(args.threads or torch.get_num_threads())
         frontend = build_frontend(args.frontend)
@@ -62,7 +62,7 @@ def run(args) -> int:
                   f"sub-folder per class ({', '.join(classes)})", file=sys.stderr)
             return 1
         for e in entries:
-            from models.checkpoint import load_checkpoint
+            from app.checkpoint import load_checkpoint
             e.payload = load_checkpoint(e.path)[1]
         log = (lambda s: print(s, file=sys.stderr, flush=True))
         out = Path(args.out)

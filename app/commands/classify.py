@@ -231,7 +231,7 @@ def run(args) -> int:
     from app.runtime.lineup import UnknownModelError
     from app.runtime.onnx_step import OnnxModelError
     from audio.errors import AudioError
-    from models.checkpoint import CheckpointError
+    from app.checkpoint import CheckpointError
     try:
         if args.list_devices:
             return list_devices()

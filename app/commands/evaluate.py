@@ -26,7 +26,7 @@ def run(args) -> int:
     from app.offline.evaluate import EvaluateError, evaluate
     from app.offline.report import write_report
     from audio.tokens.cache import TokenFileError
-    from models.checkpoint import CheckpointError
+    from app.checkpoint import CheckpointError
     try:
         report = evaluate(args.tokens, args.checkpoint, variant=args.variant,
                           data_seed=args.data_seed, allow_other_data=args.allow_other_data)

@@ -25,7 +25,7 @@ def run(args) -> int:
 
     from app.runtime.onnx_step import OnnxModelError, OnnxStep
     from app.offline.onnx_export import NotExportable, export_onnx
-    from models.checkpoint import CheckpointError, load_checkpoint
+    from app.checkpoint import CheckpointError, load_checkpoint
     try:
         model, payload = load_checkpoint(args.checkpoint, fused=False)
         export_onnx(model, args.onnx, classes=payload["classes"], frontend=payload["frontend"],

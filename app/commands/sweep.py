@@ -60,7 +60,7 @@ def run(args) -> int:
     from app.offline.sweep import SweepConfig, UntrustedWorkError, run_sweep
     from app.offline.train import TrainError
     from audio.tokens.cache import TokenFileError
-    from models.checkpoint import CheckpointError
+    from app.checkpoint import CheckpointError
     from models.sda import VARIANTS
     variants = tuple(v for v in args.variants.split(",") if v)
     unknown = [v for v in variants if v not in VARIANTS]

@@ -62,7 +62,7 @@ def run(args) -> int:
     from audio.checksums import file_sha256
     from audio.frontends import frontend_of_tokens
     from audio.tokens.cache import TokenFileError, load_tokens
-    from models.checkpoint import CheckpointError, checkpoint_bytes, load_checkpoint, save_checkpoint
+    from app.checkpoint import CheckpointError, checkpoint_bytes, load_checkpoint, save_checkpoint
     from models.transformer import ModelConfig
     try:
         compute_device(args, "train")

@@ -22,7 +22,7 @@ from app.runtime.steplog import StepLog
 from audio.errors import with_hint
 from audio.frontends import DEFAULT_FRONTEND
 from audio.melspec import HOPS_PER_MINUTE
-from models.checkpoint import CheckpointError
+from app.checkpoint import CheckpointError
 from models.transformer import ModelConfig
 
 from . import docks, export, frames, settings as store
@@ -221,7 +221,7 @@ class MainWindow(QMainWindow):
         return self.frontend_box.currentData() or DEFAULT_FRONTEND
 
     def wanted_models(self) -> dict[str, Entry | ModelConfig]:
-        """What the ticked variants run (app/lineup.py): shipped trained models, else untrained."""
+        """What the ticked variants run (app/runtime/lineup.py): shipped trained models, else untrained."""
         ticked = [v for v, box in self.variant_boxes.items() if box.isChecked()]
         return self.lineup.wanted(self.frontend_name, self.device, ticked, layers=self.layers_box.value(),
                                   window=self.window_box.value(), landmarks=self.landmarks_box.value())

@@ -1,6 +1,6 @@
 """`python main.py evaluate`: stream every test sequence through trained checkpoints, token by
 token (batched across tracks), and measure accuracy, agreement with the batch forward, FLOPs,
-latency and state memory (``models/evaluation.py``). ``app/report.py`` writes the report.
+latency and state memory (``app/offline/evaluation.py``). ``app/offline/report.py`` writes the report.
 
 Each checkpoint is evaluated on the test sequences recorded in its own metadata (so several data
 seeds can be mixed); checkpoints that differ only in their seed are one row (mean ± std).
@@ -20,8 +20,8 @@ import torch
 
 from audio.checksums import file_sha256
 from audio.tokens.cache import TokenSet, load_tokens
-from models.checkpoint import load_checkpoint
-from models.evaluation import Costs, measure_costs, regular_reference, stream_metrics
+from app.checkpoint import load_checkpoint
+from app.offline.evaluation import Costs, measure_costs, regular_reference, stream_metrics
 from models.fused import default_fused
 
 from .progress import Progress
@@ -134,7 +134,7 @@ def split_text(tokens: TokenSet, data_seed: int) -> str:
 def evaluate(tokens_path: str, checkpoints: list[str], *, variant: str | None = None,
              data_seed: int = 0, allow_other_data: bool = False,
              log=lambda s: print(s, file=sys.stderr, flush=True)) -> dict:
-    """Evaluate ``checkpoints`` on ``tokens_path``; returns the report dict (see app/report.py)."""
+    """Evaluate ``checkpoints`` on ``tokens_path``; returns the report dict (see app/offline/report.py)."""
     if not checkpoints:
         raise EvaluateError("give at least one --checkpoint")
     t_start = time.monotonic()

@@ -15,8 +15,8 @@ def evaluate_speed(sequences: int = 300, steps: int = 120) -> dict:
     from app.offline.train import train
     from audio.gtzan import GENRES
     from audio.tokens.cache import pack, save_tokens
-    from models.checkpoint import save_checkpoint
-    from models.training import TrainConfig
+    from app.checkpoint import save_checkpoint
+    from app.offline.training import TrainConfig
     from models.transformer import ModelConfig
 
     folder = tempfile.mkdtemp()

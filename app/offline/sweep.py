@@ -69,8 +69,8 @@ def run_trial(cfg: SweepConfig, point: GridPoint, log=lambda s: None) -> dict:
     from audio.checksums import file_sha256
     from audio.frontends import frontend_of_tokens
     from audio.tokens.cache import load_tokens
-    from models.checkpoint import load_checkpoint, save_checkpoint
-    from models.training import TrainConfig
+    from app.checkpoint import load_checkpoint, save_checkpoint
+    from app.offline.training import TrainConfig
     from models.transformer import ModelConfig
 
     threads = torch.get_num_threads()

@@ -1,5 +1,5 @@
 """Training from a token file (`python main.py train`): batch training of one variant on a token file, with the paper's
-two-phase fixed landmarks (Carreto Picón et al.). The training loop is ``models/training.py``;
+two-phase fixed landmarks (Carreto Picón et al.). The training loop is ``app/offline/training.py``;
 this module reads the token file, splits it and writes the checkpoint with its metadata.
 
 Splits: a token file with a predefined 'train'/'test' split (the musicnn converter) keeps its
@@ -21,7 +21,7 @@ import torch
 
 from audio.gtzan import stratified_split
 from audio.tokens.cache import TokenSet
-from models.training import TrainConfig, fit, score
+from app.offline.training import TrainConfig, fit, score
 from models.transformer import ModelConfig
 
 from .progress import Progress

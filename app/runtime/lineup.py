@@ -11,7 +11,7 @@ import torch
 from audio.assets import assets_dir
 from audio.gtzan import GENRES
 from audio.frontends import token_dim
-from models.checkpoint import CheckpointError, load_checkpoint
+from app.checkpoint import CheckpointError, load_checkpoint
 from models.transformer import ModelConfig, build_model
 
 ASSETS = assets_dir() / "models"

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from models import flops as F
-from models.checkpoint import MAX_FILE_BYTES, check_classes, check_frontend, checked_config
+from app.checkpoint import MAX_FILE_BYTES, check_classes, check_frontend, checked_config
 from models.stream.batch import Slots
 from models.stream.model import KINDS, state_spec
 

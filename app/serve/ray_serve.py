@@ -170,7 +170,7 @@ def runtime_env() -> dict:
 def deploy(spec, token: str | None, host: str, port: int, replicas: int, address: str, public=None) -> int:
     """`serve --ray`: start (a local Ray, or join ADDRESS), deploy, serve until SIGTERM / SIGINT."""
     from app.runtime.lineup import load_trained
-    from models.checkpoint import CheckpointError
+    from app.checkpoint import CheckpointError
     for path in spec.checkpoints:       # here first: a replica's failure would be Ray's traceback
         try:
             load_trained(path, spec.frontend.name, "cpu")

@@ -169,7 +169,7 @@ def built_hub(spec):
     """``spec.build()``, or SystemExit with its error in one line (a missing or mismatched
     checkpoint, missing weights: what `classify` says of them)."""
     from audio.errors import AudioError
-    from models.checkpoint import CheckpointError
+    from app.checkpoint import CheckpointError
     try:
         return spec.build()
     except (AudioError, CheckpointError, ValueError) as e:

@@ -23,7 +23,7 @@ JIT = K.JIT
 
 
 # ----------------------------------------------------------------------------- row blocks
-# (between torch's matrix products of two_block.py)
+# (between torch's matrix products: backend.py TwoBlockBackend.step)
 
 @njit(**JIT)
 def norm_rows(x, a, bias, w, b, eps, out):
@@ -144,7 +144,7 @@ def continual_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, ref, 
                     scores, x_ring, slot, full, rescale_on, refresh_on, tau, attn):
     """Continual (exact) retroactive block 1 up to its attention, one token after the first, window
     full after it: embed (h), in-projection (qkv), token into the input ring, then per head the
-    running sums of every query slot (models/sda/continual.py): the departing key leaves every
+    running sums of every query slot (models/stream/sums.py): the departing key leaves every
     row, the new key joins every row (rescaling a row whose reference rises), the newest query's
     row is computed from scratch, stale rows are refreshed from cached scores; attn[j, head] =
     num_j / den_j, ring order. ring_*: (H, n, dh); ref, den, peak: (H, n); num: (H, n, dh);

@@ -74,7 +74,7 @@ def test_classify_with_a_checkpoint_marks_it_trained(tmp_path):
     import torch
 
     from audio.gtzan import GENRES
-    from models.checkpoint import save_checkpoint
+    from app.checkpoint import save_checkpoint
     from models.transformer import ModelConfig, build_model
     torch.manual_seed(0)
     model = build_model(ModelConfig(variant="continual", window=8))

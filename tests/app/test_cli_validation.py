@@ -15,7 +15,7 @@ from engine_helpers import engine_of
 from audio.frontends import build_frontend
 from audio.sources import DemoSource
 from audio.tokens.cache import pack, save_tokens
-from models.checkpoint import save_checkpoint
+from app.checkpoint import save_checkpoint
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -12,7 +12,7 @@ import torch
 from app.cli import main
 from audio.gtzan import GENRES
 from audio.tokens.cache import pack, save_tokens
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from test_train_evaluate import synthetic_tokens
 from tiny import tiny_model
 

@@ -14,7 +14,7 @@ from audio.errors import FrontEndMismatchError
 from audio.frontends import MusicnnFrontEnd, build_frontend
 from audio.sources import DemoSource
 from audio.tokens.stream import TokenStream
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from engine_helpers import engine_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +103,7 @@ def test_shipped_models_reach_their_recorded_accuracy_on_the_evaluation_tracks(s
     evaluation tokens (290 tracks never used for training) gives the test accuracy its
     checkpoint records, and it is at least 75 %."""
     from audio.tokens.cache import convert_musicnn
-    from models.training import score
+    from app.offline.training import score
     tokens = convert_musicnn(shared_data / "gtzan_musicnn_tokens")
     X, labels = torch.as_tensor(tokens.X), torch.as_tensor(tokens.labels)
     test = np.flatnonzero(tokens.split == "test")

@@ -75,7 +75,7 @@ def test_a_deflate_checkpoint_bomb_is_refused_before_it_inflates(tmp_path):
 
 
 def test_a_checkpoint_whose_zip_claims_more_than_it_holds_is_refused(tmp_path):
-    from models.checkpoint import CheckpointError, load_checkpoint
+    from app.checkpoint import CheckpointError, load_checkpoint
     with pytest.raises(CheckpointError, match="declares 3,221,225,472 bytes that the file does not hold"):
         load_checkpoint(H.lying_checkpoint(tmp_path / "lie.pt"))
 
@@ -84,7 +84,7 @@ def test_a_weight_claiming_a_huge_shape_is_refused_by_its_shape_before_any_copy(
     """A checkpoint whose weight claims a (2^16, 2^16) shape as a stride-0 view of one float:
     refused by its shape before any copy or NaN check touches 16 GB."""
     import torch
-    from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from tiny import tiny_model
     model = tiny_model("continual", n=8, in_dim=50)
     save_checkpoint(model, tmp_path / "ok.pt", classes=[f"g{i}" for i in range(10)])
@@ -313,7 +313,7 @@ def test_a_link_planted_at_a_temporary_name_is_never_written_through(tmp_path):
 
 
 def test_a_checkpoint_temporary_that_is_a_link_is_never_written_through(tmp_path):
-    from models.checkpoint import save_checkpoint
+    from app.checkpoint import save_checkpoint
     from tiny import tiny_model
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
@@ -370,7 +370,7 @@ def test_a_parts_folder_that_is_a_link_is_refused(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- names
 def test_class_names_with_formulas_are_prefixed_in_csv_and_control_characters_refused(tmp_path, capsys):
-    from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from tiny import tiny_model
     names = ["=HYPERLINK(\"http://x\")", "+1", "-1", "@SUM(A1)", "<b>bold</b>"] + [f"g{i}" for i in range(5)]
     model = tiny_model("continual", n=8, in_dim=50)

@@ -1,4 +1,4 @@
-"""The exported streaming step (`main.py export`, models/stream/graph.py) run by ONNX Runtime equals
+"""The exported streaming step (`main.py export`, app/offline/onnx_export.py) run by ONNX Runtime equals
 the torch step: ten windows of steps of the shipped trained models on real musicnn tokens and on a
 stream whose scale swings 20x (2-block models with seeded weights: the swinging stream), each
 step against the float64 model with the suite's error model (tests/error_model.py); the events it reports are the torch step's; the docs' example runs
@@ -18,7 +18,7 @@ import torch
 
 from app.cli import main
 from app.runtime.onnx_step import OnnxModelError, OnnxStep
-from models.checkpoint import load_checkpoint
+from app.checkpoint import load_checkpoint
 from error_model import model_scores, relative_tol
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_the_exported_step_equals_the_torch_step_for_ten_windows(name, tmp_path,
 def test_a_2_block_export_equals_the_torch_step_for_ten_windows(variant, tmp_path, capsys, errors, request):
     """Block 0 retroactive, block 1 fed its whole window: the shipped models' shape with 2
     blocks, seeded weights; fixed landmarks fitted (k-means) on a stream of the same scale."""
-    from models.checkpoint import save_checkpoint
+    from app.checkpoint import save_checkpoint
     from models.landmarks import fit_fixed_landmarks
     from models.transformer import build_model
     shipped, payload = load_checkpoint(MODELS / "musicnn-continual_nystrom.pt", fused=False)

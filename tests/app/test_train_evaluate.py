@@ -12,8 +12,8 @@ from app.offline.evaluate import EvaluateError, evaluate
 from app.offline.train import MIN_PER_GENRE, TrainError, make_splits, train
 from audio.gtzan import GENRES
 from audio.tokens.cache import TokenSet, convert_musicnn, load_tokens, pack, save_tokens
-from models.checkpoint import load_checkpoint, save_checkpoint
-from models.training import TrainConfig, batch_predict
+from app.checkpoint import load_checkpoint, save_checkpoint
+from app.offline.training import TrainConfig, batch_predict
 from error_model import model_scores, relative_tol
 
 STAGES = 6      # float32 stages in a block: embedding, q/k/v projection, scores, softmax sums, output
@@ -61,7 +61,7 @@ def test_splits_predefined_and_random():
 
 
 def test_fixed_training_runs_both_phases_and_keeps_landmarks_frozen(tmp_path, monkeypatch):
-    import models.training as T
+    import app.offline.training as T
     tokens = synthetic_tokens()
     cfg = tiny_config(tokens, variant="continual_nystrom", landmark_mode="fixed", layers=2)
     fitted, real = [], T.fit_fixed_landmarks

@@ -58,7 +58,7 @@ def test_train_refuses_a_nan_token_file_and_writes_no_checkpoint(tmp_path):
 def test_training_stops_at_the_first_non_finite_loss():
     import torch
 
-    from models.training import NonFiniteTrainingError, TrainConfig, fit
+    from app.offline.training import NonFiniteTrainingError, TrainConfig, fit
     from tiny import tiny_config
     X = torch.randn(40, 6, 16)
     X[7, 3, 0] = float("inf")                       # past the file checks: the loop's own guard

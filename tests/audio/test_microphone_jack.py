@@ -1,6 +1,6 @@
 """The microphone path for real: PortAudio capturing from a JACK dummy server fed by jack_metro.
 
-Each scenario runs tests/mic_probe.py in a child process (see its docstring). Skips with a reason
+Each scenario runs tests/audio/mic_probe.py in a child process (see its docstring). Skips with a reason
 where jackd or PortAudio is not installed (CI installs both: scripts/system-deps.sh --test).
 """
 import json

@@ -23,7 +23,7 @@ from app.gui.window import MainWindow, Options
 from audio_helpers import tone, write
 from gui_helpers import SPEED, WAIT_MS, wait_steps
 from process_helpers import descendants, gone_within, name_of
-from models.checkpoint import save_checkpoint
+from app.checkpoint import save_checkpoint
 from models.transformer import ModelConfig, build_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -566,7 +566,7 @@ def test_a_settings_value_that_would_unpickle_is_refused_unread(make_window, tmp
 def test_an_exported_step_runs_in_the_window_beside_its_torch_model(make_window, qtbot, tmp_path):
     """`--checkpoint OUT.onnx`: the engine process runs the ONNX Runtime step next to the shipped
     torch model it was exported from; the same tokens give the same probabilities (float32)."""
-    from models.checkpoint import load_checkpoint
+    from app.checkpoint import load_checkpoint
     from app.offline.onnx_export import export_onnx
     ckpt = Path(__file__).resolve().parents[2] / "assets" / "models" / "musicnn-continual_nystrom-fixed.pt"
     model, payload = load_checkpoint(ckpt, fused=False)

@@ -194,7 +194,7 @@ def test_no_two_tensors_of_a_streams_state_share_memory(variant, mode):
 
 
 def test_models_built_or_loaded_from_python_take_the_backend_unless_asked_not_to(tmp_path):
-    from models.checkpoint import load_checkpoint, save_checkpoint
+    from app.checkpoint import load_checkpoint, save_checkpoint
     cfg = ModelConfig(variant="continual_nystrom", in_dim=16, d_model=32, heads=4, ff_dim=48, window=8,
                       num_landmarks=2)
     for model in (build_model(cfg, seed=0), build_model(cfg)):

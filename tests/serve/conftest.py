@@ -6,7 +6,7 @@ import pytest
 from audio.frontends import build_frontend, frontend_metadata
 from audio.gtzan import GENRES
 from audio_helpers import tone, write
-from models.checkpoint import save_checkpoint
+from app.checkpoint import save_checkpoint
 from tiny import tiny_model
 
 MODELS = [("continual", 1, 1), ("continual_nystrom", 2, 2)]

@@ -226,7 +226,7 @@ def test_a_checkpoint_of_its_own_classes_is_served_with_their_names(files, capsy
     """A model trained on a user's own classes (`extract --folders`) beside a GTZAN one: each
     record and the verdict name the model's own classes, and equal classify's."""
     from audio.frontends import build_frontend, frontend_metadata
-    from models.checkpoint import save_checkpoint
+    from app.checkpoint import save_checkpoint
     from tiny import tiny_model
     classes = ["hum", "rain", "whistle"]
     own = tmp_path / "own.pt"

@@ -19,7 +19,7 @@ from audio.frontends import build_frontend, frontend_metadata
 from audio.gtzan import GENRES
 from doc_example import example
 from audio_helpers import tone, write
-from models.checkpoint import save_checkpoint
+from app.checkpoint import save_checkpoint
 from tiny import tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tiny import tiny_model
 
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.landmarks import fit_fixed_landmarks
 
 GENRES = [f"genre {i}" for i in range(10)]

@@ -1,6 +1,6 @@
 """Result tables of the docs, generated from the stored runs they state: a page holds a table
 between ``<!-- table NAME -->`` and ``<!-- /table -->`` lines, and ``write()`` rewrites it from
-its data (`python -m app.offline.doc_tables`; `tests/app/test_doc_tables.py` fails when a page
+its data (`python -m app.bench.doc_tables`; `tests/app/test_doc_tables.py` fails when a page
 and its data disagree). Figures are never copied by hand."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from models.paper import PAPER_ACCURACY, PAPER_TABLE_II, TABLE_ROWS
 from app.bench.page import provenance, stored
 from audio.melspec import HOP_SECONDS
 
-from .report import _si
+from app.offline.report import _si
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "docs/benchmarks"          # the stored `bench --page` runs
@@ -70,7 +70,7 @@ def readme_results(data: dict) -> str:
 
 def _readme_data() -> dict:
     from app.runtime.lineup import shipped_checkpoints
-    from models.checkpoint import load_checkpoint
+    from app.checkpoint import load_checkpoint
     from models.flops import paper_table_ii
     accuracy = {}
     for path in shipped_checkpoints("musicnn"):

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import torch
 
-from .config import MAX_PARAMETERS, ModelConfig
-from .transformer import GenreTransformer, build_model
+from audio.files import atomic_save, exclusive
+from models.config import MAX_PARAMETERS, ModelConfig
+from models.transformer import GenreTransformer, build_model
 
 FORMAT = "nystream-checkpoint"
 VERSION = 1
 MAX_SPACING_HOPS = 64                             # 16 s between a model's tokens
 MAX_FILE_BYTES = 4 * MAX_PARAMETERS + 2**26     # float32 weights of the largest model, and room
-UMASK = os.umask(0o022)
-os.umask(UMASK)
 
 
 class CheckpointError(ValueError):
@@ -32,7 +31,7 @@ def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[
                     metadata: dict | None = None, frontend: dict | None = None) -> None:
     """Write model (config, weights, fixed landmarks), class names, the front end its tokens
     came from ({'name', 'token_dim', 'spacing_hops', 'weights', ...}) and metadata atomically
-    (fsynced, then renamed). A model running on fitted fixed landmarks is saved as a
+    (audio/files.py: written beside it, fsynced, renamed). A model running on fitted fixed landmarks is saved as a
     fixed-landmark model (it loads in that mode); otherwise the config is saved as it is.
     Non-finite weights are refused (CheckpointError): such a model answers NaN. The file is
     read back through ``validated`` (the check every loader makes) before it takes ``path``."""
@@ -49,32 +48,15 @@ def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[
                "state_dict": state, "classes": [str(c) for c in classes],
                "frontend": plain(frontend or infer_frontend(model.cfg.in_dim)),
                "metadata": plain(metadata or {})}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW     # never an existing file or a link
-    try:
-        try:
-            fd = os.open(tmp, flags, 0o600)
-        except FileExistsError:                      # a crashed run's leftover, or a planted link
-            os.unlink(tmp)
-            fd = os.open(tmp, flags, 0o600)
-        with os.fdopen(fd, "wb") as f:
+
+    def write(tmp: Path) -> None:
+        with os.fdopen(exclusive(tmp), "wb") as f:
             torch.save(payload, f)
-            f.flush()
-            os.fchmod(f.fileno(), 0o666 & ~UMASK)     # the temporary was 0600
-            os.fsync(f.fileno())
         try:                                     # what the loaders refuse is never written
             validated(path, torch.load(tmp, map_location="cpu", weights_only=True))
         except CheckpointError as e:
             raise CheckpointError(f"not saving: {e}") from e
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fd = os.open(path.parent, os.O_RDONLY)       # the rename itself, durable
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_save(path, write, created=True)
 
 
 def checkpoint_bytes(cfg: ModelConfig) -> int:

@@ -3,7 +3,7 @@ import pytest
 import torch
 from tiny import tiny_config
 
-from models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from app.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from models.landmarks import fit_fixed_landmarks
 from models.transformer import build_model
 

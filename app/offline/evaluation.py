@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .training import batch_predict, length_groups
-from .transformer import ModelConfig, build_model
+from models.transformer import ModelConfig, build_model
 
 
 @dataclass
