@@ -91,8 +91,8 @@ def _runner(engine: str, module: nn.Module, inputs: tuple, path: Path, threads: 
     if engine == "torch":
         return lambda *a: _last(module(*map(torch.from_numpy, a))).numpy()
     if engine == "torch.compile":
-        import torch._inductor.config as inductor
-        inductor.compile_threads = 1               # no pool of compile workers busy beside the timings
+        from audio.musicnn.graph import one_compile_worker
+        one_compile_worker()                       # no pool of compile workers busy beside the timings
         compiled = torch.compile(module, dynamic=False)
         return lambda *a: _last(compiled(*map(torch.from_numpy, a))).numpy()
     if engine == "openvino":

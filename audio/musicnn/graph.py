@@ -159,7 +159,6 @@ def build_packages(model: str, mode: str, ks: list[int], threads: int, out: Path
     torch threads (inductor writes the thread count into its kernels), where it is not there,
     and remove what each replaces: CompiledPushes' subprocess, one compile worker.
     Returns 0, or BUSY where a live process holds the build's lock."""
-    import torch._inductor.config as inductor
     from . import build_musicnn
     out.mkdir(parents=True, exist_ok=True)
     lock = out / "build.lock"
@@ -167,7 +166,7 @@ def build_packages(model: str, mode: str, ks: list[int], threads: int, out: Path
         return BUSY
     try:
         torch.set_num_threads(threads)
-        inductor.compile_threads = 1
+        one_compile_worker()
         net, checksum = build_musicnn(model)
         net.requires_grad_(False)
         net.precision = mode
@@ -364,6 +363,12 @@ class GraphStream:
         *self.state, taggram = run([*self.state, new[None]])
         self.last, self.last_macs = taggram[0], self._macs(k)
         return self.last
+
+
+def one_compile_worker() -> None:
+    """inductor compiles in this process, with no pool of compile workers beside it."""
+    import torch._inductor.config as inductor
+    inductor.compile_threads = 1
 
 
 def compiler_problem() -> str | None:

@@ -9,6 +9,9 @@ of the same source shares one cache: ``$NUMBA_CACHE_DIR/nystream`` when that is 
 ``$XDG_CACHE_HOME/nystream/numba`` (``~/.cache/nystream/numba``). numba still checks each entry
 against the source's content hash and the machine's CPU, so a changed file or another CPU
 compiles anew. Where that directory cannot be written, numba's own places are used.
+
+numba's internals (its cache locators, its CPU target) are used here and nowhere else
+(tests/app/test_private_apis.py says which a numba upgrade removed).
 """
 from __future__ import annotations
 
@@ -58,3 +61,11 @@ def share() -> None:
             return super().from_function(py_func, py_file)
 
     impl._locator_classes.insert(0, ProjectCacheLocator)
+
+
+def set_up_numba() -> None:
+    """numba's CPU target set up in this process (~0.4 s the first time, then nothing; what a
+    first call would otherwise do, holding the GIL for 0.1 s at a time)."""
+    from numba.core import registry
+    registry.cpu_target.target_context.refresh()
+    registry.cpu_target.typing_context.refresh()

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from .numba_cache import HERE, ROOT, cache_root
+from .numba_cache import HERE, ROOT, cache_root, set_up_numba
 
 SOURCES = ("kernels.py", "blocks.py", "pinv.py", "backend.py", "ready.py")
 NICE = 10                      # the compiling process's priority: below the engine's hops, not starved
@@ -48,14 +48,6 @@ def digest() -> str:
 def marker(root: Path) -> Path:
     """The file that says every kernel of this code is in numba's cache at ``root``."""
     return root / f"kernels-{digest()}.ready"
-
-
-def set_up_numba() -> None:
-    """numba's CPU target set up in this process (~0.4 s the first time, then nothing; what a
-    first call would otherwise do, holding the GIL for 0.1 s at a time)."""
-    from numba.core import registry
-    registry.cpu_target.target_context.refresh()
-    registry.cpu_target.typing_context.refresh()
 
 
 def compile_all() -> None:
