@@ -1,8 +1,8 @@
 """The terminal demo (`python main.py demo`): every attention variant on one token stream, side by side, in a terminal.
 
-Until the audio front end and the GUI exist this is what the app can show: the same stream of
-128-d tokens (a seeded synthetic stream, 0.25 s per token) stepped through untrained models of
-every variant, with per-step FLOPs, latency and agreement with `regular`.
+The same stream of 128-d tokens (a seeded synthetic stream, 0.25 s per token) stepped through
+untrained models of every variant, with per-step FLOPs, latency and agreement with `regular`:
+the attention variants compared without audio, a front end or a window.
 """
 from __future__ import annotations
 

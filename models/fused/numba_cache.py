@@ -1,11 +1,10 @@
 """Where numba caches the fused kernels: one directory per user, found by the source file's path
 inside this project, not by where the project lies.
 
-numba's own cache sits beside the source (``__pycache__``) and is checked by the source's
-content. A fresh copy of the code, such as a Ray Serve replica's or a Ray worker's
-``working_dir``, lies at a new path, so it found no cache and compiled every kernel again (21 s
-for a replica's warm-up with an empty cache, 1.2 s with one, on the CI host). Here every copy
-of the same source shares one cache: ``$NUMBA_CACHE_DIR/nystream`` when that is set, else
+numba's own cache sits beside the source (``__pycache__``), so a fresh copy of the code, such
+as a Ray Serve replica's or a Ray worker's ``working_dir``, would lie at a new path with no
+cache and compile every kernel again, tens of seconds of a replica's warm-up. Here every
+copy of the same source shares one cache: ``$NUMBA_CACHE_DIR/nystream`` when that is set, else
 ``$XDG_CACHE_HOME/nystream/numba`` (``~/.cache/nystream/numba``). numba still checks each entry
 against the source's content hash and the machine's CPU, so a changed file or another CPU
 compiles anew. Where that directory cannot be written, numba's own places are used.
