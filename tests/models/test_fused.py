@@ -166,8 +166,11 @@ def test_the_sda_kernel_equals_the_torch_step_on_huge_scores(seed, errors):
             lo = max(0, t + 1 - n)
             score = (q[:, lo:t + 1] @ k[:, lo:t + 1].transpose(1, 2)).abs().max().item() / d ** 0.5
             tol = relative_tol(score, n, NYSTROM_STAGES)
-            worst.add("torch", oa, reference(a, "continual_nystrom", q, k, v, t, n, False), tol, t)
-            worst.add("fused", ob, reference(b, "continual_nystrom", q, k, v, t, n, False), tol, t)
+            want = reference(a, "continual_nystrom", q, k, v, t, n, False)
+            worst.add("torch", oa, want, tol, t)
+            if not all(torch.equal(x, y) for x, y in zip(a.landmarks(), b.landmarks())):
+                want = reference(b, "continual_nystrom", q, k, v, t, n, False)   # (the same landmarks: the same)
+            worst.add("fused", ob, want, tol, t)
             refreshed += int(b.events[0, 2])
             rescaled += int(b.events[0, 3])
         assert refreshed > 0 and rescaled > 0, (refreshed, rescaled)
