@@ -31,8 +31,9 @@ def save_checkpoint(model: GenreTransformer, path: str | Path, *, classes: list[
                     metadata: dict | None = None, frontend: dict | None = None) -> None:
     """Write model (config, weights, fixed landmarks), class names, the front end its tokens
     came from ({'name', 'token_dim', 'spacing_hops', 'weights', ...}) and metadata atomically
-    (audio/files.py: written beside it, fsynced, renamed). A model running on fitted fixed landmarks is saved as a
-    fixed-landmark model (it loads in that mode); otherwise the config is saved as it is.
+    (audio/files.py: written beside it, fsynced, renamed). A model running on fitted fixed
+    landmarks is saved as a fixed-landmark model (it loads in that mode); otherwise the config is
+    saved as it is.
     Non-finite weights are refused (CheckpointError): such a model answers NaN. The file is
     read back through ``validated`` (the check every loader makes) before it takes ``path``."""
     path = Path(path)
