@@ -28,11 +28,16 @@ ENV_VAR = "NYSTREAM_VGGISH_WEIGHTS"
 def _architecture() -> torch.nn.Module:
     """VGGish's layers with their parameters allocated, not initialised: every caller fills them
     (AudioSet weights, or a seeded random init); torch's default init of its 72 M parameters
-    would take a third of a second to be thrown away."""
+    would take a third of a second to be thrown away. Built on the meta device, each parameter
+    then replaced by an empty one (it has no buffers): ``Module.to_empty`` would import sympy
+    for its meta kernels, another third of a second in a fresh engine process."""
     from torchvggish.torchvggish import VGG, make_layers
     with torch.device("meta"):
         model = VGG(make_layers(), postprocess=False)
-    return model.to_empty(device="cpu")
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            setattr(module, name, torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype), p.requires_grad))
+    return model
 
 
 def _urls() -> tuple[str, str]:
@@ -127,9 +132,10 @@ def build_embedder(weights: str | Path | None = None, *, random_seed: int | None
         g = torch.Generator().manual_seed(random_seed)
         with torch.no_grad():
             for p in model.parameters():                  # seeded, unit-gain init: O(1) tokens
-                fan_in = p[0].numel() if p.dim() > 1 else 1
-                p.copy_(torch.randn(p.shape, generator=g) * (1.0 / fan_in) ** 0.5 if p.dim() > 1
-                        else torch.zeros(p.shape))
+                if p.dim() > 1:                           # (in place: randn's values, one pass)
+                    p.normal_(0.0, (1.0 / p[0].numel()) ** 0.5, generator=g)
+                else:
+                    p.zero_()
         desc, checksum = f"RANDOM VGGish weights (seed {random_seed})", f"random-{random_seed}"
     else:
         path = resolve_weights(weights, allow_download=allow_download)

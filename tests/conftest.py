@@ -10,7 +10,8 @@ Markers, applied here so that they cannot be forgotten:
 `make test` runs everything, in pytest-xdist workers, a module's tests in one worker (``--dist
 loadfile``: costly module-scoped set-up, a Ray session and its single-process reference or the
 ONNX exports, is made once); `make test-fast` deselects shared, jack, display, gui and slow.
-The longest modules are handed out first, so that no worker is left with one at the end.
+Modules are handed out in FIRST's order (below): the window beside modules that wait more than
+they compute, then the longest, so that no worker is left with a long one at the end.
 
 No assertion depends on the host's speed: timing mechanisms are checked with injected clocks or
 the source's own clock, and real-time outcomes (drops, delays) are measured by `bench`.
@@ -44,10 +45,22 @@ def pytest_configure(config):
     tests that case on its own)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    config.option.loadscopereorder = False     # FIRST's order (below), not xdist's by count of tests
     from models.fused import available
     if available():
         from models.fused.ready import prepare
         prepare()
+
+
+@pytest.fixture(autouse=True)
+def torch_threads():
+    """Every test starts with the worker's torch threads: code run in the test's process (a
+    bench, a command) may set its own and not set them back, and a later test would then run, or
+    build a compiled push, for that count."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -57,10 +70,15 @@ def shared_data():
     return SHARED
 
 
-# the longest modules, longest first, handed out before the others
-FIRST = ("test_ray.py", "test_gui.py", "test_onnx_export.py", "test_sda_stability.py", "test_musicnn_graph.py", "test_musicnn_precision.py",
-         "test_sda_equality.py", "test_microphone_jack.py", "test_serve_ray.py", "test_classify_cli.py",
-         "test_serve_workers.py", "test_hostile_clients.py", "test_serve.py")
+# The order modules are handed to the workers: first the window (two cores' worth of threads at
+# 4x) beside three that mostly wait on a clock or a socket (JACK, the WebSocket service, the
+# browser), then the longest first, so that no worker is left with a long one at the end.
+FIRST = ("test_gui.py", "test_microphone_jack.py", "test_serve.py", "test_page.py",
+         "test_ray.py", "test_onnx_export.py", "test_serve_ray.py", "test_fused.py", "test_sda_equality.py",
+         "test_hostile_clients.py", "test_machine_faults.py", "test_bench.py", "test_sda_stability.py",
+         "test_audio_musicnn.py", "test_serve_workers.py", "test_musicnn_batch.py", "test_musicnn_precision.py",
+         "test_classify_cli.py", "test_gtzan_data.py", "test_audio_frontend.py", "test_train_evaluate.py",
+         "test_engine_process.py", "test_stream_batch.py", "test_musicnn_graph.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,6 +6,7 @@ loads no torch."""
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -44,6 +45,17 @@ def command(name: str, add_arguments: Callable):
         COMMANDS[name] = Command(name, add_arguments, run)
         return run
     return register
+
+
+def error(e: BaseException | str) -> int:
+    """A command's typed error, said in one line; its exit code, 1. Where a stop signal came
+    first, the error is what code below made of it (a C extension that called back into Python,
+    safetensors' reads among them, turns the stop into an error of its own): the stop is raised
+    instead, and the command ends as stopped (130 / 143)."""
+    from app.runtime.faults import raise_if_stopped
+    raise_if_stopped()
+    print(f"error: {e}", file=sys.stderr)
+    return 1
 
 
 def load(name: str) -> Command:

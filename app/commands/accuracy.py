@@ -9,7 +9,7 @@ from pathlib import Path
 
 from audio.files import atomic_write_json, atomic_write_text, own_folder
 
-from . import command
+from . import command, error
 from .argtypes import POSITIVE, writable_dir
 from .extract import add_ray_arguments, ray_workers
 
@@ -98,8 +98,7 @@ def run(args) -> int:
         shutil.rmtree(parts)
         return 0
     except (AudioError, CheckpointError, RayClusterError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
 
 
 def prepare_parts(parts: Path, manifest: dict, log) -> Path:

@@ -6,9 +6,8 @@ engine (app/bench/streams.py); `--engines` musicnn's dense parts by inference en
 (app/bench/engines.py)."""
 from __future__ import annotations
 
-import sys
 
-from . import command
+from . import command, error
 from .argtypes import (POSITIVE, SECONDS, add_device_arguments, compute_device, integer, number, window_list,
                        writable_path)
 
@@ -142,8 +141,7 @@ def run(args) -> int:
                 choose_shipped([load_trained(p, "musicnn", "cpu") for p in shipped_checkpoints("musicnn")],
                                args.models)
             except UnknownModelError as e:
-                print(f"error: --models: {e}", file=sys.stderr)
-                return 1
+                return error(f"--models: {e}")
     if not (args.gui and args.cold):           # no compiled form builds beside a timed part
         from .prepare import prepare_all
         prepare_all(["float32"] + (["bf16"] if args.precision == "bf16" else []))
@@ -192,8 +190,7 @@ def run(args) -> int:
             cap = dict(max_streams=args.streams_to) if args.streams_to else {}
             r = streams_bench(args.device, models=args.models, mode=args.precision, start=args.streams_from, **cap)
         except UnknownModelError as e:
-            print(f"error: --models: {e}", file=sys.stderr)
-            return 1
+            return error(f"--models: {e}")
         r["tensor"] = tensor_bench(args.device, models=args.models, mode=args.precision, start=args.streams_from, **cap)
         if args.precision != "float32":
             from app.bench.precision import precision_error

@@ -15,7 +15,7 @@ from models.variants import VARIANTS
 from app.runtime.frontend_args import device_text
 from app.runtime.verdict import TOP
 
-from . import command
+from . import command, error
 from .argtypes import (POSITIVE, SECONDS, WINDOW, add_device_arguments, add_old_pace_names, compute_device,
                        number, writable_dir, writable_file, writable_file_or_stdout)
 
@@ -239,11 +239,9 @@ def run(args) -> int:
         device = compute_device(args, "classify")
         return classify(args, device)
     except UnknownModelError as e:
-        print(f"error: --models: {e}", file=sys.stderr)
-        return 1
+        return error(f"--models: {e}")
     except (AudioError, CheckpointError, OnnxModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
 
 
 def classify(args, device: str) -> int:
@@ -332,8 +330,7 @@ def classify_sources(args, device: str, sources) -> int:
         print("# stopped: the reader of the output closed it", file=sys.stderr)
         code = stdout_gone()
     except AudioError as e:                    # mid-stream, outside a stream: a device gone
-        print(f"error: {e}", file=sys.stderr)
-        code = 1
+        code = error(e)
     except OSError as e:
         message = resource_message(e, args.csv or args.summary or args.output_dir)
         if message is None:

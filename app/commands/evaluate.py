@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from . import command
+from . import command, error
 from .argtypes import writable_dir
 
 
@@ -35,6 +35,5 @@ def run(args) -> int:
               f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
         return 0
     except (EvaluateError, TokenFileError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
 

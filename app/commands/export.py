@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from . import command
+from . import command, error
 from .argtypes import POSITIVE, writable_file
 
 
@@ -39,8 +38,7 @@ def run(args) -> int:
             token = torch.randn(1, model.cfg.in_dim, generator=g)
             worst = max(worst, float((model.step(token) - exported.step(token)).abs().max()))
     except (CheckpointError, NotExportable, OnnxModelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
     print(json.dumps({"onnx": str(args.onnx), "bytes": Path(args.onnx).stat().st_size,
                       "kind": exported.kind, "blocks": exported.cfg.layers, "classes": len(exported.classes),
                       "state": {n: list(s) for n, s, _ in exported.specs},

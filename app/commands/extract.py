@@ -11,7 +11,7 @@ from audio.errors import AudioError
 from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
-from . import command
+from . import command, error
 from .argtypes import POSITIVE, add_device_arguments, compute_device, writable_file
 
 
@@ -82,8 +82,7 @@ def run(args) -> int:
                               ray=RayJob(spec, ray_workers(ray, args.workers)))
             return 0
     except (AudioError, RayClusterError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
     except KeyboardInterrupt as e:
         print(f"# stopped by {signal_name(e)}: finished tracks are kept; run the same command again "
               f"to resume", file=sys.stderr)

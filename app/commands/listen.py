@@ -2,9 +2,8 @@
 `serve` server and print what `classify` prints (docs/serve.md)."""
 from __future__ import annotations
 
-import sys
 
-from . import command
+from . import command, error
 from .argtypes import SECONDS, OldMicrophoneDevice, add_old_pace_names, writable_file
 
 
@@ -50,17 +49,14 @@ def run(args) -> int:
         else:
             source = FileSource(args.path, realtime=args.pace == "realtime")
     except AudioError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
     rows = CsvRows(args.csv) if args.csv else None
     try:
         return listen(args.url, source, token, Printer(args.jsonl, rows))
     except ListenError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
     except AudioError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
     finally:
         source.close()
         if rows is not None:

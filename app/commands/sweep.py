@@ -9,7 +9,7 @@ from pathlib import Path
 from app.runtime.faults import exit_code, signal_name
 from app.runtime.output_lock import output_lock
 
-from . import command
+from . import command, error
 from .argtypes import POSITIVE, integer, number, writable_dir
 from .extract import add_ray_arguments
 
@@ -84,8 +84,7 @@ def run(args) -> int:
         return 0
     except (RayClusterError, TrainError, TokenFileError, CheckpointError, EvaluateError, ValueError,
             UntrustedWorkError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
     except KeyboardInterrupt as e:
         print(f"# stopped by {signal_name(e)}: finished checkpoints are kept; run the same command "
               f"again to resume", file=sys.stderr)

@@ -9,7 +9,7 @@ from app.runtime.faults import exit_code, signal_name
 from models.config import TrainConfig
 from models.variants import LANDMARK_MODES, VARIANTS
 
-from . import command
+from . import command, error
 from .argtypes import POSITIVE, WINDOW, add_device_arguments, compute_device, integer, number, writable_file
 
 
@@ -102,8 +102,7 @@ def run(args) -> int:
                          allow_nan=False))
         return 0
     except (TrainError, TokenFileError, CheckpointError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return error(e)
     except KeyboardInterrupt as e:
         print(f"# stopped by {signal_name(e)}: no checkpoint written", file=sys.stderr)
         return exit_code(e)

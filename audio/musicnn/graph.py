@@ -127,6 +127,7 @@ def library_paths(model: str, checksum: str, ks, threads: int, mode: str) -> tup
 
 
 BUSY = 3                                                   # the build's exit status when another process is building
+NICE = 10                                                  # the build's priority: below the streams' hops, not starved
 
 
 def take_lock(lock: Path) -> bool:
@@ -192,7 +193,7 @@ def build_packages(model: str, mode: str, ks: list[int], threads: int, out: Path
 class CompiledPushes:
     """One front end's compiled PushGraph for each k of ``ks``, shared by its streams, kept in
     ``cache_dir``: loaded at once where there (torch's C++ package loader, some 30 ms each: no
-    import of inductor), else built first by a subprocess at the lowest priority (about a minute
+    import of inductor), else built first by a subprocess at nice 10 (about a minute
     on 2 cores, once per machine: ``nystream prepare`` builds it ahead) that ``get`` looks at,
     at most once a second, and loads from when it ends.
     ``get(k)``: the loaded push (a call on the inputs' list) or None; ``status``: 'building',
@@ -401,7 +402,7 @@ def prepare(threads: int, model: str = "MSD_musicnn", mode: str = "float32") -> 
 
 
 if __name__ == "__main__":                                 # CompiledPushes' build: MODEL PRECISION K[,K...] THREADS DIR
-    os.nice(19)                                            # the lowest priority: the streams' hops come first
+    os.nice(NICE)
     problem = compiler_problem()
     if problem:
         sys.exit(problem)                                  # the log's last line: the reason

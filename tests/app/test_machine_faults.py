@@ -179,6 +179,36 @@ def test_a_stop_that_code_swallowed_still_ends_classify(tmp_path, capsys, monkey
     assert len(complete_rows(tmp_path / "r.csv")) == 2 and len(hops) == 3   # 40 hops in the file
 
 
+def test_a_stop_that_a_weights_read_turned_into_its_own_error_ends_as_a_stop(tmp_path, capsys, monkeypatch):
+    # safetensors' reads call back into Python: a stop that lands there comes back as the reader's
+    # own error, which the loader reports as unreadable weights. The command ends as stopped, not
+    # with that error; an unreadable file with no stop is still said as one
+    import safetensors
+    from app.cli import main
+    from app.runtime.faults import Stopped
+    real_open = safetensors.safe_open
+
+    def open_that_converts(*args, **kw):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)                                 # the handler raises in here
+        except Stopped:
+            raise safetensors.SafetensorError("could not determine the tensor's storage") from None
+        return real_open(*args, **kw)
+    monkeypatch.setattr(safetensors, "safe_open", open_that_converts)
+    path = song(tmp_path, 3)
+    assert main(["classify", str(path), "--csv", str(tmp_path / "r.csv")]) == 143
+    err = capsys.readouterr().err
+    assert "# stopped by SIGTERM" in err and "error:" not in err, err[-2000:]
+
+    def unreadable(*args, **kw):
+        raise safetensors.SafetensorError("could not determine the tensor's storage")
+    monkeypatch.setattr(safetensors, "safe_open", unreadable)
+    assert main(["classify", str(path), "--csv", str(tmp_path / "r.csv")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: musicnn weights ") and "are unreadable (could not" in err[0]
+
+
 def test_csv_rows_are_cut_back_to_the_last_whole_row_when_a_write_fails(tmp_path, monkeypatch):
     rows = CsvRows(str(tmp_path / "r.csv"))
     rows.write({"a": 1, "b": "x,y"})
