@@ -2,7 +2,6 @@
 `serve` server and print what `classify` prints (docs/serve.md)."""
 from __future__ import annotations
 
-
 from . import command, error
 from .argtypes import SECONDS, OldMicrophoneDevice, add_old_pace_names, writable_file
 
