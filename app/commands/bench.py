@@ -6,7 +6,6 @@ engine (app/bench/streams.py); `--engines` musicnn's dense parts by inference en
 (app/bench/engines.py)."""
 from __future__ import annotations
 
-
 from . import command, error
 from .argtypes import (POSITIVE, SECONDS, add_device_arguments, compute_device, integer, number, window_list,
                        writable_path)
