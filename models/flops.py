@@ -8,7 +8,8 @@ matrix-product part separate, because that part is cross-checked against
 
 The formulas follow the implementation in models/sda/ operation by operation, including the
 data-dependent work of a step (landmark updates, stability refreshes, the warm-up rebuilds), so
-``streaming_sda.last_step_flops`` is the cost of the step actually taken, never an average.
+the FLOPs of a step (``graph_step``, app/bench/sda.py's ``last_step_flops``) are those of the step
+actually taken, never an average.
 """
 from __future__ import annotations
 

@@ -7,9 +7,10 @@ With 2 blocks the first is retroactive and the last single-output (Hedegaard et 
 Call modes (as in the continual-inference library):
   model(x, start=0, landmarks=None)  x: (B, T <= n, in_dim) -> (B, classes), the window's last token
   model.reset(B); model.step(token)  token: (B, in_dim) -> (B, classes), equal to model(window)
-``step`` holds the state of B streams and runs the step of models/stream/model.py on it (on the
-CPU, its steady steps in the compiled backend of models/fused/); `regular` and `nystrom` models
-step by recomputing the window (they are the baselines).
+``reset`` starts B streams as the slots of a models/stream/batch.StreamBatch, the one holder of
+streaming state: continual models run the step of models/stream/model.py (on the CPU, its steady
+steps in the compiled backend of models/fused/); `regular` and `nystrom` models step by
+recomputing the window (they are the baselines).
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import numpy as np
 from . import flops as F
 from .config import ModelConfig
 from .mha import MultiheadAttention
-from .sda import inference
 
 
 class RecyclingPositionalEncoding(nn.Module):
@@ -95,13 +95,7 @@ class GenreTransformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.num_classes)
         self.continual = cfg.variant in ("continual", "continual_nystrom")
         self.fused = False                 # steady steps in the compiled CPU backend (use_fused)
-        self._batch: int | None = None
-        self._t = 0
-        self._steppers: dict = {}          # landmark mode -> its ModelStep (models/stream/model.py)
-        self._state: list[Tensor] | None = None
-        self._events: Tensor | None = None
-        self._backend = None               # the compiled backend over the state (models/fused/)
-        self._tokens: Tensor | None = None # recomputing variants: the window's tokens (B, n, in_dim)
+        self.streams = None                # the streams ``reset`` started (a StreamBatch)
 
     # ------------------------------------------------------------------ batch
     def forward(self, x: Tensor, start: int | Tensor = 0, landmarks: list | None = None) -> Tensor:
@@ -139,95 +133,60 @@ class GenreTransformer(nn.Module):
             block.attn.compiled_pinv = self.fused
         return self
 
-    def stepper(self, mode: str | None = None):
-        """The explicit-state step of this model with landmark ``mode`` (default: its own),
-        made once (models/stream/model.py)."""
-        from .stream.model import ModelStep
-        mode = mode if mode is not None else self.landmark_mode
-        if mode not in self._steppers:
-            device = self.embed.weight.device
-            events = "masked" if device.type == "cuda" else "eager"
-            self._steppers[mode] = ModelStep(self, mode, events=events).to(device)
-        return self._steppers[mode]
-
     def reset(self, batch_size: int = 1) -> None:
-        """Start ``batch_size`` new streams; must be called before the first ``step``."""
+        """Start ``batch_size`` new streams; must be called before the first ``step``. They are
+        the slots of a models/stream/batch.StreamBatch (``streams``), which holds their state."""
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
-        self._batch, self._t, self._backend = batch_size, 0, None
-        device = self.embed.weight.device
-        if not self.continual:
-            self._tokens = torch.zeros(batch_size, self.cfg.window, self.cfg.in_dim, device=device,
-                                       dtype=self.embed.weight.dtype)
-            return
-        self._steppers = {}                   # weights or landmarks may have changed since
-        step = self.stepper()
-        self._state = step.initial(batch_size, device)
-        self._events = torch.zeros(batch_size, 4, dtype=torch.int64)
-        self._bind_backend()
-
-    def _bind_backend(self) -> None:
-        """The compiled backend for this model's steady steps, where it takes them."""
-        self._backend = None
-        if self.fused:
-            from .fused.backend import backend
-            self._backend = backend(self.stepper())
-            if self._backend is not None:
-                self._rows, self._positions = np.arange(self._batch), np.zeros(self._batch, np.int64)
+        from .stream.batch import StreamBatch
+        p = self.embed.weight
+        self.streams = StreamBatch(self, batch_size, fused=self.fused, graphs=False)
+        self._slots = np.array([self.streams.join() for _ in range(batch_size)], np.int64)
+        self._expect = (batch_size, self.cfg.in_dim, p.dtype, p.is_cuda)
 
     def step(self, token: Tensor) -> Tensor:
         """token: (B, in_dim) -> logits (B, classes) of the window ending at this token."""
-        if self._batch is None:
+        if self.streams is None:
             raise RuntimeError("GenreTransformer.step called before reset(batch_size)")
-        t, backend = self._t, self._backend
-        if (backend is not None and type(token) is Tensor and token.dtype == torch.float32
-                and token.device.type == "cpu" and token.shape == (self._batch, self.cfg.in_dim)
-                and token.is_contiguous() and not token.requires_grad and backend.steady_at(t)):
-            d = self.__dict__                 # (nn.Module.__setattr__ costs microseconds here)
-            d["_t"] = t + 1
-            self._positions[:] = t
-            logits, d["_events"] = backend.step(token, self._rows, self._positions, self._state)
-            return logits
-        return self._step(token, t)
+        B, I, dtype, cuda = self._expect
+        if type(token) is not Tensor or token.shape != (B, I) or token.dtype != dtype or token.is_cuda != cuda:
+            self._check_input(token, 2)
+            raise ValueError(f"token batch {token.shape[0]} != reset batch {B}")
+        return self.streams.step(self._slots, token)
 
-    @inference
-    def _step(self, token: Tensor, t: int) -> Tensor:
-        self._check_input(token, 2)
-        if token.shape[0] != self._batch:
-            raise ValueError(f"token batch {token.shape[0]} != reset batch {self._batch}")
-        self._t = t + 1
-        n = self.cfg.window
-        if not self.continual:                       # baseline: recompute the whole window
-            self._tokens[:, t % n] = token
-            n_t = min(t + 1, n)
-            order = (torch.arange(n_t, device=token.device) + (t + 1 - n_t)) % n
-            return self.forward(self._tokens[:, order], start=(t + 1 - n_t) % self.cfg.period)
-        step = self.stepper()
-        step.known = known_event(self.cfg, self.landmark_mode, t)
-        positions = torch.full((self._batch,), t, dtype=torch.int64, device=token.device)
-        logits, events, *state = step(token, positions, *self._state)
-        self._state, self._events = state, events
-        return logits
+    @property
+    def events(self) -> Tensor:
+        """(B, 4) the last step's events (models/stream/model.py: rebuilt, replaced, rows
+        refreshed, rescaled; zeros for the recomputing variants)."""
+        if not self.continual:
+            return torch.zeros(len(self._slots), 4, dtype=torch.int64)
+        return torch.from_numpy(self.streams.events_host())
+
+    @property
+    def seen(self) -> int:
+        """Tokens the streams have taken since ``reset``."""
+        return 0 if self.streams is None else int(self.streams.positions[self._slots[0]])
 
     def landmarks(self) -> list | None:
         """Per block, the folded landmarks (B * heads, m', d_head) the last step used
         (continual_nystrom), else None."""
-        if self.cfg.variant != "continual_nystrom" or self._state is None or self._t == 0:
+        if self.cfg.variant != "continual_nystrom" or self.streams is None or self.seen == 0:
             return None
         from .stream.model import stream_landmarks
-        return stream_landmarks(self.stepper(), self._state, self._t)
+        state = [x[self._slots[0]:self._slots[-1] + 1] for x in self.streams.state]
+        return stream_landmarks(self.streams.stepper, state, self.seen)
 
     def landmark_updated(self) -> bool:
         """True if the last step installed a new continual landmark."""
-        return self.continual and self._events is not None and bool(self._events[:, 1].any())
+        return self.streams is not None and len(self.streams.stepped) > 0 and any(self.streams.landmark_updates())
 
     def window_full(self) -> bool:
         """Whether the last step's window held n tokens (past warm-up)."""
-        return self._t >= self.cfg.window
+        return self.seen >= self.cfg.window
 
     def window_start(self) -> int:
         """Position index of the oldest token of the current window (for ``forward(start=...)``)."""
-        return (self._t - min(self._t, self.cfg.window)) % self.cfg.period
+        return (self.seen - min(self.seen, self.cfg.window)) % self.cfg.period
 
     @property
     def landmark_mode(self) -> str | None:
@@ -242,22 +201,14 @@ class GenreTransformer(nn.Module):
         """Switch every block between 'continual'/'segment' and 'fixed' landmarks, also
         mid-stream: the streams' state is rebuilt for the new landmarks from the window it holds
         (``ModelStep.switched_from``), and the next step uses them."""
-        before = self.landmark_mode
         for block in self.blocks:
             block.attn.set_landmark_mode(mode)
-        if not self.continual or self._state is None or mode == before:
-            return
-        self._steppers.pop(mode, None)        # fixed landmarks may be newly fitted
-        step = self.stepper(mode)
-        positions = torch.full((self._batch,), self._t, dtype=torch.int64, device=self._state[0].device)
-        with torch.no_grad():
-            self._state = step.switched_from(self._state, positions)
-        self._bind_backend()
+        if self.streams is not None:
+            self.streams.set_landmark_mode(mode)
 
     def state_nbytes(self) -> int:
         """Bytes of streaming state (rings, cached sums, landmarks) for the current batch."""
-        held = self._state or ([self._tokens] if self._tokens is not None else [])
-        return sum(x.numel() * x.element_size() for x in held)
+        return 0 if self.streams is None else self.streams.slot_nbytes * len(self._slots)
 
     def step_flops(self) -> dict[str, int]:
         """FLOPs of the last step for one stream: 'sda', 'attention' (with projections), 'model'."""
@@ -265,19 +216,10 @@ class GenreTransformer(nn.Module):
 
     def step_flops_detail(self) -> dict[str, F.Flops]:
         """Like ``step_flops`` with the matrix-product part separate (see models/flops.py)."""
-        cfg = self.cfg
+        cfg, t = self.cfg, self.seen
         if not self.continual:                       # full recomputation of the window
-            return F.recompute_step(cfg, min(self._t, cfg.window), self.landmark_mode)
-        return F.graph_step(cfg, self.landmark_mode, self._t, self._events[0].tolist())
-
-
-def known_event(cfg, mode: str | None, t: int) -> str | None:
-    """What the step at position t does, from the position alone (continual landmarks: warm-up
-    None, "steady", or "replace"; others "steady"): the branch the step needs to compute."""
-    if mode != "continual":
-        return "steady"
-    from .stream.segments import landmark_event
-    return {0: None, 1: "steady", 2: "replace"}[int(landmark_event(np.int64(t), cfg.window, cfg.num_landmarks))]
+            return F.recompute_step(cfg, min(t, cfg.window), self.landmark_mode)
+        return F.graph_step(cfg, self.landmark_mode, t, self.events[0].tolist())
 
 
 def build_model(cfg: ModelConfig, *, seed: int | None = None, fused: bool = True) -> GenreTransformer:

@@ -9,7 +9,7 @@ import torch
 from models.fused import available as fused_available
 from models.landmarks import fit_fixed_landmarks
 from models.stream.sums import Stability
-from models.stream.sda import streaming_sda
+from .sda import streaming_sda
 from app.offline.training import with_config
 from models.transformer import ModelConfig, build_model
 

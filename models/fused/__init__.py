@@ -1,11 +1,13 @@
-"""The compiled CPU backend of the streaming step: numba kernels (kernels.py) that take a steady
-step of every stream in one call on the same state as the torch step (models/stream/), the
-model step built on them (backend.py), and the compiled pseudo-inverse (pinv.py).
+"""The compiled CPU backend of the streaming step: numba kernels (kernels.py, blocks.py) that
+take a steady step of every stream in one call on the torch step's own state (models/stream/),
+read and written by name, the model step built on them (backend.py), and the compiled
+pseudo-inverse (pinv.py).
 
 Why numba: at ~10k FLOPs a continual Nyström step is a few hundred tiny torch calls, whose
 interpreter and dispatch cost far more than the arithmetic; one compiled call does it (`bench`).
-torch.compile was not chosen: its guards and graph breaks on the data-dependent events (rescale,
-refresh) cost more than the step. The torch step stays the definition and the CUDA path.
+The torch step compiled by inductor (``torch.compile``, its events masked so that it compiles
+whole) does the same step several times slower than the kernels (docs/benchmarks/design.md) and
+compiles for tens of seconds. The torch step stays the definition and the CUDA path.
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-"""Compiled pieces of the 2-block step (backend.py): a retroactive block 1 over the window's n
-rows, then block 2 for the newest token over block 1's outputs, keys and values folded
-(models/stream/window.py). Rows are in ring order (slot of stream token t is t % n). The
-``*_all`` functions take every stream of a call in one compiled call (rows: each stream's row
-of the state; t: its position).
+"""Compiled pieces of the 2-block step (backend.py): a retroactive block 0 over the window's n
+rows, then block 1 for the newest token over block 0's outputs, its keys and values folded
+(models/stream/window.py). Rows are in ring order (the slot of stream token t is t % n). The
+``*_all`` functions take every stream of a call (rows: each stream's row of the state; t: its
+position); block 0 reads and writes the step's state by name, as kernels.py does, and shares
+its per-head pieces.
 
 Shapes: S streams, H heads of dh, D = H dh the model width, F the feed-forward width, n the
-window, m landmarks. The products over all n rows are torch's matrix products, called between
-these (backend.py): torch's BLAS ran these shapes faster than numba's np.dot when measured
-during development (not a `bench` row).
+window, m landmarks, R block 1's query rows per head (m landmarks, or 1 query). The products
+over all n rows are torch's matrix products, called between these (backend.py).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from . import kernels as K
+from .kernels import F32, IN_B, IN_W, OUT_W, mat, param, vec
 from .pinv import landmark_pinv_arrays
 
 JIT = K.JIT
@@ -42,184 +43,177 @@ def bias_relu(h, bias):
     R, F = h.shape
     for i in range(R):
         for c in range(F):
-            h[i, c] = max(h[i, c] + bias[c], np.float32(0.0))
+            h[i, c] = max(h[i, c] + bias[c], F32(0.0))
 
 
-# ----------------------------------------------------------------------------- block 1
+# ----------------------------------------------------------------------------- block 0
 
 @njit(**JIT)
-def nystrom_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
-                  q_scaled, k_scaled_t, z64, seg_q, seg_k, x_ring, p, slot, full, n_t, track,
-                  rescale_on, refresh_on, tau, zw, w_o, p_all, g):
-    """Continual Nyström block 1 up to its out-projection, one steady token (no landmark change):
-    embed (h), in-projection (qkv), running sums, token into the input ring, then the factors of
-    every window slot's projected output (models/mha.py _folded_out), ring order:
-      p[b, slot] = s(q_b K~_b^T);   zw_b = Z_b (num_b / den_b);   g[b*m + r] = zw_b[r] W_o,b^T
-      p_all[j, b*m + r] = p[b, j, r]   so that  attn_j W_o^T = p_all[j] g   (a torch product)
-    ring_* ... seg_k: the stream's state (models/stream/nystrom.NystromState); z64: (H, m, m) the
-    landmarks' pseudo-inverse in float64 (it multiplies the float64 sums); x_ring: (n, D); p: (H, n, m);
-    zw: (H, m, dh) buffer; w_o: (D, D) out-projection weight; p_all: (n, H m); g: (H m, D).
-    Returns (any row rescaled, rows refreshed)."""
-    K.embed_qkv(token, pre, pos_index, h, qkv)
+def retroactive_update(s, r, q, k, v, t, cfg, attn):
+    """Continual retroactive SDA of stream row r of ``s`` (RetroactiveState) at position t, its
+    window full after it: per head, the newest query and key into their rings, every row's
+    running sums lose the departing key and take the newest (models/stream/sums.py), the newest
+    query's row from scratch, stale rows refreshed from cached scores; attn (n, D) = num / den
+    of every row, ring order. q, k, v: (H, dh). Returns (any row rescaled, rows refreshed)."""
+    ring_q, ring_k, ring_v, key_scores = s.q_ring[r], s.k_ring[r], s.v_ring[r], s.key_scores[r]
+    ref, den, num, peak = s.ref[r], s.den[r], s.num[r], s.peak[r]
     H, n, dh = ring_k.shape
-    m = z64.shape[1]
-    D = H * dh
-    q = qkv[:D].reshape((H, dh))
-    k = qkv[D:2 * D].reshape((H, dh))
-    v = qkv[2 * D:].reshape((H, dh))
-    flags = K.nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
-                             q_scaled, seg_q, seg_k, slot, full, n_t, track, rescale_on,
-                             refresh_on, tau)
-    x_ring[slot] = h
-    for b in range(H):
-        top = -np.inf
-        for r in range(m):
-            s = np.float32(0.0)
-            for j in range(dh):
-                s += q[b, j] * k_scaled_t[b, j, r]
-            p[b, slot, r] = s
-            top = max(top, s)
-        total = np.float32(0.0)
-        for r in range(m):
-            e = np.float32(math.exp(p[b, slot, r] - top))
-            p[b, slot, r] = e
-            total += e
-        for r in range(m):
-            p[b, slot, r] /= total
-        for r in range(m):                         # Z (num / den) in float64, then float32
-            for e in range(dh):
-                acc = 0.0
-                for s_ in range(m):
-                    acc += z64[b, r, s_] * (num[b, s_, e] / den[b, s_])
-                zw[b, r, e] = acc
-        for r in range(m):                         # G_b = zw_b W_o,b^T
-            for c in range(D):
-                acc32 = np.float32(0.0)
-                for e in range(dh):
-                    acc32 += zw[b, r, e] * w_o[c, b * dh + e]
-                g[b * m + r, c] = acc32
-        for j in range(n_t):
-            for r in range(m):
-                p_all[j, b * m + r] = p[b, j, r]
-    return flags
-
-
-# ----------------------------------------------------------------------------- block 2
-
-@njit(**JIT)
-def window_landmarks(x, seg, first, w_qk, b_qk, iters, means, qk, q_land, k_land, q_scaled,
-                     k_scaled_t, z64, z32):
-    """Block 2's continual landmarks over its input window x (n, D), ring order: the means of the
-    aligned segments (seg: (m, 2) window ranges, oldest first; window index i is ring slot
-    (first + i) % n), projected to queries and keys (w_qk: (2D, D), b_qk: (2D,)), folded per head
-    into q_land, k_land, q_scaled: (H, m, dh) and k_scaled_t: (H, dh, m), with their
-    pseudo-inverse z64, z32: (H, m, m). means: (m, D), qk: (m, 2D) buffers."""
-    n, D = x.shape
-    m = seg.shape[0]
-    for r in range(m):
-        means[r] = 0.0
-        for i in range(seg[r, 0], seg[r, 1]):
-            j = (first + i) % n
-            for c in range(D):
-                means[r, c] += x[j, c]
-        size = np.float32(seg[r, 1] - seg[r, 0])
-        for c in range(D):
-            means[r, c] /= size
-    for r in range(m):
-        K.linear(w_qk, b_qk, means[r], qk[r])
-    H, _, dh = q_land.shape
-    s = np.float32(1.0 / math.sqrt(dh))
-    for h in range(H):
-        for r in range(m):
-            for e in range(dh):
-                qv, kv = qk[r, h * dh + e], qk[r, D + h * dh + e]
-                q_land[h, r, e], k_land[h, r, e] = qv, kv
-                q_scaled[h, r, e] = qv * s
-                k_scaled_t[h, e, r] = kv * s
-    landmark_pinv_arrays(q_land, k_land, iters, z64, z32)
-
-
-@njit(**JIT)
-def continual_front(token, pre, pos_index, h, qkv, ring_q, ring_k, ring_v, ref, den, num, peak,
-                    scores, x_ring, slot, full, rescale_on, refresh_on, tau, attn):
-    """Continual (exact) retroactive block 1 up to its attention, one token after the first, window
-    full after it: embed (h), in-projection (qkv), token into the input ring, then per head the
-    running sums of every query slot (models/stream/sums.py): the departing key leaves every
-    row, the new key joins every row (rescaling a row whose reference rises), the newest query's
-    row is computed from scratch, stale rows are refreshed from cached scores; attn[j, head] =
-    num_j / den_j, ring order. ring_*: (H, n, dh); ref, den, peak: (H, n); num: (H, n, dh);
-    scores: (H, n, n) cached scaled score of query slot i against key slot j (the state's
-    key-major scores, transposed); x_ring, attn: (n, D). Returns (any row rescaled, rows refreshed)."""
-    K.embed_qkv(token, pre, pos_index, h, qkv)
-    H, n, dh = ring_k.shape
-    D = H * dh
-    q = qkv[:D].reshape((H, dh))
-    k = qkv[D:2 * D].reshape((H, dh))
-    v = qkv[2 * D:].reshape((H, dh))
-    x_ring[slot] = h
-    scale = np.float32(1.0 / math.sqrt(dh))
+    slot = t % n
+    scale = F32(1.0 / math.sqrt(dh))
     rescaled, refreshed = False, 0
     for b in range(H):
         for j in range(dh):
             ring_q[b, slot, j] = q[b, j]
             ring_k[b, slot, j] = k[b, j]
-        for r in range(n):             # every row: the departing key (cached score) out, new in
-            s = np.float32(0.0)
-            for j in range(dh):
-                s += ring_q[b, r, j] * k[b, j]
-            s *= scale
-            if K.swap_term(b, r, scores[b, r, slot], ring_v[b, slot], full, s, v[b], ref, den,
-                           num, peak, rescale_on):
+        for i in range(n):             # every row: the departing key (cached score) out, new in
+            score = K.dot(ring_q[b, i], k[b]) * scale
+            if K.swap_term(b, i, key_scores[b, slot, i], ring_v[b, slot], True, score, v[b], ref, den, num, peak,
+                           cfg.rescale):
                 rescaled = True
-            scores[b, r, slot] = s
+            key_scores[b, slot, i] = score
         for j in range(dh):
             ring_v[b, slot, j] = v[b, j]
-        for t in range(n):             # the newest query's row, from scratch
-            s = np.float32(0.0)
-            for j in range(dh):
-                s += ring_k[b, t, j] * q[b, j]
-            scores[b, slot, t] = s * scale
-        _fresh_row32(scores[b, slot], ring_v[b], b, slot, ref, den, num, peak)
-        if refresh_on:
-            for r in range(n):
-                if den[b, r] < tau * peak[b, r]:
-                    _fresh_row32(scores[b, r], ring_v[b], b, r, ref, den, num, peak)
+        for j in range(n):             # the newest query's row, from scratch
+            key_scores[b, j, slot] = K.dot(ring_k[b, j], q[b]) * scale
+        K.fresh_row(key_scores, ring_v, n, b, slot, ref, den, num, peak)
+        if cfg.refresh:
+            for i in range(n):
+                if den[b, i] < cfg.tau * peak[b, i]:
+                    K.fresh_row(key_scores, ring_v, n, b, i, ref, den, num, peak)
                     refreshed += 1
-        for r in range(n):
+        for i in range(n):
             for j in range(dh):
-                attn[r, b * dh + j] = num[b, r, j] / den[b, r]
+                attn[i, b * dh + j] = num[b, i, j] / den[b, i]
     return rescaled, refreshed
 
 
 @njit(**JIT)
-def _fresh_row32(row_scores, values, b, r, ref, den, num, peak):
-    """Row r of head b from scratch (float32): row_scores: (n,), values: (n, dh)."""
-    top = row_scores.max()
-    num[b, r] = 0.0
-    total = np.float32(0.0)
-    for t in range(row_scores.shape[0]):
-        e = np.float32(math.exp(row_scores[t] - top))
-        total += e
-        for j in range(values.shape[1]):
-            num[b, r, j] += e * values[t, j]
-    ref[b, r], den[b, r], peak[b, r] = top, total, total
+def factors(s, r, marks, q, slot, p, w_o, p_all, g):
+    """The factors of every window slot's projected output of a retroactive Nyström block 0
+    (models/stream/model.py ``_window_out``), ring order, after ``nystrom_update``:
+      p[b, slot] = s(q_b K~_b^T);   zw_b = Z_b (num_b / den_b);   g[b*m + i] = zw_b[i] W_o,b^T
+      p_all[j, b*m + i] = p[b, j, i]   so that  attn_j W_o^T = p_all[j] g   (a torch product)
+    p: (H, n, m) the stream's cached rows; w_o: (D, D); p_all: (n, H m); g: (H m, D)."""
+    j0 = K.row(marks, r)
+    den, num = s.den[r], s.num[r]
+    H, m, dh = num.shape
+    n, D = p.shape[1], H * dh
+    zw = np.empty((m, dh), F32)
+    for b in range(H):
+        K.landmark_probs(q[b], marks.k_scaled_t[j0, b], p[b, slot])
+        for i in range(m):                         # Z (num / den) in float64, then float32
+            for e in range(dh):
+                acc = 0.0
+                for i2 in range(m):
+                    acc += marks.z[j0, b, i, i2] * (num[b, i2, e] / den[b, i2])
+                zw[i, e] = acc
+        for i in range(m):                         # G_b = zw_b W_o,b^T
+            for c in range(D):
+                acc32 = F32(0.0)
+                for e in range(dh):
+                    acc32 += zw[i, e] * w_o[c, b * dh + e]
+                g[b * m + i, c] = acc32
+        for j in range(n):
+            for i in range(m):
+                p_all[j, b * m + i] = p[b, j, i]
 
-
-# Block 2's products run through its input window x (n, D) with the key/value projections folded
-# in (models/sda/window.FoldedKeyValues), for R query rows per head (m landmarks, or 1 query):
-#   u = W_k,h^T q_hr (queries);        s = softmax(u x^T) (torch product and softmax);
-#   px = s x (torch product);          mixed_hr = px W_v,h^T + b_v,h (unfold_values)
 
 @njit(**JIT)
-def queries(z, slot, w_q, b_q, w_k, exact, rows, q, u):
-    """Block 2's query rows over its input window z (n, D): q = W_q z[slot] + b_q (D,); exact:
+def continual_fronts(tokens, rows, t, p, cfg, s, x_ring, attn, events):
+    """Continual (exact) retroactive block 0 up to its attention for every stream (steady: its
+    window full): embedding (into the input ring x_ring (C, n, D)), in-projection,
+    ``retroactive_update``; attn (S, n, D), events (S, 4)."""
+    H, n = s.k_ring.shape[1], s.k_ring.shape[2]
+    D = x_ring.shape[2]
+    h, qkv = np.empty(D, F32), np.empty(3 * D, F32)
+    for i in range(tokens.shape[0]):
+        r, ti = rows[i], t[i]
+        K.embed_qkv(tokens[i], p, ti % cfg.period, h, qkv)
+        x_ring[r, ti % n] = h
+        q, k, v = K.heads(qkv, H)
+        rescaled, refreshed = retroactive_update(s, r, q, k, v, ti, cfg, attn[i])
+        events[i, 2], events[i, 3] = refreshed, rescaled
+
+
+@njit(**JIT)
+def nystrom_fronts(tokens, rows, t, p, cfg, s, marks, cached, x_ring, p_all, g, events):
+    """Continual Nyström block 0 up to its out-projection for every stream (steady: its window
+    full, no landmark change): embedding (into x_ring (C, n, D)), in-projection,
+    ``nystrom_update``, ``factors`` (``cached``: the state's p (C, H, n, m)); p_all (S, n, H m),
+    g (S, H m, D), events (S, 4)."""
+    H, n = s.k_ring.shape[1], s.k_ring.shape[2]
+    D = x_ring.shape[2]
+    w_o = mat(p, param(0, OUT_W))
+    h, qkv = np.empty(D, F32), np.empty(3 * D, F32)
+    for i in range(tokens.shape[0]):
+        r, ti = rows[i], t[i]
+        K.embed_qkv(tokens[i], p, ti % cfg.period, h, qkv)
+        q, k, v = K.heads(qkv, H)
+        rescaled, refreshed = K.nystrom_update(s, r, marks.q_scaled[K.row(marks, r)], q, k, v, ti, cfg)
+        x_ring[r, ti % n] = h
+        factors(s, r, marks, q, ti % n, cached[r], w_o, p_all[i], g[i])
+        events[i, 2], events[i, 3] = refreshed, rescaled
+
+
+# ----------------------------------------------------------------------------- block 1
+# Its products run through its input window x (n, D) with the key/value projections folded in
+# (models/stream/window.py), for R query rows per head:
+#   u = W_k,h^T q_hr (queries);        s = softmax(u x^T) (torch product and softmax);
+#   px = s x (torch product);          mixed_hr = px W_v,h^T + b_v,h (``finish``)
+
+@njit(**JIT)
+def window_landmarks(x, seg, first, p, iters, q_scaled, k_scaled_t, z):
+    """Block 1's continual landmarks over its input window x (n, D), ring order: the means of the
+    aligned segments (seg: (m, 2) window ranges, oldest first; window index i is ring slot
+    (first + i) % n), projected to queries and keys, folded per head into q_scaled (H, m, dh),
+    k_scaled_t (H, dh, m), with their pseudo-inverse z (H, m, m) float32."""
+    n, D = x.shape
+    m = seg.shape[0]
+    H, _, dh = q_scaled.shape
+    means, qk = np.zeros((m, D), F32), np.empty((m, 2 * D), F32)
+    for r in range(m):
+        for i in range(seg[r, 0], seg[r, 1]):
+            j = (first + i) % n
+            for c in range(D):
+                means[r, c] += x[j, c]
+        size = F32(seg[r, 1] - seg[r, 0])
+        for c in range(D):
+            means[r, c] /= size
+    w, b = mat(p, param(1, IN_W)), vec(p, param(1, IN_B))
+    for r in range(m):
+        K.linear(w[:2 * D], b[:2 * D], means[r], qk[r])
+    q_land, k_land = np.empty((H, m, dh), F32), np.empty((H, m, dh), F32)
+    scale = F32(1.0 / math.sqrt(dh))
+    for h in range(H):
+        for r in range(m):
+            for e in range(dh):
+                qv, kv = qk[r, h * dh + e], qk[r, D + h * dh + e]
+                q_land[h, r, e], k_land[h, r, e] = qv, kv
+                q_scaled[h, r, e] = qv * scale
+                k_scaled_t[h, e, r] = kv * scale
+    landmark_pinv_arrays(q_land, k_land, iters, np.empty((H, m, m)), z)
+
+
+@njit(**JIT)
+def window_landmarks_all(z, seg, first, p, iters, marks):
+    """``window_landmarks`` for every stream: z (S, n, D) the windows, seg (S, m, 2), first (S,);
+    ``marks`` (Landmarks, (S, ...)) written."""
+    for i in range(z.shape[0]):
+        window_landmarks(z[i], seg[i], first[i], p, iters, marks.q_scaled[i], marks.k_scaled_t[i], marks.z[i])
+
+
+@njit(**JIT)
+def queries(x, slot, p, exact, rows, q, u):
+    """Block 1's query rows over its input window x (n, D): q = W_q x[slot] + b_q (D,); exact:
     rows (H, 1, dh) = q / sqrt(dh), else rows are the scaled query landmarks (H, m, dh);
     u (H*R, D) = each row folded through W_k,h."""
-    K.linear(w_q, b_q, z[slot], q)
+    D = x.shape[1]
+    w, b = mat(p, param(1, IN_W)), vec(p, param(1, IN_B))
+    K.linear(w[:D], b[:D], x[slot], q)
+    w_k = w[D:2 * D]
     H, R, dh = rows.shape
-    D = z.shape[1]
     if exact:
-        scale = np.float32(1.0 / math.sqrt(dh))
+        scale = F32(1.0 / math.sqrt(dh))
         for h in range(H):
             for e in range(dh):
                 rows[h, 0, e] = q[h * dh + e] * scale
@@ -234,17 +228,29 @@ def queries(z, slot, w_q, b_q, w_k, exact, rows, q, u):
 
 
 @njit(**JIT)
-def finish(px, w_v, b_v, mixed, exact, q, k_scaled_t, z, attn, x, post, eps1, eps2, bufs, logits):
-    """Block 2's values, attention output, then its tail and the classifier:
+def queries_all(z, slots, p, exact, marks, q, u):
+    """``queries`` for every stream: z (S, n, D), slots (S,) the newest token's; the query rows
+    ``marks.q_scaled`` (S or 1, H, R, dh); q (S, D), u (S, H R, D)."""
+    for i in range(z.shape[0]):
+        queries(z[i], slots[i], p, exact, marks.q_scaled[K.row(marks, i)], q[i], u[i])
+
+
+@njit(**JIT)
+def finish(px, p, cfg, exact, q, marks, j, x, logits):
+    """Block 1's values, attention output, then its tail and the classifier:
     mixed (H, R, dh) = px W_v,h^T + b_v,h; exact: attn = mixed; Nyström: attn_h = s(q_h K~_h^T)
-    Z_h mixed_h with k_scaled_t (H, dh, m), z (H, m, m); then logits = head(tail(x, attn)).
-    px: (H*R, D); q, attn, x: (D,); post, bufs: as kernels.tail_and_head."""
-    H, R, dh = mixed.shape
+    Z_h mixed_h with ``marks`` row j (z float32); then logits = head(tail(x, attn)).
+    px: (H*R, D); q, x: (D,)."""
+    R = px.shape[0] // marks.q_scaled.shape[1]
+    H, dh = marks.q_scaled.shape[1], marks.q_scaled.shape[3]
     D = px.shape[1]
+    w, b = mat(p, param(1, IN_W)), vec(p, param(1, IN_B))
+    w_v, b_v = w[2 * D:], b[2 * D:]
+    mixed, attn = np.empty((H, R, dh), F32), np.empty(D, F32)
     for h in range(H):
         for r in range(R):
             for e in range(dh):
-                acc = np.float32(0.0)
+                acc = F32(0.0)
                 for c in range(D):
                     acc += px[h * R + r, c] * w_v[h * dh + e, c]
                 mixed[h, r, e] = acc + b_v[h * dh + e]
@@ -253,89 +259,25 @@ def finish(px, w_v, b_v, mixed, exact, q, k_scaled_t, z, attn, x, post, eps1, ep
             for e in range(dh):
                 attn[h * dh + e] = mixed[h, 0, e]
     else:
-        k1 = np.empty(R, np.float32)
+        k1 = np.empty(R, F32)
         for h in range(H):
-            top = -np.inf
-            for r in range(R):
-                acc = np.float32(0.0)
-                for e in range(dh):
-                    acc += q[h * dh + e] * k_scaled_t[h, e, r]
-                k1[r] = acc
-                top = max(top, acc)
-            total = np.float32(0.0)
-            for r in range(R):
-                k1[r] = np.float32(math.exp(k1[r] - top))
-                total += k1[r]
+            K.landmark_probs(q[h * dh:(h + 1) * dh], marks.k_scaled_t[j, h], k1)
             for e in range(dh):
                 attn[h * dh + e] = 0.0
             for r in range(R):
-                c = np.float32(0.0)
+                c = F32(0.0)
                 for r2 in range(R):
-                    c += (k1[r2] / total) * z[h, r2, r]
+                    c += k1[r2] * marks.z[j, h, r2, r]
                 for e in range(dh):
                     attn[h * dh + e] += c * mixed[h, r, e]
-    K.tail_and_head(x, attn, post, eps1, eps2, bufs, logits)
-
-
-# ----------------------------------------------------------------------------- every stream of a call
-
-@njit(**JIT)
-def continual_fronts(tokens, rows, t, pre, period, h, qkv, q_ring, k_ring, v_ring, key_scores, ref, den, num,
-                     peak, x_ring, rescale_on, refresh_on, tau, attn, events):
-    """``continual_front`` for every stream (steady: its window full): attn (S, n, D), events (S, 4)."""
-    n = q_ring.shape[2]
-    for i in range(tokens.shape[0]):
-        r, ti = rows[i], t[i]
-        rescaled, refreshed = continual_front(
-            tokens[i], pre, ti % period, h, qkv, q_ring[r], k_ring[r], v_ring[r], ref[r], den[r], num[r], peak[r],
-            key_scores[r].transpose((0, 2, 1)), x_ring[r], ti % n, True, rescale_on, refresh_on, tau, attn[i])
-        events[i, 2], events[i, 3] = refreshed, rescaled
+    out = np.empty(D, F32)
+    K.block_tail(p, 1, cfg.eps, x, attn, out)
+    K.classify(p, out, logits)
 
 
 @njit(**JIT)
-def nystrom_fronts(tokens, rows, t, pre, period, h, qkv, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
-                   q_scaled, k_scaled_t, z64, shared, seg_q, seg_k, seg_count, x_ring, p, track, rescale_on,
-                   refresh_on, tau, zw, w_o, p_all, g, events):
-    """``nystrom_front`` for every stream (steady: its window full, no landmark change); the
-    landmarks one set for all where ``shared`` (fixed), else each stream's row; p_all (S, n, H m),
-    g (S, H m, D); events (S, 4)."""
-    n = ring_q.shape[2]
-    for i in range(tokens.shape[0]):
-        r, ti = rows[i], t[i]
-        marks = 0 if shared else r
-        rescaled, refreshed = nystrom_front(
-            tokens[i], pre, ti % period, h, qkv, ring_q[r], ring_k[r], ring_v[r], key_scores[r], ref[r], den[r],
-            num[r], peak[r], q_scaled[marks], k_scaled_t[marks], z64[marks], seg_q[r], seg_k[r], x_ring[r], p[r],
-            ti % n, True, n, track, rescale_on, refresh_on, tau, zw, w_o, p_all[i], g[i])
-        if track:
-            seg_count[r] += 1
-        events[i, 2], events[i, 3] = refreshed, rescaled
-
-
-@njit(**JIT)
-def window_landmarks_all(z, seg, first, w_qk, b_qk, iters, means, qk, q_land, k_land, q_scaled, k_scaled_t,
-                         z64, z32):
-    """``window_landmarks`` for every stream: z (S, n, D), seg (S, m, 2), first (S,); the
-    landmarks (S, H, m, dh), (S, H, dh, m) and pseudo-inverses (S, H, m, m)."""
-    for i in range(z.shape[0]):
-        window_landmarks(z[i], seg[i], first[i], w_qk, b_qk, iters, means, qk, q_land[i], k_land[i],
-                         q_scaled[i], k_scaled_t[i], z64[i], z32[i])
-
-
-@njit(**JIT)
-def queries_all(z, slots, w_q, b_q, w_k, exact, rows, shared, q, u):
-    """``queries`` for every stream: z (S, n, D), slots (S,) the newest token's; rows (S or 1,
-    H, R, dh) (one set for all where ``shared``); q (S, D), u (S, H R, D)."""
-    for i in range(z.shape[0]):
-        queries(z[i], slots[i], w_q, b_q, w_k, exact, rows[0 if shared else i], q[i], u[i])
-
-
-@njit(**JIT)
-def finish_all(px, w_v, b_v, mixed, exact, q, k_scaled_t, zl, shared, attn, z, slots, post, eps1, eps2, bufs,
-               logits):
-    """``finish`` for every stream: px (S, H R, D), q (S, D), landmarks (S or 1, ...), z (S, n, D);
-    logits (S, classes)."""
+def finish_all(px, p, cfg, exact, q, marks, z, slots, logits):
+    """``finish`` for every stream: px (S, H R, D), q (S, D), z (S, n, D) the windows, slots (S,);
+    ``marks`` (S or 1, ...); logits (S, classes)."""
     for i in range(px.shape[0]):
-        j = 0 if shared else i
-        finish(px[i], w_v, b_v, mixed, exact, q[i], k_scaled_t[j], zl[j], attn, z[i, slots[i]], post, eps1, eps2,
-               bufs, logits[i])
+        finish(px[i], p, cfg, exact, q[i], marks, K.row(marks, i), z[i, slots[i]], logits[i])

@@ -1,14 +1,24 @@
-"""The compiled CPU kernels, numba: a streamed token in one call instead of hundreds of torch
-calls. Every function works in place on numpy views of the step's state (models/stream/), so a
-step taken here and a step taken by the torch step leave the same state behind.
+"""The compiled CPU kernels (numba): a streamed token in one call instead of hundreds of torch
+calls. They read and write the step's own state in place and by name: a state NamedTuple of
+models/stream/ (``SingleOutputState``, ``RetroactiveState``, ``NystromState``) whose fields are
+numpy views of the torch step's tensors, every stream's row at once (stream row r of each
+field), so that a step taken here and one taken by the torch step leave the same state behind.
 
-Shapes: BH = batch x heads rows (heads folded into the batch, head index fastest), d the head
-dimension, n the window, m landmarks; D the model width, F the feed-forward width. Products
-accumulate in float32 (like torch's); the continual Nyström running sums are float64.
+- per head, shared by 1 and 2 blocks: ``swap_term`` (a row of running sums loses the departing
+  key and takes the newest), ``fresh_row`` (a row from its cached scores), ``landmark_probs``
+  (s(q K~^T));
+- per stream: ``attend_single`` (continual single-output), ``nystrom_update`` and
+  ``nystrom_attend`` (a steady continual Nyström step);
+- layers over the model's packed weights (``Packed``): ``embed_qkv``, ``block_tail``, ``classify``;
+- whole 1-block steps of every stream of a call: ``single_output_steps``, ``nystrom_steps``.
+
+Shapes: C rows of state, H heads of dh, D = H dh, F the feed-forward width, n the window, m
+landmarks. Products accumulate in float32 (like torch's); the Nyström running sums are float64.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -17,6 +27,76 @@ from .numba_cache import share
 
 share()                                                # one cache for every copy of this code
 JIT = dict(cache=True, nogil=True, fastmath=True, error_model="numpy")
+F32 = np.float32
+
+
+class Packed(NamedTuple):
+    """A model's parameters in one float32 buffer (backend.pack_parameters): parameter i is
+    buffer[offset:offset + rows * cols] with layout[i] = (offset, rows, cols)."""
+    buffer: np.ndarray
+    layout: np.ndarray
+
+
+class Config(NamedTuple):
+    """What a compiled step reads besides weights and state."""
+    period: int          # rows of the position table (position index = t mod period)
+    eps: float           # every LayerNorm's epsilon
+    rescale: bool        # the stability measures (models/stream/sums.py Stability)
+    refresh: bool
+    tau: float           # a row is refreshed when den < tau * peak
+    track: bool          # continual landmarks: the segment sums take each token
+    iters: int           # pseudo-inverse iterations (block 2's continual landmarks)
+
+
+class Landmarks(NamedTuple):
+    """The landmarks a step uses: q_scaled (L, H, m, dh), k_scaled_t (L, H, dh, m) and the
+    pseudo-inverse z (L, H, m, m); L = 1 (fixed: the same for every stream) or one row per
+    stream row (``row``)."""
+    q_scaled: np.ndarray
+    k_scaled_t: np.ndarray
+    z: np.ndarray
+
+
+def arrays(named, fixed=None) -> tuple:
+    """A named state of torch tensors (CPU, contiguous, no two sharing memory) as the kernels
+    take it: the same NamedTuple of numpy views, and its landmarks (``fixed``: Landmarks of
+    numpy arrays; else a Nyström state's own, None for exact attention)."""
+    s = type(named)(*(x.numpy() for x in named))
+    if fixed is None and hasattr(s, "z64"):
+        fixed = Landmarks(s.q_scaled, s.k_scaled_t, s.z64)
+    return s, fixed
+
+
+# the packed parameters, in backend.model_parameters' order: the model's, then each block's
+EMBED_W, EMBED_B, POS, HEAD_W, HEAD_B = range(5)
+IN_W, IN_B, OUT_W, OUT_B, N1_W, N1_B, F1_W, F1_B, F2_W, F2_B, N2_W, N2_B = range(12)
+FIRST_BLOCK, PER_BLOCK = 5, 12
+
+
+@njit(**JIT)
+def mat(p, i):
+    """Parameter i of the packed weights as a (rows, cols) view."""
+    off, rows, cols = p.layout[i, 0], p.layout[i, 1], p.layout[i, 2]
+    return p.buffer[off:off + rows * cols].reshape((rows, cols))
+
+
+@njit(**JIT)
+def vec(p, i):
+    """Parameter i of the packed weights as a (cols,) view (a bias or norm weight)."""
+    off = p.layout[i, 0]
+    return p.buffer[off:off + p.layout[i, 2]]
+
+
+@njit(**JIT)
+def param(block, i):
+    """The index of block ``block``'s parameter i (IN_W ... N2_B)."""
+    return FIRST_BLOCK + PER_BLOCK * block + i
+
+
+@njit(**JIT)
+def row(marks, r):
+    """The landmarks' row for stream row r: 0 where they are shared (fixed)."""
+    return 0 if marks.z.shape[0] == 1 else r
 
 
 # ----------------------------------------------------------------------------- layers
@@ -28,7 +108,7 @@ def linear(w, b, x, out):
     O, I = w.shape
     o = 0
     while o + 4 <= O:
-        a0 = a1 = a2 = a3 = np.float32(0.0)
+        a0 = a1 = a2 = a3 = F32(0.0)
         for i in range(I):
             xi = x[i]
             a0 += w[o, i] * xi
@@ -38,7 +118,7 @@ def linear(w, b, x, out):
         out[o], out[o + 1], out[o + 2], out[o + 3] = a0 + b[o], a1 + b[o + 1], a2 + b[o + 2], a3 + b[o + 3]
         o += 4
     while o < O:
-        acc = np.float32(0.0)
+        acc = F32(0.0)
         for i in range(I):
             acc += w[o, i] * x[i]
         out[o] = acc + b[o]
@@ -63,148 +143,70 @@ def layer_norm(x, w, b, eps, out):
 
 
 @njit(**JIT)
-def embed_qkv(token, pre, pos_index, h, qkv):
-    """h = embed(token) + pos_table[pos_index]; qkv = in_proj(h). token: (I,), h: (D,), qkv: (3D,);
-    pre: (embed weight, embed bias, position table, in-projection weight, its bias)."""
-    emb_w, emb_b, pos, in_w, in_b = pre
-    linear(emb_w, emb_b, token, h)
+def embed_qkv(token, p, position, h, qkv):
+    """h = embed(token) + pos_table[position]; qkv = block 0's in-projection of h.
+    token: (I,), h: (D,), qkv: (3D,)."""
+    linear(mat(p, EMBED_W), vec(p, EMBED_B), token, h)
+    table = mat(p, POS)
     for i in range(h.shape[0]):
-        h[i] += pos[pos_index, i]
-    linear(in_w, in_b, h, qkv)
+        h[i] += table[position, i]
+    linear(mat(p, param(0, IN_W)), vec(p, param(0, IN_B)), h, qkv)
 
 
 @njit(**JIT)
-def block_tail(x, attn, out_w, out_b, n1w, n1b, eps1, f1w, f1b, f2w, f2b, n2w, n2b, eps2,
-               a, y, hid, f, out):
-    """Post-norm block after attention for one token: out = LN2(y + FF(y)), y = LN1(x + W_o attn).
-    x, attn, out, a, y, f: (D,), hid: (F,) buffers."""
-    linear(out_w, out_b, attn, a)
-    for i in range(a.shape[0]):
+def heads(qkv, H):
+    """The packed in-projection (3D,) as q, k, v (H, dh) views."""
+    D = qkv.shape[0] // 3
+    dh = D // H
+    return qkv[:D].reshape((H, dh)), qkv[D:2 * D].reshape((H, dh)), qkv[2 * D:].reshape((H, dh))
+
+
+@njit(**JIT)
+def block_tail(p, block, eps, x, attn, out):
+    """Block ``block``'s post-norm tail for one token: out = LN2(y + FF(y)), y = LN1(x + W_o attn
+    + b_o). x, attn, out: (D,)."""
+    D = x.shape[0]
+    a, y, f = np.empty(D, F32), np.empty(D, F32), np.empty(D, F32)
+    linear(mat(p, param(block, OUT_W)), vec(p, param(block, OUT_B)), attn, a)
+    for i in range(D):
         a[i] += x[i]
-    layer_norm(a, n1w, n1b, eps1, y)
-    linear(f1w, f1b, y, hid)
+    layer_norm(a, vec(p, param(block, N1_W)), vec(p, param(block, N1_B)), eps, y)
+    w1 = mat(p, param(block, F1_W))
+    hid = np.empty(w1.shape[0], F32)
+    linear(w1, vec(p, param(block, F1_B)), y, hid)
     for i in range(hid.shape[0]):
         if hid[i] < 0:
             hid[i] = 0
-    linear(f2w, f2b, hid, f)
-    for i in range(f.shape[0]):
+    linear(mat(p, param(block, F2_W)), vec(p, param(block, F2_B)), hid, f)
+    for i in range(D):
         f[i] += y[i]
-    layer_norm(f, n2w, n2b, eps2, out)
+    layer_norm(f, vec(p, param(block, N2_W)), vec(p, param(block, N2_B)), eps, out)
 
 
 @njit(**JIT)
-def tail_and_head(x, attn, w, eps1, eps2, bufs, logits):
-    """Block tail then classifier. w: the 12 block/head weight arrays (see FusedModel)."""
-    a, y, hid, f, z = bufs
-    block_tail(x, attn, w[0], w[1], w[2], w[3], eps1, w[4], w[5], w[6], w[7], w[8], w[9], eps2,
-               a, y, hid, f, z)
-    linear(w[10], w[11], z, logits)
+def classify(p, x, logits):
+    """logits = the classifier of x (D,)."""
+    linear(mat(p, HEAD_W), vec(p, HEAD_B), x, logits)
 
 
-# ----------------------------------------------------------------------------- packed weights
-
-# a 1-block model's parameters in backend.pack_parameters' order (rows of its layout)
-EMBED_W, EMBED_B, POS, IN_W, IN_B, OUT_W, OUT_B, N1_W, N1_B, F1_W, F1_B, F2_W, F2_B, N2_W, N2_B, \
-    HEAD_W, HEAD_B = range(17)
-
+# ----------------------------------------------------------------------------- per head
 
 @njit(**JIT)
-def mat(w, layout, i):
-    """Parameter i of the packed weights w as a (rows, cols) view; layout: (N, 3) offset, rows,
-    cols."""
-    off, rows, cols = layout[i, 0], layout[i, 1], layout[i, 2]
-    return w[off:off + rows * cols].reshape((rows, cols))
-
-
-@njit(**JIT)
-def vec(w, layout, i):
-    """Parameter i of the packed weights w as a (cols,) view (a bias or norm weight)."""
-    off = layout[i, 0]
-    return w[off:off + layout[i, 2]]
-
-
-@njit(**JIT)
-def unpack(w, layout):
-    """The packed 1-block model -> (pre, post) as ``embed_qkv`` and ``tail_and_head`` take them.
-    One packed buffer is one argument to unbox instead of seventeen."""
-    pre = (mat(w, layout, EMBED_W), vec(w, layout, EMBED_B), mat(w, layout, POS),
-           mat(w, layout, IN_W), vec(w, layout, IN_B))
-    post = (mat(w, layout, OUT_W), vec(w, layout, OUT_B), vec(w, layout, N1_W),
-            vec(w, layout, N1_B), mat(w, layout, F1_W), vec(w, layout, F1_B),
-            mat(w, layout, F2_W), vec(w, layout, F2_B), vec(w, layout, N2_W),
-            vec(w, layout, N2_B), mat(w, layout, HEAD_W), vec(w, layout, HEAD_B))
-    return pre, post
-
-
-@njit(**JIT)
-def scratch_views(s, D, F):
-    """One float32 scratch buffer s (9 D + F,) as h (D,), qkv (3 D,), attn (D,) and the block
-    tail's buffers (a, y, hid (F,), f, z)."""
-    h, qkv, attn = s[:D], s[D:4 * D], s[4 * D:5 * D]
-    bufs = (s[5 * D:6 * D], s[6 * D:7 * D], s[7 * D:7 * D + F], s[7 * D + F:8 * D + F],
-            s[8 * D + F:9 * D + F])
-    return h, qkv, attn, bufs
-
-
-# ----------------------------------------------------------------------------- exact attention
-
-@njit(**JIT)
-def continual_step(q, k, v, ring_k, ring_v, slot, n_t, scores, out):
-    """Continual single-output SDA: write the newest key/value into ``slot``, attend the newest
-    query over the n_t stored tokens. q, k, v, out: (BH, d); ring_*: (BH, n, d); scores: (n,)."""
-    BH, d = q.shape
-    scale = np.float32(1.0 / math.sqrt(d))
-    for b in range(BH):
-        for j in range(d):
-            ring_k[b, slot, j] = k[b, j]
-            ring_v[b, slot, j] = v[b, j]
-        top = -np.inf
-        for t in range(n_t):
-            s = np.float32(0.0)
-            for j in range(d):
-                s += (q[b, j] * scale) * ring_k[b, t, j]
-            scores[t] = s
-            top = max(top, s)
-        total = np.float32(0.0)
-        for t in range(n_t):
-            e = np.float32(math.exp(scores[t] - top))
-            scores[t] = e
-            total += e
-        for j in range(d):
-            out[b, j] = 0.0
-        for t in range(n_t):
-            p = scores[t] / total
-            for j in range(d):
-                out[b, j] += p * ring_v[b, t, j]
-
-
-# ----------------------------------------------------------------------------- continual Nyström
-
-@njit(**JIT)
-def _fresh_row(b, r, key_scores, ring_v, n_t, ref, den, num, peak):
-    """Running sums of row r of sequence b from scratch, from its cached scores."""
-    top = -np.inf
-    for t in range(n_t):
-        top = max(top, np.float64(key_scores[b, t, r]))
-    d = num.shape[2]
-    for j in range(d):
-        num[b, r, j] = 0.0
-    total = 0.0
-    for t in range(n_t):
-        e = math.exp(np.float64(key_scores[b, t, r]) - top)
-        total += e
-        for j in range(d):
-            num[b, r, j] += e * ring_v[b, t, j]
-    ref[b, r], den[b, r], peak[b, r] = top, total, total
+def dot(a, b):
+    """a . b in float32: a, b (d,)."""
+    acc = F32(0.0)
+    for j in range(a.shape[0]):
+        acc += a[j] * b[j]
+    return acc
 
 
 @njit(**JIT)
 def swap_term(b, r, s_out, v_out, full, s, v, ref, den, num, peak, rescale_on):
-    """Row r of sequence b loses the departing key (score s_out, value v_out (d,); only when
-    ``full``) and takes the newest (score s, value v (d,)) in one pass over the row; scores in the
-    row's dtype. With ``rescale_on`` a score above the row's reference first rescales the row
-    (returns True) and the peak is tracked (models/running_sums: remove_key then add_key, one
-    row, equal up to rounding)."""
+    """Row r of head b loses the departing key (score s_out, value v_out (dh,); only when
+    ``full``) and takes the newest (score s, value v (dh,)) in one pass over the row; scores in
+    the row's dtype. With ``rescale_on`` a score above the row's reference first rescales the row
+    (returns True) and the peak is tracked (models/stream/sums.py ``slide`` for one row, equal up
+    to rounding)."""
     e_out = math.exp(s_out - ref[b, r]) if full else 0.0
     rescaled = False
     if rescale_on and s > ref[b, r]:
@@ -230,134 +232,174 @@ def swap_term(b, r, s_out, v_out, full, s, v, ref, den, num, peak, rescale_on):
 
 
 @njit(**JIT)
-def nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak, q_scaled,
-                   seg_q, seg_k, slot, full, n_t, track, rescale_on, refresh_on, tau):
-    """The running sums' part of a steady continual Nyström step (no landmark change), every row.
+def fresh_row(key_scores, values, n_t, b, r, ref, den, num, peak):
+    """Row r of head b's running sums from scratch, in the sums' dtype (float64 Nyström rows,
+    float32 retroactive ones), from its cached scores key_scores[b, :n_t, r] (key-major) over
+    values[b, :n_t] (models/stream/sums.py ``fresh_rows`` for one row)."""
+    T = den.dtype.type
+    top = T(-np.inf)
+    for j in range(n_t):
+        top = max(top, T(key_scores[b, j, r]))
+    for c in range(num.shape[2]):
+        num[b, r, c] = 0.0
+    total = T(0.0)
+    for j in range(n_t):
+        e = T(math.exp(T(key_scores[b, j, r]) - top))
+        total += e
+        for c in range(num.shape[2]):
+            num[b, r, c] += e * values[b, j, c]
+    ref[b, r], den[b, r], peak[b, r] = top, total, total
 
-    Each of the m running sums swaps the departing key (its cached score) for the newest
-    (rescaling a row whose reference rises when ``rescale_on``), the token is stored, rows whose
-    denominator fell below ``tau`` x its peak are refreshed from cached scores (``refresh_on``).
-    ``track``: add q, k to the landmark segment sums. q, k, v: (BH, d); ring_*: (BH, n, d);
-    key_scores: (BH, n, m); ref, den, peak: (BH, m) float64; num: (BH, m, d) float64; q_scaled:
-    (BH, m, d); seg_*: (BH, d). Returns (any row rescaled, rows refreshed).
-    """
-    BH, d = q.shape
+
+@njit(**JIT)
+def landmark_probs(q, k_scaled_t, out):
+    """out (m,) = softmax over the landmarks of q k_scaled_t, float32: q (dh,), k_scaled_t (dh, m)."""
+    m = out.shape[0]
+    top = F32(-np.inf)
+    for r in range(m):
+        s = F32(0.0)
+        for j in range(q.shape[0]):
+            s += q[j] * k_scaled_t[j, r]
+        out[r] = s
+        top = max(top, s)
+    total = F32(0.0)
+    for r in range(m):
+        out[r] = F32(math.exp(out[r] - top))
+        total += out[r]
+    for r in range(m):
+        out[r] /= total
+
+
+# ----------------------------------------------------------------------------- per stream
+
+@njit(**JIT)
+def attend_single(s, r, q, k, v, t, out):
+    """Continual single-output SDA of stream row r of ``s`` (SingleOutputState) at position t:
+    the newest key and value into slot t % n, the newest query over the stored tokens.
+    q, k, v, out: (H, dh)."""
+    k_ring, v_ring = s.k_ring[r], s.v_ring[r]
+    H, n, dh = k_ring.shape
+    slot, n_t = t % n, min(t + 1, n)
+    scale = F32(1.0 / math.sqrt(dh))
+    scores = np.empty(n, F32)
+    for b in range(H):
+        for j in range(dh):
+            k_ring[b, slot, j] = k[b, j]
+            v_ring[b, slot, j] = v[b, j]
+        top = -np.inf
+        for i in range(n_t):
+            acc = F32(0.0)
+            for j in range(dh):
+                acc += (q[b, j] * scale) * k_ring[b, i, j]
+            scores[i] = acc
+            top = max(top, acc)
+        total = F32(0.0)
+        for i in range(n_t):
+            e = F32(math.exp(scores[i] - top))
+            scores[i] = e
+            total += e
+        for j in range(dh):
+            out[b, j] = 0.0
+        for i in range(n_t):
+            weight = scores[i] / total
+            for j in range(dh):
+                out[b, j] += weight * v_ring[b, i, j]
+
+
+@njit(**JIT)
+def nystrom_update(s, r, q_scaled, q, k, v, t, cfg):
+    """The running sums' part of a steady continual Nyström step (no landmark change) of stream
+    row r of ``s`` (NystromState) at position t: each of the m rows swaps the departing key
+    (its cached score) for the newest, the token is stored (and, with ``cfg.track``, counted in
+    the segment in progress), rows whose denominator fell below tau x its peak are refreshed
+    from cached scores. q_scaled: (H, m, dh) the query landmarks in use; q, k, v: (H, dh).
+    Returns (any row rescaled, rows refreshed)."""
+    ring_q, ring_k, ring_v, key_scores = s.q_ring[r], s.k_ring[r], s.v_ring[r], s.key_scores[r]
+    ref, den, num, peak = s.ref[r], s.den[r], s.num[r], s.peak[r]
+    H, n, dh = ring_k.shape
     m = q_scaled.shape[1]
+    slot, full, n_t = t % n, t >= n, min(t + 1, n)
     rescaled, refreshed = False, 0
-    for b in range(BH):
-        for r in range(m):
-            s = np.float32(0.0)
-            for j in range(d):
-                s += q_scaled[b, r, j] * k[b, j]
-            if swap_term(b, r, np.float64(key_scores[b, slot, r]), ring_v[b, slot], full,
-                         np.float64(s), v[b], ref, den, num, peak, rescale_on):
+    for b in range(H):
+        for i in range(m):
+            score = dot(q_scaled[b, i], k[b])
+            if swap_term(b, i, np.float64(key_scores[b, slot, i]), ring_v[b, slot], full, np.float64(score), v[b],
+                         ref, den, num, peak, cfg.rescale):
                 rescaled = True
-            key_scores[b, slot, r] = s
-        for j in range(d):
+            key_scores[b, slot, i] = score
+        for j in range(dh):
             ring_q[b, slot, j] = q[b, j]
             ring_k[b, slot, j] = k[b, j]
             ring_v[b, slot, j] = v[b, j]
-            if track:
-                seg_q[b, j] += q[b, j]
-                seg_k[b, j] += k[b, j]
-        if refresh_on:
-            for r in range(m):
-                if den[b, r] < tau * peak[b, r]:
-                    _fresh_row(b, r, key_scores, ring_v, n_t, ref, den, num, peak)
+        if cfg.track:
+            for j in range(dh):
+                s.seg_q[r, b, j] += q[b, j]
+                s.seg_k[r, b, j] += k[b, j]
+        if cfg.refresh:
+            for i in range(m):
+                if den[b, i] < cfg.tau * peak[b, i]:
+                    fresh_row(key_scores, ring_v, n_t, b, i, ref, den, num, peak)
                     refreshed += 1
+    if cfg.track:
+        s.seg_count[r] += 1
     return rescaled, refreshed
 
 
 @njit(**JIT)
-def nystrom_step(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
-                 q_scaled, k_scaled_t, z, seg_q, seg_k, slot, full, n_t, track,
-                 rescale_on, refresh_on, tau, buf, out):
-    """One steady continual Nyström step (no landmark change) for every row, single-output:
-    ``nystrom_update``, then out = s(q K~^T) Z (num / den). k_scaled_t: (BH, d, m); z: (BH, m, m)
-    float64 (the pseudo-inverse's float32 values); buf: (3, m) float64; out: (BH, d); the rest
-    as in ``nystrom_update``. Returns its flags.
-    """
-    BH, d = q.shape
-    m = z.shape[1]
-    flags = nystrom_update(q, k, v, ring_q, ring_k, ring_v, key_scores, ref, den, num, peak,
-                           q_scaled, seg_q, seg_k, slot, full, n_t, track, rescale_on, refresh_on,
-                           tau)
-    for b in range(BH):
-        # out = s(q K~^T) Z / den @ num
-        logit, c = buf[0], buf[1]
-        top = -np.inf
-        for r in range(m):
-            s = np.float32(0.0)
-            for j in range(d):
-                s += q[b, j] * k_scaled_t[b, j, r]
-            logit[r] = s
-            top = max(top, logit[r])
-        total = 0.0
-        for r in range(m):
-            logit[r] = np.float32(math.exp(logit[r] - top))
-            total += logit[r]
-        for r in range(m):
+def nystrom_attend(s, r, marks, q, k, v, t, cfg, out):
+    """A steady continual Nyström step of stream row r, single-output: ``nystrom_update``, then
+    out (H, dh) = s(q K~^T) Z (num / den) with ``marks`` (Landmarks, z float64). Returns its flags."""
+    j = row(marks, r)
+    flags = nystrom_update(s, r, marks.q_scaled[j], q, k, v, t, cfg)
+    den, num = s.den[r], s.num[r]
+    H, m, dh = num.shape
+    probs, c = np.empty(m, F32), np.empty(m)
+    for b in range(H):
+        landmark_probs(q[b], marks.k_scaled_t[j, b], probs)
+        for i in range(m):
             acc = 0.0
-            for s_ in range(m):
-                acc += (logit[s_] / total) * z[b, s_, r]
-            c[r] = acc / den[b, r]
-        for j in range(d):
+            for i2 in range(m):
+                acc += np.float64(probs[i2]) * marks.z[j, b, i2, i]
+            c[i] = acc / den[b, i]
+        for e in range(dh):
             acc = 0.0
-            for r in range(m):
-                acc += c[r] * num[b, r, j]
-            out[b, j] = acc
+            for i in range(m):
+                acc += c[i] * num[b, i, e]
+            out[b, e] = acc
     return flags
 
 
-# ----------------------------------------------------------------------------- whole model steps
+# ----------------------------------------------------------------------------- 1-block model steps
 
 @njit(**JIT)
-def model_steps_continual(tokens, rows, t, w, layout, eps1, eps2, scratch, k_ring, v_ring, period,
-                          scores, logits):
-    """1-block continual models, one token of each stream: embed, in-projection, continual
-    single-output SDA over every head, out-projection, block tail, classifier. tokens (S, I);
-    rows (S,) each stream's row of the state; t (S,) its position; k_ring, v_ring (C, H, n, dh);
-    logits (S, classes). w, layout: the packed weights; scratch: see ``scratch_views``."""
-    pre, post = unpack(w, layout)
-    H, n, dh = k_ring.shape[1], k_ring.shape[2], k_ring.shape[3]
-    D = H * dh
-    h, qkv, attn, bufs = scratch_views(scratch, D, layout[F1_B, 2])
+def single_output_steps(tokens, rows, t, p, cfg, s, logits):
+    """1-block continual models, one token of each stream: embedding, in-projection, continual
+    single-output SDA over every head, block tail, classifier. tokens (S, I); rows (S,) each
+    stream's row of the state ``s`` (SingleOutputState); t (S,) its position; logits (S, classes)."""
+    H = s.k_ring.shape[1]
+    D = mat(p, EMBED_W).shape[0]
+    h, qkv, attn, z = np.empty(D, F32), np.empty(3 * D, F32), np.empty(D, F32), np.empty(D, F32)
     for i in range(tokens.shape[0]):
-        r, ti = rows[i], t[i]
-        embed_qkv(tokens[i], pre, ti % period, h, qkv)
-        q = qkv[:D].reshape((H, dh))
-        k = qkv[D:2 * D].reshape((H, dh))
-        v = qkv[2 * D:].reshape((H, dh))
-        continual_step(q, k, v, k_ring[r], v_ring[r], ti % n, min(ti + 1, n), scores, attn.reshape((H, dh)))
-        tail_and_head(h, attn, post, eps1, eps2, bufs, logits[i])
+        embed_qkv(tokens[i], p, t[i] % cfg.period, h, qkv)
+        q, k, v = heads(qkv, H)
+        attend_single(s, rows[i], q, k, v, t[i], attn.reshape((H, D // H)))
+        block_tail(p, 0, cfg.eps, h, attn, z)
+        classify(p, z, logits[i])
 
 
 @njit(**JIT)
-def model_steps_nystrom(tokens, rows, t, w, layout, eps1, eps2, scratch, ring_q, ring_k, ring_v, key_scores,
-                        ref, den, num, peak, q_scaled, k_scaled_t, z64, shared, seg_q, seg_k, seg_count,
-                        period, track, rescale_on, refresh_on, tau, buf, logits, events):
+def nystrom_steps(tokens, rows, t, p, cfg, s, marks, logits, events):
     """1-block continual Nyström models, one steady token of each stream (no landmark change):
-    ``nystrom_step`` between the embedding and in-projection and the block tail and classifier.
-    State arrays (C, H, ...) as models/stream/nystrom.NystromState; q_scaled, k_scaled_t, z64:
-    the landmarks, one set for all streams where ``shared`` (fixed landmarks: (1, H, ...)),
-    else each stream's row; ``track``: the segment sums take the token (continual landmarks).
+    ``nystrom_attend`` between the embedding and in-projection and the block tail and classifier.
+    ``s``: NystromState; ``marks``: the landmarks (fixed: one set; continual: the state's own);
     events (S, 4) int64: the step's (rebuilt 0, replaced 0, rows refreshed, rescaled)."""
-    pre, post = unpack(w, layout)
-    H, n, dh = ring_k.shape[1], ring_k.shape[2], ring_k.shape[3]
-    D = H * dh
-    h, qkv, attn, bufs = scratch_views(scratch, D, layout[F1_B, 2])
+    H = s.k_ring.shape[1]
+    D = mat(p, EMBED_W).shape[0]
+    h, qkv, attn, z = np.empty(D, F32), np.empty(3 * D, F32), np.empty(D, F32), np.empty(D, F32)
     for i in range(tokens.shape[0]):
-        r, ti = rows[i], t[i]
-        marks = 0 if shared else r
-        embed_qkv(tokens[i], pre, ti % period, h, qkv)
-        q = qkv[:D].reshape((H, dh))
-        k = qkv[D:2 * D].reshape((H, dh))
-        v = qkv[2 * D:].reshape((H, dh))
-        rescaled, refreshed = nystrom_step(q, k, v, ring_q[r], ring_k[r], ring_v[r], key_scores[r], ref[r],
-                                           den[r], num[r], peak[r], q_scaled[marks], k_scaled_t[marks],
-                                           z64[marks], seg_q[r], seg_k[r], ti % n, ti >= n, min(ti + 1, n),
-                                           track, rescale_on, refresh_on, tau, buf, attn.reshape((H, dh)))
-        if track:
-            seg_count[r] += 1
+        embed_qkv(tokens[i], p, t[i] % cfg.period, h, qkv)
+        q, k, v = heads(qkv, H)
+        rescaled, refreshed = nystrom_attend(s, rows[i], marks, q, k, v, t[i], cfg, attn.reshape((H, D // H)))
         events[i, 0], events[i, 1], events[i, 2], events[i, 3] = 0, 0, refreshed, rescaled
-        tail_and_head(h, attn, post, eps1, eps2, bufs, logits[i])
+        block_tail(p, 0, cfg.eps, h, attn, z)
+        classify(p, z, logits[i])

@@ -9,7 +9,8 @@ copy of the same source shares one cache: ``$NUMBA_CACHE_DIR/nystream`` when tha
 against the source's content hash and the machine's CPU, so a changed file or another CPU
 compiles anew. Where that directory cannot be written, numba's own places are used.
 
-numba's internals (its cache locators, its CPU target) are used here and nowhere else
+numba's internals (its cache locators, its CPU target, a dispatcher's typing and compiled entry
+points) are used here and nowhere else
 (tests/app/test_private_apis.py says which a numba upgrade removed).
 """
 from __future__ import annotations
@@ -68,3 +69,21 @@ def set_up_numba() -> None:
     from numba.core import registry
     registry.cpu_target.target_context.refresh()
     registry.cpu_target.typing_context.refresh()
+
+
+
+class Calls:
+    """Kernels called through their compiled entry points, each typed at its first call here,
+    without numba's typing of every argument at every call (a few microseconds for a step's
+    named state and landmarks, as much as the step's own arithmetic at n = 120). Every call of a
+    kernel through one ``Calls`` must pass arguments of the same types: dtypes, ranks and
+    layouts (the compiled code reads C-contiguous arrays as such)."""
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def __call__(self, kernel, *args):
+        entry = self.entries.get(kernel)
+        if entry is None:              # loaded from the cache, or compiled, where this process lacks it
+            entry = self.entries[kernel] = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+        return entry(*args)

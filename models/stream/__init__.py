@@ -9,6 +9,6 @@ streams in one batch, the ONNX export and CUDA graph capture all run; the compil
 - ``nystrom``: continual Nyström with fixed or continual landmarks, and its state;
 - ``window``: the second block of a 2-block model, over the window the first gives;
 - ``model``: the whole step of a continual model (``ModelStep``), its state spec;
-- ``batch``: ``StreamBatch``, slots of streams of one model stepped together;
-- ``sda``: one attention layer streamed on its own (the SDA rows of `bench`, the SDA tests).
+- ``batch``: ``StreamBatch``, slots of streams of one model stepped together: the one holder
+  of streaming state (a model's ``reset``/``step`` run a batch of its streams).
 """

@@ -8,7 +8,7 @@ recomputed) are masks here (``events="masked"``: no host synchronisation), and a
 changes no other stream's values. The events known from a stream's position alone (a
 continual-landmark step's warm-up for t < n, its landmark replaced when (t + 1) mod n ends a
 segment, else steady: nystrom.landmark_event) group the streams of a step instead, and each
-group's call computes only its own branch (``ModelStep.known``): a steady step skips the rebuild
+group's call computes only its own branch (the step's ``known``): a steady step skips the rebuild
 and the pseudo-inverse.
 
 On the CPU the rare events branch on the host (a read costs nothing there), and a model that
@@ -43,10 +43,11 @@ import torch
 from torch import Tensor
 
 from .. import flops as F
+from ..sda import inference
 from .model import CONTINUAL, ModelStep
 from .segments import landmark_event
 
-KNOWN = {0: None, 1: "steady", 2: "replace"}     # landmark_event's codes -> ModelStep.known
+KNOWN = {0: None, 1: "steady", 2: "replace"}     # landmark_event's codes -> the step's ``known``
 
 
 def steps_to_steady(cfg) -> int:
@@ -102,6 +103,7 @@ class StreamBatch(Slots):
         self.device = device = next(model.parameters()).device
         rows = capacity + 1                                  # slot C: the spare that pads a bucket
         self.t = torch.zeros(rows, dtype=torch.int64, device=device)            # (C + 1,) next position
+        self._t_host = self.t.numpy() if device.type == "cpu" else None         # (the backend's view of it)
         self.positions = np.zeros(rows, np.int64)                                # its host mirror
         self.continual = self.cfg.variant in CONTINUAL
         self._fused = getattr(model, "fused", False) if fused is None else bool(fused)
@@ -116,30 +118,33 @@ class StreamBatch(Slots):
         if self.continual:
             self._make_stepper()
             self.state = self.stepper.initial(rows, device)
+            self._attach_backend()
         else:
-            self.ring = torch.zeros(rows, self.cfg.window, self.cfg.in_dim, device=device)   # (C + 1, n, D)
+            self.ring = torch.zeros(rows, self.cfg.window, self.cfg.in_dim, device=device,
+                                    dtype=model.embed.weight.dtype)                           # (C + 1, n, D)
         self.events = torch.zeros(0, 4, dtype=torch.int64)     # (S, 4) of the last step (continual)
         self._events_host: np.ndarray | None = None
         self.stepped = np.zeros(0, np.int64)                   # (S,) positions + 1 after the last step
         self._flops: dict[tuple, dict[str, int]] = {}          # (position up to n + 1, events) -> FLOPs
         per_slot = ([math.prod(s.shape) * s.dtype.itemsize for s in self.stepper.spec()]
-                    if self.continual else [self.cfg.window * self.cfg.in_dim * 4])
+                    if self.continual else [self.ring[0].nbytes])
         self.slot_nbytes = sum(per_slot)
         self.graphs = device.type == "cuda" if graphs is None else graphs
         self._captured: dict[tuple, _Captured] = {}
 
     def _make_stepper(self) -> None:
-        """The step for the current landmark mode, and the compiled backend where it applies."""
+        """The step for the current landmark mode."""
         self.stepper = ModelStep(self.model, self.mode, events=self.events_mode).eval().to(self.device)
-        self._attach_backend()
 
     def _attach_backend(self) -> None:
+        """The compiled backend where it applies, bound to the slots' state (whose tensors the
+        torch step updates in place from then on)."""
         self.backend = None
         if self._fused and self.kernels is None:
             from ..fused import available
             from ..fused.backend import backend
             if available():
-                self.backend = backend(self.stepper)
+                self.backend = backend(self.stepper, self.state)
 
     @property
     def fused(self) -> bool:
@@ -183,6 +188,7 @@ class StreamBatch(Slots):
                 new = self.stepper.switched_from(state, self.t.index_select(0, index))
             for whole, part in zip(self.state, new):
                 whole.index_copy_(0, index, part)
+        self._attach_backend()
         self._captured.clear()
         self._flops.clear()
 
@@ -229,16 +235,27 @@ class StreamBatch(Slots):
         return (self.stepped >= self.cfg.window).tolist()
 
     # ------------------------------------------------------------------ step
-    @torch.no_grad()
     def step(self, slots, tokens: Tensor) -> Tensor:
         """One token for each stream in ``slots`` (S ints, or an (S,) host tensor) -> its logits
-        (S, classes) on the model's device."""
+        (S, classes) on the model's device. Where the compiled backend takes every stream's
+        step, one call of it and nothing else."""
         slots = np.asarray(slots.tolist() if isinstance(slots, Tensor) else slots, np.int64)
         if self.kernels is not None and self.kernels.ready():
             self._kernels_arrived()
         t = self.positions[slots]
-        self.positions[slots] = t + 1
-        self.stepped, self._events_host, self._last = t + 1, None, slots
+        after = t + 1
+        self.positions[slots] = after
+        self.stepped, self._events_host, self._last = after, None, slots
+        backend = self.backend
+        if backend is not None and backend.all_steady(t):
+            self._t_host[slots] = after                         # the backend is on the CPU
+            x = tokens.float().contiguous()
+            logits, self.events = backend.step((x.detach() if x.requires_grad else x).numpy(), slots, t)
+            return logits
+        return self._step(slots, tokens, t)
+
+    @inference
+    def _step(self, slots: np.ndarray, tokens: Tensor, t: np.ndarray) -> Tensor:
         tokens = tokens.to(self.device, non_blocking=True)
         if not self.continual:
             if self.graphs and t.min(initial=self.cfg.window) >= self.cfg.window:
@@ -263,10 +280,10 @@ class StreamBatch(Slots):
 
     def _steps(self, slots: np.ndarray, tokens: Tensor, t: np.ndarray, code: int) -> tuple[Tensor, Tensor]:
         """Streams that step alike: the compiled backend (code 3), or the step with what it
-        does known from the positions (ModelStep.known)."""
+        does known from the positions (the step's ``known``)."""
         if code == 3:
-            self.t.numpy()[slots] += 1                          # the backend is on the CPU
-            return self.backend.step(tokens, slots, t, self.state)
+            self._t_host[slots] += 1                            # the backend is on the CPU
+            return self.backend.step(tokens.numpy(), slots, t)
         if self.graphs:
             return self._replay(slots, tokens, KNOWN[code])
         first = int(slots[0])
@@ -281,11 +298,10 @@ class StreamBatch(Slots):
                    run: slice | None = None) -> tuple[Tensor, Tensor]:
         """``run``: the slots as a range, known on the host (then the state is read as views and
         only the tensors the step changed are written back), else gathered by ``slots``."""
-        self.stepper.known = known
         if run is not None:
             state = [s[run] for s in self.state]
             t = self.t[run]
-            logits, events, *new = self.stepper(tokens, t, *state)
+            logits, events, *new = self.stepper(tokens, t, *state, known=known)
             for whole, old, part in zip(self.state, state, new):
                 if part is not old:
                     whole[run] = part
@@ -293,7 +309,7 @@ class StreamBatch(Slots):
             return logits, events
         state = [s.index_select(0, slots) for s in self.state]
         t = self.t.index_select(0, slots)
-        logits, events, *state = self.stepper(tokens, t, *state)
+        logits, events, *state = self.stepper(tokens, t, *state, known=known)
         for whole, part in zip(self.state, state):
             whole.index_copy_(0, slots, part)
         self.t.index_copy_(0, slots, t + 1)

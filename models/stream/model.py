@@ -3,12 +3,13 @@ step that the model's ``step()`` (models/transformer.py), many streams in one ba
 (models/stream/batch.py), the ONNX export (app/offline/onnx_export.py) and CUDA graph capture
 all run; the compiled CPU backend (models/fused/) takes the same state arrays.
 
-``ModelStep(model).forward(token, t, *state)`` -> ``(logits, events, *next_state)``:
+``ModelStep(model).forward(token, t, *state, known=None)`` -> ``(logits, events, *next_state)``:
 token (S, in_dim), t (S,) int64 each stream's position, state as ``spec()`` says with a leading
-stream axis; logits (S, classes), events (S, 4) int64: whether the step rebuilt everything
-(warm-up), replaced a landmark, how many rows it recomputed, whether a row was rescaled (what
-its FLOPs depend on, models/flops.graph_step). A stream at position 0 starts from zeros whatever
-its state holds.
+stream axis; ``known``: what every stream's step does where the caller knows it from the
+positions (models/stream/nystrom.py ``NystromStep``); logits (S, classes), events (S, 4) int64:
+whether the step rebuilt everything (warm-up), replaced a landmark, how many rows it
+recomputed, whether a row was rescaled (what its FLOPs depend on, models/flops.graph_step). A
+stream at position 0 starts from zeros whatever its state holds.
 
 Embedding, recycling position (t mod T), then block 0's attention: 1 block, single-output
 (continual, or continual Nyström); 2 blocks, retroactive (every query of the window updated),
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from .continual import RetroactiveState, SingleOutputState, retroactive, single_output
-from .nystrom import FIXED_FIELDS, NystromState, NystromStep, fixed_landmarks
+from .nystrom import FIXED_FIELDS, NystromState, NystromStep, Token, fixed_landmarks
 from .segments import stream_order
 from .ops import StateTensor, fresh, slot_of, take, zeros
 from .sums import Stability
@@ -89,7 +90,7 @@ class ModelStep(nn.Module):
         if cfg.variant == "continual_nystrom":
             self.nystrom = NystromStep(self.n, cfg.num_landmarks, cfg.pinv_iters, self.mode,
                                        fixed=self._fixed(0) if self.mode == "fixed" else None,
-                                       retroactive=self.two, events=events, stability=stability)
+                                       retroactive=self.two, stability=stability)
         self.window = None
         if self.two:
             attention = ("continual" if cfg.variant == "continual" else
@@ -111,15 +112,6 @@ class ModelStep(nn.Module):
                 step.inverse = inverse
         return self
 
-    @property
-    def known(self) -> str | None:
-        return self.nystrom.known if self.nystrom is not None else None
-
-    @known.setter
-    def known(self, value: str | None) -> None:
-        if self.nystrom is not None:
-            self.nystrom.known = value
-
     def spec(self) -> list[StateTensor]:
         return state_spec(self.cfg, self.kind, wide=self.stability.wide, dtype=self.embed.weight.dtype)
 
@@ -136,18 +128,17 @@ class ModelStep(nn.Module):
         qkv = nnf.linear(h, attn.in_proj.weight, attn.in_proj.bias).view(S, 3, self.H, self.dh)
         return h, qkv[:, 0].clone(), qkv[:, 1].clone(), qkv[:, 2].clone()      # not views of one tensor
 
-    def forward(self, token: Tensor, t: Tensor, *state: Tensor):
+    def forward(self, token: Tensor, t: Tensor, *state: Tensor, known: str | None = None):
         h, q, k, v = self.project(token, t)
-        block0, p, x_ring = self._split(state)
+        block0, p, x_ring = self.named(state)
         zero = t.new_zeros(t.shape)
         if self.nystrom is not None:
-            a, block0, p, events = self.nystrom(t, q, k, v, NystromState(*block0), p)
+            block0, p, a, events = self.nystrom(block0, p, Token(t, q, k, v), self.events, known)
         elif self.two:
-            a, block0, refreshed, rescaled = retroactive(RetroactiveState(*block0), t, q, k, v, self.slots,
-                                                         self.events, self.stability)
+            a, block0, refreshed, rescaled = retroactive(block0, t, q, k, v, self.slots, self.events, self.stability)
             events = torch.stack([zero, zero, refreshed, rescaled.to(torch.int64)], dim=1)
         else:
-            a, block0 = single_output(SingleOutputState(*block0), t, q, k, v, self.slots, self.events)
+            a, block0 = single_output(block0, t, q, k, v, self.slots, self.events)
             events = torch.stack([zero] * 4, dim=1)
         if not self.two:
             attn = self.blocks[0].attn
@@ -164,12 +155,14 @@ class ModelStep(nn.Module):
         logits = nnf.linear(self.blocks[1]._tail(x_new, out1), self.head.weight, self.head.bias)
         return (logits, events, *block0, *([p] if p is not None else []), x_ring)
 
-    def _split(self, state: tuple) -> tuple[list, Tensor | None, Tensor | None]:
-        """The flat state -> block 0's, p (retroactive Nyström), x_ring (2 blocks)."""
+    def named(self, state) -> tuple:
+        """The flat state -> block 0's named state (``NystromState``, ``RetroactiveState`` or
+        ``SingleOutputState``), p (retroactive Nyström, else None), x_ring (2 blocks, else None)."""
         state = list(state)
         x_ring = state.pop() if self.two else None
         p = state.pop() if self.two and self.nystrom is not None else None
-        return state, p, x_ring
+        kind = NystromState if self.nystrom is not None else RetroactiveState if self.two else SingleOutputState
+        return kind(*state), p, x_ring
 
     def _window_out(self, a) -> Tensor:
         """Block 0's out-projection of every window slot: (S, n, D); a retroactive Nyström
@@ -190,8 +183,7 @@ class ModelStep(nn.Module):
         t (S,) tokens: rows, key scores and p over the window for the new landmarks (continual:
         the segment sums and landmark slots rebuilt from the window first). Streams at t = 0 start
         afresh anyway."""
-        block0, p, x_ring = self._split(state)
-        s = NystromState(*block0)
+        s, p, x_ring = self.named(state)
         if self.mode == "continual":
             s = self.nystrom.resumed(s, t)
             marks = (s.q_scaled, s.k_scaled_t, s.z64)

@@ -4,7 +4,7 @@ step functions and their state.
 The m rows of s(Q~ K^T) V are running sums (models/stream/sums.py), float64: a step removes the
 departing key's term and adds the newest key's, O(m dh) per head. Landmarks are
 
-- 'fixed': k-means centres from training (``Fixed``, the same for every stream); only the rows
+- 'fixed': k-means centres from training (``Landmarks``, the same for every stream); only the rows
   change, and a step costs O(m dh) whatever n;
 - 'continual': stream-aligned segment means (models/landmarks.py): the segment sums of q and k
   are part of the state, and when a segment completes its mean replaces the landmark of the
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ..sda.reference import pinv
-from .ops import F64, StateTensor, cast, dense, filled, fresh, select, slot_of, write
+from .ops import F64, StateTensor, cast, filled, fresh, select, slot_of, write
 from .segments import Segments, resume
 from .sums import Stability, fresh_rows, refresh, slide
 
@@ -68,15 +68,18 @@ class NystromState(NamedTuple):
 
 
 REF = NystromState._fields.index("ref")
+REPLACED = ("key_scores", "ref", "den", "num", "peak", "q_scaled", "k_scaled_t", "z64")   # what a new landmark changes
 FIXED_FIELDS = ("v_ring", "key_scores", "ref", "den", "num", "peak")   # what a fixed-landmark step reads
 P_SPEC = "p"            # a retroactive block's cached s(q_i K~^T): (S, H, n, m) float32
 
 
-class Fixed(NamedTuple):
-    """Fixed landmarks, the same for every stream: (1, H, m, dh), (1, H, dh, m), (1, H, m, m)."""
+class Landmarks(NamedTuple):
+    """Installed landmarks: q_scaled (L, H, m, dh), k_scaled_t (L, H, dh, m) and their
+    pseudo-inverse z (L, H, m, m) (float32 values, in float64 where it multiplies float64 sums);
+    L = 1 for fixed landmarks, the same for every stream."""
     q_scaled: Tensor
     k_scaled_t: Tensor
-    z64: Tensor
+    z: Tensor
 
 
 # ----------------------------------------------------------------------------- landmarks
@@ -103,9 +106,14 @@ def install(ql: Tensor, kl: Tensor, iters: int, present: Tensor | None = None,
     return ql * scale, (kl * scale).transpose(-1, -2), z.to(F64)
 
 
-def fixed_landmarks(q_land: Tensor, k_land: Tensor, iters: int) -> Fixed:
-    """``Fixed`` from a block's k-means landmarks (H, m, dh)."""
-    return Fixed(*install(q_land.unsqueeze(0), k_land.unsqueeze(0), iters))
+def replaced(s: NystromState) -> tuple[Tensor, ...]:
+    """The fields of ``s`` that a landmark's replacement changes (``REPLACED``)."""
+    return tuple(getattr(s, name) for name in REPLACED)
+
+
+def fixed_landmarks(q_land: Tensor, k_land: Tensor, iters: int) -> Landmarks:
+    """``Landmarks`` (L = 1, contiguous) from a block's k-means landmarks (H, m, dh)."""
+    return Landmarks(*(x.contiguous() for x in install(q_land.unsqueeze(0), k_land.unsqueeze(0), iters)))
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -135,91 +143,102 @@ def query_rows(q_ring: Tensor, k_scaled_t: Tensor, present: Tensor | None = None
 
 # ----------------------------------------------------------------------------- the steps
 
-class NystromStep(nn.Module):
-    """One block's continual Nyström step for S streams: ``forward(t, q, k, v, state, p)`` ->
-    (output, next state, next p, events). ``mode`` 'fixed' (with ``fixed``: ``Fixed``) or
-    'continual'; ``retroactive``: the output is every slot's as the factors (p, Z num / den),
-    and ``p`` (S, H, n, m) is state, else None. ``events``: how rare events branch
-    (models/stream/ops.py). ``known``: what every stream of the call does, set by a caller that
-    knows it from the positions (``landmark_event``): "steady", "replace", or None (any)."""
+class Token(NamedTuple):
+    """The newest token of each stream: its position t (S,) and its q, k, v (S, H, dh)."""
+    t: Tensor
+    q: Tensor
+    k: Tensor
+    v: Tensor
 
-    def __init__(self, n: int, m: int, iters: int, mode: str, *, fixed: Fixed | None = None,
-                 retroactive: bool = False, events: str = "eager", stability: Stability = Stability()):
+
+class NystromStep(nn.Module):
+    """One block's continual Nyström step for S streams, a function of its inputs: the module
+    holds only constants (window n, m landmarks, ``mode`` 'fixed' with its ``fixed`` landmarks
+    or 'continual', ``retroactive``, the stability measures, the pseudo-inverse).
+
+    ``forward(s, p, x, events, known)`` -> (next state, next p, output, step events): s a
+    NystromState; p (S, H, n, m) a retroactive block's cached s(q_i K~^T), else None; x the
+    newest ``Token``; ``events`` how rare events branch (models/stream/ops.py); ``known`` what
+    every stream of the call does, where the caller knows it from the positions
+    (``landmark_event``): "steady", "replace", or None (any). The output is (S, H, dh), or when
+    retroactive every slot's as the factors (p, Z num / den); step events (S, 4): rebuilt,
+    replaced, rows refreshed, rescaled."""
+
+    def __init__(self, n: int, m: int, iters: int, mode: str, *, fixed: Landmarks | None = None,
+                 retroactive: bool = False, stability: Stability = Stability()):
         super().__init__()
         if mode == "fixed" and fixed is None:
             raise ValueError("a fixed-landmark step needs its landmarks")
         self.n, self.m, self.iters, self.mode = n, m, iters, mode
-        self.retroactive, self.events, self.stability = retroactive, events, stability
-        self.known: str | None = None
+        self.retroactive, self.stability = retroactive, stability
         self.inverse = pinv                  # the landmarks' pseudo-inverse (ModelStep.use_inverse)
         self.register_buffer("slots", torch.arange(n))
         self.segments = Segments(n, m)
-        self.fixed = None
         if fixed is not None:
             self.register_buffer("fixed_q_scaled", fixed.q_scaled)
             self.register_buffer("fixed_k_scaled_t", fixed.k_scaled_t)
-            self.register_buffer("fixed_z64", fixed.z64)
-            self.fixed = True
-
-    def _dense(self, *xs: Tensor) -> tuple[Tensor, ...]:
-        """A branch's outputs: ``ops.dense`` where the branch is a torch.cond, else as they are."""
-        return dense(*xs) if self.events == "cond" else xs
+            self.register_buffer("fixed_z64", fixed.z)
 
     @property
-    def fixed_marks(self) -> tuple[Tensor, Tensor, Tensor]:
-        return self.fixed_q_scaled, self.fixed_k_scaled_t, self.fixed_z64
+    def fixed_marks(self) -> Landmarks:
+        return Landmarks(self.fixed_q_scaled, self.fixed_k_scaled_t, self.fixed_z64)
 
-    def forward(self, t: Tensor, q: Tensor, k: Tensor, v: Tensor, state: NystromState, p: Tensor | None):
-        """-> (output (S, H, dh), or the factors ((S, H, n, m), (S, H, m, dh)) when retroactive;
-        the next state; the next p; events (S, 4): rebuilt, replaced, rows refreshed, rescaled)."""
-        s = NystromState(*fresh(t, list(state), self.events, inf=(REF,)))
+    def forward(self, s: NystromState, p: Tensor | None, x: Token, events: str = "eager", known: str | None = None):
+        s = NystromState(*fresh(x.t, list(s), events, inf=(REF,)))
         if p is not None:
-            p = fresh(t, [p], self.events)[0]
+            p = fresh(x.t, [p], events)[0]
         if self.mode == "fixed":
-            return self._fixed(t, q, k, v, s, p)
-        return self._continual(t, q, k, v, s, p)
+            return self._fixed(s, p, x, events)
+        return self._continual(s, p, x, events, known)
+
+    def _refresh(self, s: NystromState, valid: Tensor, events: str) -> tuple[NystromState, Tensor]:
+        """Rows fallen to cancellation recomputed (``Stability.refresh``): the state and (S,)
+        how many rows of each stream."""
+        if not self.stability.refresh:
+            return s, valid.new_zeros(valid.shape[0], dtype=I64)
+        ref, den, num, peak, count = refresh(valid, s.key_scores, s.v_ring, s.ref, s.den, s.num, s.peak, events)
+        return s._replace(ref=ref, den=den, num=num, peak=peak), count
+
+    def _slide(self, s: NystromState, x: Token, here: Tensor, q_scaled: Tensor) -> tuple[NystromState, Tensor]:
+        """The token into the rings; the departing key out of every row, the newest in (its
+        scores against the query landmarks ``q_scaled``). Returns the state and (S,) whether a
+        row was rescaled."""
+        scores = torch.matmul(q_scaled, x.k.unsqueeze(-1)).squeeze(-1)                # (S, H, m)
+        v_ring, key_scores, ref, den, num, peak, rescaled = slide(
+            here, x.t >= self.n, scores, x.v, s.v_ring, s.key_scores, s.ref, s.den, s.num, s.peak,
+            self.stability.rescale)
+        return s._replace(q_ring=write(here, x.q, s.q_ring), k_ring=write(here, x.k, s.k_ring), v_ring=v_ring,
+                          key_scores=key_scores, ref=ref, den=den, num=num, peak=peak), rescaled
 
     # -------------------------------------------------------------- fixed landmarks
-    def _fixed(self, t, q, k, v, s: NystromState, p):
-        here, valid = slot_of(t, self.slots), filled(t, self.slots)
+    def _fixed(self, s: NystromState, p, x: Token, events: str):
+        here, valid = slot_of(x.t, self.slots), filled(x.t, self.slots)
         q_scaled, k_scaled_t, z64 = self.fixed_marks
-        q_ring, k_ring = write(here, q, s.q_ring), write(here, k, s.k_ring)
-        scores = torch.matmul(q_scaled, k.unsqueeze(-1)).squeeze(-1)                  # (S, H, m)
-        v_ring, key_scores, ref, den, num, peak, rescaled = slide(
-            here, t >= self.n, scores, v, s.v_ring, s.key_scores, s.ref, s.den, s.num, s.peak,
-            self.stability.rescale)
-        ref, den, num, peak, refreshed = self._refresh(valid, key_scores, v_ring, ref, den, num, peak)
-        s = s._replace(q_ring=q_ring, k_ring=k_ring, v_ring=v_ring, key_scores=key_scores, ref=ref,
-                       den=den, num=num, peak=peak)
-        zero = t.new_zeros(t.shape)
-        events = torch.stack([zero, zero, refreshed, rescaled.to(I64)], dim=1)
+        s, rescaled = self._slide(s, x, here, q_scaled)
+        s, refreshed = self._refresh(s, valid, events)
+        zero = x.t.new_zeros(x.t.shape)
+        flags = torch.stack([zero, zero, refreshed, rescaled.to(I64)], dim=1)
         if self.retroactive:
-            p = write(here, query_rows(q.unsqueeze(2), k_scaled_t).squeeze(2), p)
-            return (p, row_factors(z64, den, num, q.dtype)), s, p, events
-        return newest_output(q, k_scaled_t, z64, den, num), s, None, events
-
-    def _refresh(self, valid, key_scores, v_ring, ref, den, num, peak):
-        if not self.stability.refresh:
-            return ref, den, num, peak, valid.new_zeros(valid.shape[0], dtype=I64)
-        return refresh(valid, key_scores, v_ring, ref, den, num, peak, self.events)
+            p = write(here, query_rows(x.q.unsqueeze(2), k_scaled_t).squeeze(2), p)
+            return s, p, (p, row_factors(z64, s.den, s.num, x.q.dtype)), flags
+        return s, None, newest_output(x.q, k_scaled_t, z64, s.den, s.num), flags
 
     # -------------------------------------------------------------- continual landmarks
-    def _continual(self, t, q, k, v, s: NystromState, p):
-        here = slot_of(t, self.slots)
-        s, done = self.push(q, k, s)
-        warm = s.completed >= self.m
-        steady = warm & ~(done & (s.completed == self.m))       # the m-th segment's step rebuilds
-        operands = (t, here, q, k, v, *s, done, p if p is not None else q.new_zeros(()))
-        if self.known is not None:
-            out = self.steady(*operands)
+    def _continual(self, s: NystromState, p, x: Token, events: str, known: str | None):
+        here = slot_of(x.t, self.slots)
+        s, done = self.push(x.q, x.k, s)
+        steady = (s.completed >= self.m) & ~(done & (s.completed == self.m))   # the m-th segment's step rebuilds
+        operands = (s, p if p is not None else x.q.new_zeros(()), x, here, done)
+        if known is not None:
+            out = self.steady(*operands, events, known)
         else:
-            out = select(steady, self.steady, self.rebuilt, operands, self.events)
-        a, *fields, p_next, refreshed, rescaled = out
-        s = NystromState(*fields)
-        events = torch.stack([(~steady).to(I64), (steady & done).to(I64), refreshed, rescaled.to(I64)], dim=1)
+            out = select(steady, lambda *o: self.steady(*o, events, None), lambda *o: self.rebuilt(*o, events),
+                         operands, events, returns=(NystromState, None, None, None, None))
+        s, p_next, a, refreshed, rescaled = out
+        flags = torch.stack([(~steady).to(I64), (steady & done).to(I64), refreshed, rescaled.to(I64)], dim=1)
         if self.retroactive:
-            return (p_next, a), s, p_next, events
-        return a, s, None, events
+            return s, p_next, (p_next, a), flags
+        return s, None, a, flags
 
     def push(self, q, k, s: NystromState) -> tuple[NystromState, Tensor]:
         """The segment sums take the token; a completed segment's means fill its landmark slot.
@@ -239,84 +258,71 @@ class NystromStep(nn.Module):
                        completed=s.completed + done.to(I64), q_land=q_land, k_land=k_land)
         return s, done
 
-    def _output(self, q, q_ring, p, here, k_scaled_t, z64, den, num, changed, present=None):
+    def _output(self, s: NystromState, p, x: Token, here, changed, events: str, present=None):
         """The newest query's output, or (retroactive) every slot's factors with p kept: one
         new row, all rows where the landmarks ``changed`` (S,)."""
         if not self.retroactive:
-            return newest_output(q, k_scaled_t, z64, den, num, present), p
+            return newest_output(x.q, s.k_scaled_t, s.z64, s.den, s.num, present), p
 
         def all_rows(q_ring, k_scaled_t, p, q, here):
-            return self._dense(query_rows(q_ring, k_scaled_t, present))
+            return (query_rows(q_ring, k_scaled_t, present),)
 
         def one_row(q_ring, k_scaled_t, p, q, here):
-            return self._dense(write(here, query_rows(q.unsqueeze(2), k_scaled_t, present).squeeze(2), p))
-        events = "masked" if self.events == "cond" else self.events      # (an If in an If costs the exporter)
-        p, = select(changed, all_rows, one_row, (q_ring, k_scaled_t, p, q, here), events)
-        return row_factors(z64, den, num, q.dtype), p
+            return (write(here, query_rows(q.unsqueeze(2), k_scaled_t, present).squeeze(2), p),)
+        events = "masked" if events == "cond" else events            # (an If in an If costs the exporter)
+        p, = select(changed, all_rows, one_row, (s.q_ring, s.k_scaled_t, p, x.q, here), events)
+        return row_factors(s.z64, s.den, s.num, x.q.dtype), p
 
-    def rebuilt(self, t, here, q, k, v, *rest):
+    def rebuilt(self, s: NystromState, p, x: Token, here, done, events: str):
         """The first n steps (and the m-th segment's): landmarks, pseudo-inverse and every row
         from scratch, from the segment means of the tokens seen (fewer than m: the others
-        absent) or, once m segments completed, from the landmark slots."""
-        s, done, p = NystromState(*rest[:17]), rest[17], rest[18]
-        q_ring, k_ring, v_ring = write(here, q, s.q_ring), write(here, k, s.k_ring), write(here, v, s.v_ring)
+        absent) or, once m segments completed, from the landmark slots. -> (state, p, output,
+        rows refreshed, rescaled)."""
+        t = x.t
+        s = s._replace(q_ring=write(here, x.q, s.q_ring), k_ring=write(here, x.k, s.k_ring),
+                       v_ring=write(here, x.v, s.v_ring))
         valid = filled(t, self.slots)
-        means_q, present = self.segments.means(q_ring, t + 1)
-        means_k, _ = self.segments.means(k_ring, t + 1)
+        means_q, present = self.segments.means(s.q_ring, t + 1)
+        means_k, _ = self.segments.means(s.k_ring, t + 1)
         from_slots = (s.completed >= self.m).view(-1, 1, 1, 1)
         ql, kl = torch.where(from_slots, s.q_land, means_q), torch.where(from_slots, s.k_land, means_k)
         present = present | (s.completed >= self.m).view(-1, 1)
         q_scaled, k_scaled_t, z64 = install(ql, kl, self.iters, present, self.inverse)
-        scores = torch.matmul(q_scaled, k_ring.transpose(-1, -2))                          # (S, H, m, n)
-        ref, den, num = fresh_rows(scores, valid, v_ring, s.ref.dtype)
-        a, p = self._output(q, q_ring, p, here, k_scaled_t, z64, den, num,
-                            torch.ones_like(done), present)
-        zero = t.new_zeros(t.shape)
-        return self._dense(a, q_ring, k_ring, v_ring, scores.transpose(-1, -2), ref, den, num, den.clone(), s.seg_q, s.seg_k,
-                     s.seg_count, s.completed, s.q_land, s.k_land, q_scaled, k_scaled_t, z64, p, zero,
-                     torch.zeros_like(done))
+        scores = torch.matmul(q_scaled, s.k_ring.transpose(-1, -2))                        # (S, H, m, n)
+        ref, den, num = fresh_rows(scores, valid, s.v_ring, s.ref.dtype)
+        s = s._replace(key_scores=scores.transpose(-1, -2), ref=ref, den=den, num=num, peak=den.clone(),
+                       q_scaled=q_scaled, k_scaled_t=k_scaled_t, z64=z64)
+        a, p = self._output(s, p, x, here, torch.ones_like(done), events, present)
+        return s, p, a, t.new_zeros(t.shape), torch.zeros_like(done)
 
-    def steady(self, t, here, q, k, v, *rest):
-        """Past warm-up: slide the rows; where a segment completed, replace its landmark."""
-        s, done, p = NystromState(*rest[:17]), rest[17], rest[18]
-        valid = filled(t, self.slots)
-        q_ring, k_ring = write(here, q, s.q_ring), write(here, k, s.k_ring)
-        scores = torch.matmul(s.q_scaled, k.unsqueeze(-1)).squeeze(-1)
-        v_ring, key_scores, ref, den, num, peak, rescaled = slide(
-            here, t >= self.n, scores, v, s.v_ring, s.key_scores, s.ref, s.den, s.num, s.peak,
-            self.stability.rescale)
-        operands = (valid, k_ring, v_ring, key_scores, ref, den, num, peak, s.q_land, s.k_land, s.q_scaled,
-                    s.k_scaled_t, s.z64, s.completed)
-        if self.known == "replace":
-            replaced = self.replace(*operands)
-        elif self.known == "steady":
-            replaced = self.unchanged(*operands)
-        else:
-            replaced = select(done, self.replace, self.unchanged, operands, self.events)
-        key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64 = replaced
-        ref, den, num, peak, refreshed = self._refresh(valid, key_scores, v_ring, ref, den, num, peak)
-        a, p = self._output(q, q_ring, p, here, k_scaled_t, z64, den, num, done)
-        return self._dense(a, q_ring, k_ring, v_ring, key_scores, ref, den, num, peak, s.seg_q, s.seg_k, s.seg_count,
-                     s.completed, s.q_land, s.k_land, q_scaled, k_scaled_t, z64, p, refreshed, rescaled)
+    def steady(self, s: NystromState, p, x: Token, here, done, events: str, known: str | None):
+        """Past warm-up: slide the rows; where a segment completed, replace its landmark.
+        -> (state, p, output, rows refreshed, rescaled)."""
+        valid = filled(x.t, self.slots)
+        s, rescaled = self._slide(s, x, here, s.q_scaled)
+        if known == "replace":
+            s = self.replace(s, valid)
+        elif known != "steady":          # (only the fields a replacement changes pass the branch)
+            fields = select(done, lambda s, valid: replaced(self.replace(s, valid)), lambda s, valid: replaced(s),
+                            (s, valid), events)
+            s = s._replace(**dict(zip(REPLACED, fields)))
+        s, refreshed = self._refresh(s, valid, events)
+        a, p = self._output(s, p, x, here, done, events)
+        return s, p, a, refreshed, rescaled
 
-    def replace(self, valid, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land, q_scaled,
-                k_scaled_t, z64, completed):
+    def replace(self, s: NystromState, valid: Tensor) -> NystromState:
         """The landmark of the segment just completed: a new pseudo-inverse, its row over the window."""
-        q_scaled, k_scaled_t, z64 = install(q_land, k_land, self.iters, inverse=self.inverse)
-        index = ((completed - 1) % self.m).view(-1, 1, 1, 1)
+        q_scaled, k_scaled_t, z64 = install(s.q_land, s.k_land, self.iters, inverse=self.inverse)
+        index = ((s.completed - 1) % self.m).view(-1, 1, 1, 1)
         mark = torch.gather(q_scaled, 2, index.expand(-1, q_scaled.shape[1], 1, q_scaled.shape[3]))   # (S, H, 1, dh)
-        scores = torch.matmul(mark, k_ring.transpose(-1, -2))                                    # (S, H, 1, n)
-        r, d, nm = fresh_rows(scores, valid, v_ring, ref.dtype)
+        scores = torch.matmul(mark, s.k_ring.transpose(-1, -2))                                  # (S, H, 1, n)
+        r, d, nm = fresh_rows(scores, valid, s.v_ring, s.ref.dtype)
         mine = (self.segments.marks.view(1, -1) == index.view(-1, 1)).unsqueeze(1)              # (S, 1, m)
         key_scores = torch.where(mine.unsqueeze(2) & valid.view(valid.shape[0], 1, -1, 1),
-                                 scores.transpose(-1, -2), key_scores)
-        return self._dense(key_scores, torch.where(mine, r, ref), torch.where(mine, d, den),
-                     torch.where(mine.unsqueeze(-1), nm, num), torch.where(mine, d, peak),
-                     q_scaled, k_scaled_t, z64)
-
-    def unchanged(self, valid, k_ring, v_ring, key_scores, ref, den, num, peak, q_land, k_land, q_scaled,
-                  k_scaled_t, z64, completed):
-        return self._dense(key_scores, ref, den, num, peak, q_scaled, k_scaled_t, z64)
+                                 scores.transpose(-1, -2), s.key_scores)
+        return s._replace(key_scores=key_scores, ref=torch.where(mine, r, s.ref), den=torch.where(mine, d, s.den),
+                          num=torch.where(mine.unsqueeze(-1), nm, s.num), peak=torch.where(mine, d, s.peak),
+                          q_scaled=q_scaled, k_scaled_t=k_scaled_t, z64=z64)
 
     # -------------------------------------------------------------- a live switch of mode
     def resumed(self, s: NystromState, seen: Tensor) -> NystromState:

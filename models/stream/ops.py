@@ -86,29 +86,72 @@ def dense(*xs: Tensor) -> tuple[Tensor, ...]:
                   else x.reshape(-1) + x.new_zeros(())).reshape(x.shape) for x in xs)
 
 
-def branch(pred: Tensor, yes, no, operands: tuple, events: str) -> tuple[Tensor, ...]:
+def flatten(items: tuple) -> tuple[list[Tensor], list]:
+    """Tensors and NamedTuples of tensors -> the tensors, and how to rebuild the items."""
+    leaves, shape = [], []
+    for x in items:
+        if isinstance(x, tuple):
+            leaves.extend(x)
+            shape.append((type(x), len(x)))
+        else:
+            leaves.append(x)
+            shape.append(None)
+    return leaves, shape
+
+
+def unflatten(leaves, shape: list) -> tuple:
+    """``flatten``'s items again."""
+    out, i = [], 0
+    for kind in shape:
+        if kind is None:
+            out.append(leaves[i])
+            i += 1
+        else:
+            out.append(kind[0](*leaves[i:i + kind[1]]))
+            i += kind[1]
+    return tuple(out)
+
+
+def cond(pred: Tensor, yes, no, operands: tuple, returns: tuple | None) -> tuple:
+    """``torch.cond`` of branches that take and return tensors and NamedTuples of tensors (its
+    operands and outputs are flat tensors: flattened here, rebuilt for the branches and after).
+    ``returns``: per output, None (a tensor) or its NamedTuple class (None: every output a tensor)."""
+    leaves, shape = flatten(operands)
+
+    def flat(fn):
+        return lambda *xs: dense(*flatten(fn(*unflatten(xs, shape)))[0])
+    out = torch.cond(pred, flat(yes), flat(no), tuple(leaves))
+    if returns is None:
+        return tuple(out)
+    return unflatten(out, [None if kind is None else (kind, len(kind._fields)) for kind in returns])
+
+
+def branch(pred: Tensor, yes, no, operands: tuple, events: str, returns: tuple | None = None) -> tuple:
     """A rare event that ``yes`` handles per stream with masks (``no``: nothing happens), ``pred``
     () true when any stream has it: "eager" a Python branch on its value (a host read), "cond"
     ``torch.cond`` (an ONNX If), "masked" ``yes`` always (exact for every stream; no host read,
-    as CUDA graphs need)."""
+    as CUDA graphs need). Operands and outputs: tensors and NamedTuples of tensors, ``returns``
+    as ``cond`` says."""
     if events == "masked":
         return yes(*operands)
     if events == "cond":
-        return torch.cond(pred, yes, no, operands)
+        return cond(pred, yes, no, operands, returns)
     return yes(*operands) if bool(pred) else no(*operands)
 
 
-def select(mask: Tensor, yes, no, operands: tuple, events: str) -> tuple[Tensor, ...]:
+def select(mask: Tensor, yes, no, operands: tuple, events: str, returns: tuple | None = None) -> tuple:
     """Per stream, ``yes``'s outputs where ``mask`` (S,) holds, else ``no``'s. "masked": both
     and a select; "cond": one stream, ``torch.cond``; "eager": only the branch every stream
-    takes when they agree (a host read), else both."""
+    takes when they agree (a host read), else both. Operands and outputs as ``branch``'s (an
+    output both branches hand on unchanged is not selected)."""
     if events == "cond":
         if mask.shape[0] != 1:
             raise ValueError("a torch.cond step takes one stream")
-        return torch.cond(mask[0], yes, no, operands)
+        return cond(mask[0], yes, no, operands, returns)
     if events == "eager":
         if bool(mask.all()):
             return yes(*operands)
         if not bool(mask.any()):
             return no(*operands)
-    return tuple(torch.where(per_stream(mask, a), a, b) for a, b in zip(yes(*operands), no(*operands)))
+    (a, shape), (b, _) = flatten(yes(*operands)), flatten(no(*operands))
+    return unflatten([x if x is y else torch.where(per_stream(mask, x), x, y) for x, y in zip(a, b)], shape)

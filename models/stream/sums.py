@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .ops import branch, cast, dense, take, write
+from .ops import branch, cast, take, write
 
 TAU = 1.0 / 16.0  # refresh a row when its denominator falls below TAU * its peak
 
@@ -101,11 +101,11 @@ def refresh(valid: Tensor, key_scores: Tensor, v_ring: Tensor, ref, den, num, pe
 
     def recompute(valid, key_scores, v_ring, ref, den, num, peak, stale):
         r, d, nm = fresh_rows(key_scores.transpose(2, 3), valid, v_ring, ref.dtype)
-        return dense(torch.where(stale, r, ref), torch.where(stale, d, den),
-                     torch.where(stale.unsqueeze(-1), nm, num), torch.where(stale, d, peak))
+        return (torch.where(stale, r, ref), torch.where(stale, d, den),
+                torch.where(stale.unsqueeze(-1), nm, num), torch.where(stale, d, peak))
 
     def keep(valid, key_scores, v_ring, ref, den, num, peak, stale):
-        return dense(ref, den, num, peak)
+        return ref, den, num, peak
 
     count = stale.flatten(1).sum(dim=1)
     if events == "eager":                                # the stale rows only (a host read)

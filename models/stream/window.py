@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.nn import functional as nnf
 
 from ..sda.reference import pinv
-from .nystrom import Fixed, Segments, install, masked
+from .nystrom import Landmarks, Segments, install, masked
 from .ops import filled
 
 F32 = torch.float32
@@ -31,7 +31,7 @@ class WindowStep(nn.Module):
     ``attention``: 'continual', 'fixed' (with ``fixed``) or 'landmarks' (continual landmarks).
     The landmarks of the last eager call are kept in ``last`` (S, H, m, dh) x 2, for display."""
 
-    def __init__(self, attn, n: int, attention: str, *, m: int = 0, iters: int = 6, fixed: Fixed | None = None):
+    def __init__(self, attn, n: int, attention: str, *, m: int = 0, iters: int = 6, fixed: Landmarks | None = None):
         super().__init__()
         self.attn, self.attention, self.iters = attn, attention, iters
         self.inverse = pinv                  # the landmarks' pseudo-inverse (ModelStep.use_inverse)
@@ -42,7 +42,7 @@ class WindowStep(nn.Module):
         if attention == "fixed":
             self.register_buffer("q_scaled", fixed.q_scaled)
             self.register_buffer("k_scaled_t", fixed.k_scaled_t)
-            self.register_buffer("z", fixed.z64.to(F32))
+            self.register_buffer("z", fixed.z.to(F32))
         if attention == "landmarks":
             self.segments = Segments(n, m)
         self.last: tuple[Tensor, Tensor] | None = None

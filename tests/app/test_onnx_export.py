@@ -65,7 +65,7 @@ def musicnn_stream(shared: Path, steps: int) -> torch.Tensor:
 
 def events_of(model) -> list[int]:
     """(rebuilt, landmark replaced, rows refreshed, rescaled) of the step just taken."""
-    return model._events[0].tolist()
+    return model.events[0].tolist()
 
 
 @pytest.mark.parametrize("name", ["musicnn-continual", "musicnn-continual_nystrom",

@@ -22,6 +22,9 @@ PRIVATE = [
     ("numba.core", "numba.core.caching._CacheLocator", "models/fused/numba_cache.py"),
     ("numba.core", "numba.core.caching._SourceFileBackedLocatorMixin", "models/fused/numba_cache.py"),
     ("numba.core", "numba.core.registry.cpu_target", "models/fused/numba_cache.py"),
+    # a dispatcher's typing and compiled entry points (numba_cache.Calls)
+    ("typeof_pyval", "numba.core.dispatcher.Dispatcher.typeof_pyval", "models/fused/numba_cache.py"),
+    ("typeof_pyval", "numba.core.dispatcher.Dispatcher.compile", "models/fused/numba_cache.py"),
 ]
 
 

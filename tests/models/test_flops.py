@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from models import flops as F
 from models.paper import PAPER_TABLE_II
-from models.stream.sda import streaming_sda
+from app.bench.sda import streaming_sda
 from models.transformer import ModelConfig, build_model
 
 

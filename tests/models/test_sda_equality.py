@@ -10,7 +10,7 @@ import torch
 
 from error_model import EPS32, attention_tol
 from models.sda import LANDMARK_MODES
-from models.stream.sda import streaming_sda
+from app.bench.sda import streaming_sda
 from reference import expected_continual_landmarks, window_reference
 
 STAGES = {"regular": 3, "continual": 3,        # scores, softmax sums, the division

@@ -1,10 +1,10 @@
-"""Bad input to the attention streamed on its own (models/stream/sda.py) gets a ValueError that
+"""Bad input to the attention streamed on its own (app/bench/sda.py) gets a ValueError that
 says what is expected."""
 import pytest
 import torch
 
 from models.sda import segment_means
-from models.stream.sda import streaming_sda
+from app.bench.sda import streaming_sda
 
 
 @pytest.mark.parametrize("args,kw,match", [

@@ -6,7 +6,7 @@ import torch
 
 from error_model import EPS32, relative_tol
 from models.sda import attention, nystrom_attention, pinv
-from models.stream.sda import streaming_sda
+from app.bench.sda import streaming_sda
 from models.landmarks import segment_means
 
 CONTINUAL = [("continual", None), ("continual_nystrom", "continual"), ("continual_nystrom", "fixed")]

@@ -16,14 +16,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import flops as F
-from ..landmarks import check_landmarks, segment_means
-from ..sda.reference import LANDMARK_MODES, VARIANTS, attention, inference, nystrom_attention
-from .continual import RetroactiveState, SingleOutputState, retroactive, single_output
-from .nystrom import Fixed, NystromState, NystromStep, install
-from .segments import landmark_event, stream_order
-from .ops import zeros
-from .sums import TAU, Stability
+from models import flops as F
+from models.landmarks import check_landmarks, segment_means
+from models.sda.reference import LANDMARK_MODES, VARIANTS, attention, inference, nystrom_attention
+from models.stream.continual import RetroactiveState, SingleOutputState, retroactive, single_output
+from models.stream.nystrom import Landmarks, NystromState, NystromStep, Token, install
+from models.stream.ops import zeros
+from models.stream.segments import landmark_event, stream_order
+from models.stream.sums import TAU, Stability
 
 
 def streaming_sda(variant: str, window: int, *, retroactive: bool = False, num_landmarks: int | None = None,
@@ -69,6 +69,8 @@ class SDAStream:
         self.variant, self.n, self.retroactive, self.m, self.mode = variant, n, bool(retro), m, mode
         self.fixed, self.iters, self.stability, self.fused = fixed, iters, stability, fused
         self.t, self.B, self.d = 0, 0, 0
+        self.arrays = None                               # the compiled path's views of the state
+        self.call = None                                 # and its kernels (models/fused/numba_cache.Calls)
         self.state: list[Tensor] = []
         self.events = torch.zeros(1, 4, dtype=torch.int64)
 
@@ -98,7 +100,6 @@ class SDAStream:
         self.state = [x.to(q.dtype) if x.is_floating_point() and x.dtype != torch.float64 else x
                       for x in zeros(spec, 1, device)]
         self.p = torch.zeros(1, B, n, self.m, dtype=q.dtype, device=device) if self.retroactive else None
-        self.arrays = None
 
     def _start_nystrom_step(self) -> None:
         """The continual Nyström step for the current mode (fixed: its landmarks installed)."""
@@ -107,7 +108,7 @@ class SDAStream:
             ql, kl = (self._rows(x.to(self.device, self.dtype)) for x in self.fixed)
             if ql.shape[-1] != self.d:
                 raise ValueError(f"fixed landmarks have d={ql.shape[-1]}, inputs have d={self.d}")
-            fixed = Fixed(*install(ql.unsqueeze(0), kl.unsqueeze(0), self.iters))
+            fixed = Landmarks(*(x.contiguous() for x in install(ql.unsqueeze(0), kl.unsqueeze(0), self.iters)))
         self.step_fn = NystromStep(self.n, self.m, self.iters, self.mode, fixed=fixed, retroactive=self.retroactive,
                                    stability=self.stability).to(self.device)
 
@@ -138,6 +139,7 @@ class SDAStream:
             raise RuntimeError("SDAStream.step called before reset(batch_size)")
         if self.d and self._fusable(q, k, v):
             return self._fused_step(q, k, v)
+        self.arrays = None                               # the torch step makes new state tensors
         return self._step(q, k, v)
 
     @inference
@@ -163,7 +165,7 @@ class SDAStream:
                     self.marks = (segment_means(qw, min(self.m, n_t)), segment_means(kw, min(self.m, n_t)))
                 z = None
                 if self.fused and q.dtype == torch.float32 and q.device.type == "cpu":
-                    from ..fused.pinv import landmark_pinv          # the compiled pseudo-inverse, same result
+                    from models.fused.pinv import landmark_pinv          # the compiled pseudo-inverse, same result
                     z = landmark_pinv(*self.marks, self.iters)[0]
                 out = nystrom_attention(qw, kw, vw, *self.marks, self.iters, z=z)
             return out if self.retroactive else out[:, -1]
@@ -178,11 +180,11 @@ class SDAStream:
             out, state = single_output(SingleOutputState(*self.state), position, q1, k1, v1, self.slots)
             self.state = list(state)
             return out[0]
-        step = self.step_fn
-        step.known = "steady" if self.mode == "fixed" else {0: None, 1: "steady", 2: "replace"}[
+        known = "steady" if self.mode == "fixed" else {0: None, 1: "steady", 2: "replace"}[
             int(landmark_event(np.int64(t), n, self.m))]
-        out, state, self.p, self.events = step(position, q1, k1, v1, NystromState(*self.state), self.p)
-        self.state, self.arrays = list(state), None
+        state, self.p, out, self.events = self.step_fn(NystromState(*self.state), self.p, Token(position, q1, k1, v1),
+                                                        "eager", known)
+        self.state = list(state)
         if not self.retroactive:
             return out[0]
         p, zw = out
@@ -230,26 +232,27 @@ class SDAStream:
                    and x.is_contiguous() and not x.requires_grad for x in (q, k, v))
 
     def _fused_step(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        from ..fused import kernels
-        t, n = self.t, self.n
+        from models.fused import kernels
+        t = self.t
         self.t += 1
         out = np.empty((self.B, self.d), np.float32)
-        if self.variant == "continual_nystrom" and self.arrays is None:
-            self.arrays = [x[0].numpy() for x in self.state]
+        if self.call is None:
+            from models.fused.numba_cache import Calls
+            self.call = Calls()
+        if self.arrays is None:
+            fixed = None
+            if self.variant == "continual_nystrom" and self.mode == "fixed":
+                fixed = kernels.Landmarks(*(x.numpy() for x in self.step_fn.fixed_marks))
+            state = (SingleOutputState if self.variant == "continual" else NystromState)(*self.state)
+            config = kernels.Config(1, 0.0, self.stability.rescale, self.stability.refresh, TAU,
+                                    self.mode == "continual", self.iters)
+            self.arrays = (*kernels.arrays(state, fixed), config)
+        s, marks, config = self.arrays
         if self.variant == "continual":
-            k_ring, v_ring = (x[0].numpy() for x in self.state)
-            kernels.continual_step(q.numpy(), k.numpy(), v.numpy(), k_ring, v_ring, t % n, min(t + 1, n),
-                                   np.empty(n, np.float32), out)
+            self.call(kernels.attend_single, s, 0, q.numpy(), k.numpy(), v.numpy(), t, out)
             return torch.from_numpy(out)
-        a, s = self.arrays, self.state
-        track = self.mode == "continual"
-        marks = (a[14], a[15], a[16]) if track else tuple(x[0].numpy() for x in self.step_fn.fixed_marks)
-        rescaled, refreshed = kernels.nystrom_step(
-            q.numpy(), k.numpy(), v.numpy(), a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], marks[0], marks[1],
-            marks[2], a[8], a[9], t % n, t >= n, min(t + 1, n), track, self.stability.rescale,
-            self.stability.refresh, TAU, np.empty((3, self.m)), out)
-        if track:
-            s[10] += 1                                   # seg_count (no segment completes here)
+        rescaled, refreshed = self.call(kernels.nystrom_attend, s, 0, marks, q.numpy(), k.numpy(), v.numpy(), t,
+                                        config, out)
         self.events = torch.tensor([[0, 0, refreshed, int(rescaled)]])
         return torch.from_numpy(out)
 
