@@ -242,7 +242,7 @@ class SDAStream:
         if self.arrays is None:
             fixed = None
             if self.variant == "continual_nystrom" and self.mode == "fixed":
-                fixed = kernels.Landmarks(*(x.numpy() for x in self.step_fn.fixed_marks))
+                fixed = Landmarks(*(x.numpy() for x in self.step_fn.fixed_marks))
             state = (SingleOutputState if self.variant == "continual" else NystromState)(*self.state)
             config = kernels.Config(1, 0.0, self.stability.rescale, self.stability.refresh, TAU,
                                     self.mode == "continual", self.iters)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..landmarks import aligned_segments
+from ..stream.nystrom import Landmarks
 from ..stream.segments import landmark_event
 from ..stream.sums import TAU
 from . import blocks as B
@@ -113,7 +114,7 @@ class Backend:
                                self.mode == "continual", cfg.pinv_iters)
         self.fixed = None
         if self.mode == "fixed":
-            self.fixed = K.Landmarks(*(x.detach().numpy() for x in stepper.nystrom.fixed_marks))
+            self.fixed = Landmarks(*(x.detach().numpy() for x in stepper.nystrom.fixed_marks))
         self.cycle = None if self.exact or self.mode == "fixed" else landmark_event(np.arange(self.n, 2 * self.n),
                                                                                     self.n, self.m)
         self.bound = self.bind(state)
@@ -142,7 +143,7 @@ class Backend:
 
     def bind(self, state: list[Tensor]) -> tuple:
         """The state as the kernels take it: block 0's named state of numpy views, its landmarks
-        (``kernels.Landmarks``: fixed, or the state's own), p and x_ring (2 blocks, else None).
+        (``Landmarks``: fixed, or the state's own), p and x_ring (2 blocks, else None).
         The kernels write in place, so a tensor that shares memory with another (the torch step
         may hand one tensor on as two, as a fresh row's den and peak) or is not contiguous is
         replaced in ``state`` by a copy first."""
@@ -200,7 +201,7 @@ class TwoBlockBackend(Backend):
         self.fixed2 = None
         if self.mode == "fixed":
             w = stepper.window
-            self.fixed2 = K.Landmarks(P(w.q_scaled), P(w.k_scaled_t), P(w.z))                 # (1, H, ...)
+            self.fixed2 = Landmarks(P(w.q_scaled), P(w.k_scaled_t), P(w.z))                 # (1, H, ...)
         self._segments: dict[int, np.ndarray] = {}
         self._buffers: dict[int, tuple] = {}
 
@@ -212,9 +213,9 @@ class TwoBlockBackend(Backend):
         ok = t >= self.n
         return ok if self.cycle is None else ok & (landmark_event(t, self.n, self.m) == 1)
 
-    def buffers(self, S: int) -> tuple[dict, dict, "K.Landmarks"]:
+    def buffers(self, S: int) -> tuple[dict, dict, Landmarks]:
         """Step buffers for S streams: torch tensors (the products), their numpy views (the same
-        memory), and block 1's landmarks (``kernels.Landmarks``: fixed, or per stream: continual
+        memory), and block 1's landmarks (``Landmarks``: fixed, or per stream: continual
         landmarks, or the exact query rows)."""
         if S not in self._buffers:
             n, D, F, H, R, dh = self.n, self.D, self.F, self.H, self.R, self.dh
@@ -224,7 +225,7 @@ class TwoBlockBackend(Backend):
                      px=f32(S, H * R, D), p_all=f32(S, n, H * R), g=f32(S, H * R, D), q2=f32(S, D))
             marks = self.fixed2
             if marks is None:
-                marks = K.Landmarks(*(np.empty(shape, np.float32) for shape in ((S, H, R, dh), (S, H, dh, R), (S, H, R, R))))
+                marks = Landmarks(*(np.empty(shape, np.float32) for shape in ((S, H, R, dh), (S, H, dh, R), (S, H, R, R))))
             self._buffers[S] = (T, {k: v.numpy() for k, v in T.items()}, marks)
         return self._buffers[S]
 

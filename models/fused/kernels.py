@@ -4,6 +4,9 @@ models/stream/ (``SingleOutputState``, ``RetroactiveState``, ``NystromState``) w
 numpy views of the torch step's tensors, every stream's row at once (stream row r of each
 field), so that a step taken here and one taken by the torch step leave the same state behind.
 
+The landmarks a step uses are a ``Landmarks`` (models/stream/nystrom.py) of numpy arrays, the
+weights the model's ``Packed`` buffer, the step's settings a ``Config``.
+
 - per head, shared by 1 and 2 blocks: ``swap_term`` (a row of running sums loses the departing
   key and takes the newest), ``fresh_row`` (a row from its cached scores), ``landmark_probs``
   (s(q K~^T));
@@ -23,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from ..stream.nystrom import Landmarks
 from .numba_cache import share
 
 share()                                                # one cache for every copy of this code
@@ -46,15 +50,6 @@ class Config(NamedTuple):
     tau: float           # a row is refreshed when den < tau * peak
     track: bool          # continual landmarks: the segment sums take each token
     iters: int           # pseudo-inverse iterations (block 2's continual landmarks)
-
-
-class Landmarks(NamedTuple):
-    """The landmarks a step uses: q_scaled (L, H, m, dh), k_scaled_t (L, H, dh, m) and the
-    pseudo-inverse z (L, H, m, m); L = 1 (fixed: the same for every stream) or one row per
-    stream row (``row``)."""
-    q_scaled: np.ndarray
-    k_scaled_t: np.ndarray
-    z: np.ndarray
 
 
 def arrays(named, fixed=None) -> tuple:

@@ -6,12 +6,13 @@ as a Ray Serve replica's or a Ray worker's ``working_dir``, would lie at a new p
 cache and compile every kernel again, tens of seconds of a replica's warm-up. Here every
 copy of the same source shares one cache: ``$NUMBA_CACHE_DIR/nystream`` when that is set, else
 ``$XDG_CACHE_HOME/nystream/numba`` (``~/.cache/nystream/numba``). numba still checks each entry
-against the source's content hash and the machine's CPU, so a changed file or another CPU
-compiles anew. Where that directory cannot be written, numba's own places are used.
+against its source file's stamp (here with the state definitions' too, ``STATE_FILES``) and the
+machine's CPU, so a changed file or another CPU compiles anew. Where that directory cannot be
+written, numba's own places are used.
 
 numba's internals (its cache locators, its CPU target, a dispatcher's typing and compiled entry
-points) are used here and nowhere else
-(tests/app/test_private_apis.py says which a numba upgrade removed).
+points) are used here and nowhere else (tests/app/test_private_apis.py says which a numba
+upgrade removed).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent                # models/fused/: the kernels' files
 ROOT = HERE.parents[1]                                 # the project (or site-packages, installed)
+# the NamedTuples the kernels read by name (compiled to positions): a change there compiles anew
+STATE_FILES = tuple(ROOT / "models" / "stream" / name for name in ("continual.py", "nystrom.py"))
 
 
 def cache_root() -> Path:
@@ -51,6 +54,10 @@ def share() -> None:
 
         def get_cache_path(self):
             return self._cache_path
+
+        def get_source_stamp(self):
+            """The kernel file's stamp (as numba's) and the state definitions' (STATE_FILES)."""
+            return tuple((st.st_mtime, st.st_size) for st in (os.stat(f) for f in (self._py_file, *STATE_FILES)))
 
         @classmethod
         def from_function(cls, py_func, py_file):

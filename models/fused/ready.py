@@ -25,20 +25,19 @@ import threading
 import time
 from pathlib import Path
 
-from .numba_cache import HERE, ROOT, cache_root, set_up_numba
+from .numba_cache import HERE, ROOT, STATE_FILES, cache_root, set_up_numba
 
 SOURCES = ("kernels.py", "blocks.py", "pinv.py", "backend.py", "ready.py")
 NICE = 10                      # the compiling process's priority: below the engine's hops, not starved
 
 
 def digest() -> str:
-    """What numba's cache entries are valid for: the kernels' sources (content, and the size
-    and time numba checks), numba, Python and this CPU."""
+    """What numba's cache entries are valid for: the kernels' sources and the state they read
+    (content, and the size and time numba checks), numba, Python and this CPU."""
     import numba
     from llvmlite import binding
     h = hashlib.sha256()
-    for name in SOURCES:
-        path = HERE / name
+    for path in (*(HERE / name for name in SOURCES), *STATE_FILES):
         st = path.stat()
         h.update(path.read_bytes() + f"{st.st_size} {st.st_mtime_ns}".encode())
     h.update(f"{numba.__version__} {sys.version_info[:2]} {binding.get_host_cpu_name()}".encode())

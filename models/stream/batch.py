@@ -239,7 +239,7 @@ class StreamBatch(Slots):
         """One token for each stream in ``slots`` (S ints, or an (S,) host tensor) -> its logits
         (S, classes) on the model's device. Where the compiled backend takes every stream's
         step, one call of it and nothing else."""
-        slots = np.asarray(slots.tolist() if isinstance(slots, Tensor) else slots, np.int64)
+        slots = np.ascontiguousarray(slots.tolist() if isinstance(slots, Tensor) else slots, np.int64)
         if self.kernels is not None and self.kernels.ready():
             self._kernels_arrived()
         t = self.positions[slots]

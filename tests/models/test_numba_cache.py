@@ -1,6 +1,7 @@
 """The fused kernels' numba cache (models/fused/numba_cache.py) is shared by every copy of the
 code: a copy at another path (as a Ray Serve replica's or Ray worker's working_dir) loads what
-the checkout compiled, and a copy whose source changed compiles anew. Each run is a fresh
+the checkout compiled, and a copy whose source changed, or the state the kernels read by name
+(models/stream/continual.py, nystrom.py), compiles anew. Each run is a fresh
 process with its own cache directory (XDG_CACHE_HOME); numba's own counters say whether a
 kernel came from the cache."""
 import json
@@ -51,3 +52,8 @@ def test_a_copy_of_the_code_elsewhere_loads_the_kernels_the_checkout_compiled(tm
         f.write("\n# changed\n")
     changed = probe(copy, cache)
     assert changed["misses"] == 1 and changed["hits"] == 0                   # a changed source compiles anew
+    assert probe(copy, cache)["hits"] == 1
+    with open(copy / "models" / "stream" / "nystrom.py", "a") as f:          # the state the kernels read by name
+        f.write("\n# changed\n")
+    changed = probe(copy, cache)
+    assert changed["misses"] == 1 and changed["hits"] == 0                   # ... and so does a changed state
