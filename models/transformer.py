@@ -158,7 +158,7 @@ class GenreTransformer(nn.Module):
     def events(self) -> Tensor:
         """(B, 4) the last step's events (models/stream/model.py: rebuilt, replaced, rows
         refreshed, rescaled; zeros for the recomputing variants)."""
-        if not self.continual:
+        if not self.continual or len(self.streams.stepped) == 0:
             return torch.zeros(len(self._slots), 4, dtype=torch.int64)
         return torch.from_numpy(self.streams.events_host())
 
