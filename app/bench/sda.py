@@ -244,8 +244,9 @@ class SDAStream:
             if self.variant == "continual_nystrom" and self.mode == "fixed":
                 fixed = Landmarks(*(x.numpy() for x in self.step_fn.fixed_marks))
             state = (SingleOutputState if self.variant == "continual" else NystromState)(*self.state)
-            config = kernels.Config(1, 0.0, self.stability.rescale, self.stability.refresh, TAU,
-                                    self.mode == "continual", self.iters)
+            config = kernels.Config(period=1, eps=0.0, rescale=self.stability.rescale,        # (no layers here)
+                                    refresh=self.stability.refresh, tau=TAU, track=self.mode == "continual",
+                                    iters=self.iters)
             self.arrays = (*kernels.arrays(state, fixed), config)
         s, marks, config = self.arrays
         if self.variant == "continual":

@@ -161,7 +161,8 @@ class Backend:
         numpy and torch (the same memory): a step's events hold until the next step."""
         held = self._events.get(S)
         if held is None:
-            held = self._events[S] = (lambda a: (a, torch.from_numpy(a)))(np.zeros((S, 4), np.int64))
+            events = np.zeros((S, 4), np.int64)
+            held = self._events[S] = (events, torch.from_numpy(events))
         return held
 
     def step(self, x: np.ndarray, rows: np.ndarray, t: np.ndarray) -> tuple[Tensor, Tensor]:
