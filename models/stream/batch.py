@@ -249,7 +249,7 @@ class StreamBatch(Slots):
         backend = self.backend
         if backend is not None and backend.all_steady(t):
             self._t_host[slots] = after                         # the backend is on the CPU
-            x = tokens.float().contiguous()
+            x = (tokens.cpu() if tokens.is_cuda else tokens).float().contiguous()    # (as ``_step``'s ``.to``)
             logits, self.events = backend.step((x.detach() if x.requires_grad else x).numpy(), slots, t)
             return logits
         return self._step(slots, tokens, t)
