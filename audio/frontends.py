@@ -1,7 +1,7 @@
 """Front ends: 16 kHz audio -> one token per 0.25 s hop, pluggable.
 
   musicnn (default; its pretrained weights ship with the ``musicnn`` package): taggram (50,) of
-      the latest 3 s, computed continually (audio/musicnn/stream.py). Its token files (the
+      the latest 3 s, computed continually (audio/musicnn/batch.py). Its token files (the
       original implementation's grid) are 61 mel frames = 0.976 s apart, so models trained on
       them are fed every 4th hop (``native_spacing``).
   vggish (the paper's): embedding (128,) of the latest 0.96 s, AudioSet weights from
@@ -229,16 +229,23 @@ class MusicnnFrontEnd:
                             f"{'' if precision == 'float32' else ', ' + PRECISION_WORDS[precision]})")
         self.pushes = None                    # one stream's compiled pushes: ``stream``
         musicnn_mel.mel_basis()               # computed now, not on the first hop
-        self.warm = _MusicnnStream(self.net, continual)   # first-call costs (kernels, tap tables) now too;
-        for _ in range(3):                                 # later streams share its tables (GraphStream ``like``)
-            self.warm.push(np.zeros(melspec.HOP, np.float32))
+        self.graph = continual and device.type == "cpu"   # one stream's push as one graph (GraphStream)
+        self.warm = _GraphStream(self.net) if self.graph else self._slot_stream()
+        for _ in range(3):                                 # first-call costs (kernels, tap tables) now too;
+            self.warm.push(np.zeros(melspec.HOP, np.float32))   # later streams share its tables (GraphStream ``like``)
 
     def stream(self):
-        """One stream's state; on the CPU, continual, the first loads (or builds) the compiled pushes
-        all share (audio/musicnn/graph.py ``CompiledPushes``), which slots of many streams never do."""
-        if self.pushes is None and self.continual and self.device.type == "cpu" and compiling_enabled():
+        """One stream's state. On the CPU, continual, the push as one graph, and the first such
+        stream loads (or builds) the compiled pushes all share (audio/musicnn/graph.py
+        ``CompiledPushes``), which slots of many streams never do; else the one slot of a batch."""
+        if not self.graph:
+            return self._slot_stream()
+        if self.pushes is None and compiling_enabled():
             self.pushes = CompiledPushes(self.model, self.checksum, STEADY_FRAMES, self.net.precision)
-        return _MusicnnStream(self.net, self.continual, self.pushes, like=self.warm.net)
+        return _GraphStream(self.net, self.pushes, like=self.warm.net)
+
+    def _slot_stream(self):
+        return _SlotStream(_MusicnnSlots(self.net, self.continual, 1))
 
     def batch(self, capacity: int):
         """Slots for ``capacity`` streams; one stream on the CPU keeps the single-stream path
@@ -265,16 +272,12 @@ class MusicnnFrontEnd:
         return None if self.pushes is None else self.pushes.words()
 
 
-class _MusicnnStream:
-    """One stream: on the CPU, continual, the push as one graph (GraphStream: compiled once
-    ``pushes`` has it); else MusicnnStream."""
+class _GraphStream:
+    """One CPU stream's continual push as one graph (GraphStream: compiled once ``pushes`` has it)."""
 
-    def __init__(self, net, continual: bool, pushes=None, like=None):
-        from .musicnn.stream import MusicnnStream
+    def __init__(self, net, pushes=None, like=None):
         self.mel = musicnn_mel.StreamingMel()
-        cpu = net.input_bn.mean.device.type == "cpu"
-        self.net = (GraphStream(net, pushes, like if isinstance(like, GraphStream) else None) if continual and cpu
-                    else MusicnnStream(net, continual=continual))
+        self.net = GraphStream(net, pushes, like)
 
     def push(self, hop: np.ndarray) -> HopToken:
         t0 = time.perf_counter()
@@ -283,6 +286,18 @@ class _MusicnnStream:
         token = self.net.push(frames)[None].cpu()
         t2 = time.perf_counter()
         return HopToken(token, frames, (t1 - t0) * 1e3, (t2 - t1) * 1e3, 2 * self.net.last_macs)
+
+
+class _SlotStream:
+    """One stream as the one slot of a batch's slots (the musicnn front end on CUDA, or recomputed)."""
+
+    def __init__(self, slots: _Slots):
+        self.slots = slots
+        self.slot = slots.join()
+
+    def push(self, hop: np.ndarray) -> HopToken:
+        out = self.slots.push([self.slot], [hop])
+        return HopToken(out.tokens[:1].cpu(), out.mels[0], out.mel_ms[0], out.network_ms[0], out.flops[0])
 
 
 class _MusicnnSlots(_Slots):

@@ -92,8 +92,8 @@ FRONTEND_ROWS = (("front end: musicnn log-mel per hop", "log-mel (the hop's new 
                   "network, continual: the push as one graph, compiled (the app's)"),
                  ("front end: musicnn network per hop, continual, the push as one graph, eager",
                   "network, continual: the same graph, eager"),
-                 ("front end: musicnn network per hop, continual, the single-stream caches",
-                  "network, continual: the single-stream caches (MusicnnStream)"),
+                 ("front end: musicnn network per hop, continual, the batched form with one slot",
+                  "network, continual: the batched form with one slot (what one CUDA stream runs)"),
                  ("front end: musicnn network per hop, recomputing", "network, recomputing the 3 s patch"))
 
 
@@ -106,11 +106,11 @@ def frontend_speed(run: dict) -> str:
     for label, r in picked.items():
         flops = "–" if r["flops"] is None else f"{r['flops'] / 1e6:,.0f}"
         lines.append(f"| {label} | {r['median_us'] / 1e3:.2f} | {r['p95_us'] / 1e3:.2f} | {flops} |")
-    mel, cont, _, caches, full = (picked[label] for _, label in FRONTEND_ROWS)
+    mel, cont, _, batch, full = (picked[label] for _, label in FRONTEND_ROWS)
     hop = mel["median_us"]
-    lines += ["", f"The app's continual network against the single-stream caches: "
-              f"{caches['median_us'] / cont['median_us']:.2f}x faster (the hop with its log-mel: "
-              f"{(caches['median_us'] + hop) / (cont['median_us'] + hop):.2f}x); against recomputing: "
+    lines += ["", f"The app's continual network against the batched form with one slot: "
+              f"{batch['median_us'] / cont['median_us']:.2f}x faster (the hop with its log-mel: "
+              f"{(batch['median_us'] + hop) / (cont['median_us'] + hop):.2f}x); against recomputing: "
               f"{full['median_us'] / cont['median_us']:.2f}x faster, {full['flops'] / cont['flops']:.2f}x fewer FLOPs; "
               f"real-time factor {cont['median_us'] / 1e6 / HOP_SECONDS:.3f} (its median over the {HOP_SECONDS:g} s hop).",
               "", provenance(run)]

@@ -39,7 +39,7 @@ TAGS = 50
 TIMBRAL = (38, 67)            # kernel widths in frequency (0.4 and 0.7 of 96 bands)
 TIMBRAL_CH = 204
 TIMBRAL_COLS = 208            # the continual front ends' timbral product: 204 filters, 4 of zeros
-                              # (audio/musicnn/stream.py TimbralCache says why)
+                              # (audio/musicnn/batch.py timbral_branches says why)
 TEMPORAL = (128, 64, 32)      # kernel lengths in time
 TEMPORAL_CH = 51
 FRONT_CH = 2 * TIMBRAL_CH + 3 * TEMPORAL_CH      # 561
@@ -115,8 +115,8 @@ def product_dtype(mode: str) -> torch.dtype:
     else float32. They are the timbral products (each row computed once from its frames and
     kept) and, where a temporal branch is recomputed (the CPU's batch and one stream's push), its
     Toeplitz products: their rounding does not build up over a stream. The temporal branches'
-    accumulators (MusicnnStream, CUDA: sums carried from hop to hop), the mid-end and the
-    back-end stay float32."""
+    accumulators (CUDA's default: sums carried from hop to hop), the mid-end and the back-end
+    stay float32."""
     return torch.bfloat16 if mode == "bf16" else torch.float32
 
 
@@ -195,7 +195,7 @@ def _max_bn_relu(z: Tensor, bn: BatchNorm, dim: int, channel_dim: int = -1) -> T
 
 class Musicnn(nn.Module):
     """(B, 187, 96) log-mel -> (B, 50) tag probabilities. Split into stages so that the
-    continual front end (audio/musicnn/stream.py) can cache per-frame results."""
+    continual front end (audio/musicnn/batch.py) can cache per-frame results."""
 
     precision = "float32"   # PRECISIONS: the continual front ends' arithmetic (``precision``)
 

@@ -1,19 +1,30 @@
-"""The continual musicnn front end for many streams: C slots of ``MusicnnStream``'s caches stacked
+"""The continual musicnn front end, for one stream or many: C slots of per-stream caches stacked
 into tensors, and one ``push`` computing the new frames of every stream given at once.
 
-The arithmetic is MusicnnStream's (audio/musicnn/stream.py), per stream: interior timbral rows
-cached, edge rows recomputed, temporal pre-activations kept per patch row and updated by the
-frames that leave and arrive (or, per branch, only the features kept and the rows a hop changed
-recomputed: ``accumulate``). What changes is the layout:
+Each patch is zero-padded at its own edges, so not everything can be reused as is. Per kind of
+branch (both are convolutions in time followed by per-frame operations):
+
+* timbral (7-frame kernels, 81 % of the network): a patch row whose 7-frame context lies inside
+  the patch has the same value in every patch that holds it. Those *interior* rows are cached per
+  stream frame; a hop computes the rows that became interior and the 3 + 3 edge rows that see the
+  patch's zero padding, in one matrix product (im2col) per branch;
+* temporal (128/64/32-frame kernels, where most rows see an edge): a branch either recomputes the
+  k + K - 1 rows a hop changes and keeps only its features (``accumulate`` off), or keeps the
+  pre-activations of its edge rows and updates them like continual attention: the frames leaving
+  the patch *subtracted* from the rows whose window held them, the new frames *added* to the rows
+  whose window now reaches them. The b rows whose window reaches before the patch and the a rows
+  whose window reaches past it sit in two rings of b and a rows; an interior row's
+  pre-activations do not change while it is interior, so only its features are kept, and when it
+  becomes a start-edge row its sum is computed from the patch (k rows of up to K - 1 taps a hop).
+  Per row either is the zero-padded 'same' convolution of the patch, exactly;
+* every channel's weights are negated where its batch norm's scale is negative (``SignedBN``),
+  so that one max over frequency gives BN(ReLU(.)) of the branch's features.
+
+The layout:
 
 * every per-stream cache has a slot axis, and its patch rows sit in a ring (``start[slot]``
   counts the rows the stream has moved by; patch row p sits in ring row (start + p) mod the
   ring's length), so a hop moves no cached row;
-* a temporal branch with accumulators keeps them only for its edge rows: the b rows whose
-  window reaches before the patch (they lose frames) and the a rows whose window reaches past
-  it (they gain frames), in two rings of b and a rows. An interior row's pre-activations do
-  not change while it is interior: its features are kept, and when it becomes a start-edge
-  row its sum is computed from the patch (k rows of up to K - 1 taps a hop);
 * the streams of a hop are grouped by how many frames they bring (15 or 16 for 0.25 s hops):
   one group's timbral rows are one matrix product per branch, its temporal updates one product
   per branch with the streams side by side in the columns (the tap matrices depend on k only);
@@ -29,9 +40,12 @@ recomputed: ``accumulate``). What changes is the layout:
 * no step waits for the device: ring indices come from host state (``start``) and reach the
   device by asynchronous copies, the hop's frames in one.
 
-Each stream's taggram equals MusicnnStream's for it alone, and Musicnn's on its 187 frames,
-within float32 rounding (tests/audio/test_musicnn_batch.py; bf16: test_musicnn_precision.py).
-Every operation is row- or column-wise in the streams: a stream's NaN frames reach no other.
+A slot starts as if preceded by digital silence (log-mel 0): its caches are those of a patch of
+silence, computed once (``template``) in the network's precision, as every push. Each stream's
+taggram equals Musicnn's on its 187 frames within float32 rounding, whatever else is in the batch
+(tests/audio/test_musicnn_batch.py; bf16: test_musicnn_precision.py). Every operation is row- or
+column-wise in the streams: a stream's NaN frames reach no other. One CPU stream runs the same
+push as one graph (audio/musicnn/graph.py), eager or compiled.
 
 Shapes: C slots, P = 187 patch rows, S streams pushed, G of them in a group, k new frames.
 """
@@ -40,10 +54,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from . import (BANDS, conv1d, precision, MID_CH, PATCH_FRAMES, TAGS, TEMPORAL, TEMPORAL_CH, TIMBRAL, TIMBRAL_CH, TIMBRAL_COLS, Musicnn,
-                      head_macs, same_padding, timbral_macs_per_frame)
-from .stream import MusicnnStream, timbral_features, toeplitz_taps
+               head_macs, product_dtype, same_padding, timbral_macs_per_frame)
 
 P, EDGE, SHIFT_MAX = PATCH_FRAMES, 3, PATCH_FRAMES - max(TEMPORAL)   # SHIFT_MAX: more new frames are a jump
 CPU_CHUNK = 8                                          # streams computed together on the CPU
@@ -51,6 +65,74 @@ CPU_ACCUMULATE = (False, False, False)                 # temporal branches (K = 
 TF32_ACCUMULATE = (True, False, False)                 # and on CUDA in TF32
 TIMBRAL_FEATS = len(TIMBRAL) * TIMBRAL_CH            # 408
 MID_TIMBRAL_MACS = 7 * TIMBRAL_FEATS * MID_CH          # the first mid-end convolution's timbral part, per row
+
+
+class SignedBN:
+    """A batch norm's per-channel (sign, scale, shift), computed once per network."""
+
+    def __init__(self, bn):
+        self.scale, self.shift = bn.scale_shift()
+        self.sign = torch.where(self.scale >= 0, 1.0, -1.0)
+
+    def max_relu(self, zs: Tensor, dim: int) -> Tensor:
+        """max over ``dim`` of BN(ReLU(z)) given zs = sign * z (channels last), from one max:
+        for a channel with a negative BN scale the max of the result is BN(ReLU(min z)), and
+        min z = -max(-z) exactly. (The reference network takes the max and the min of z.)"""
+        return self.after_max(zs.amax(dim=dim))
+
+    def after_max(self, m: Tensor) -> Tensor:
+        """BN(ReLU(.)) of the maxima m = max zs (channels last)."""
+        return F.relu(m * self.sign) * self.scale + self.shift
+
+
+def timbral_branches(net: Musicnn) -> list[tuple]:
+    """Each timbral branch as (w, SignedBN, weight (7 w, TIMBRAL_COLS) in ``product_dtype``, bias
+    (204,)), each channel's weights and bias times its sign. The product has TIMBRAL_COLS = 208
+    columns, the 204 filters and 4 of zeros: with a multiple of 16 columns torch's CPU matrix
+    product runs faster for the same 204 useful ones, for 2 % more multiply-accumulates
+    (docs/benchmarks.md, design measurements)."""
+    out = []
+    for conv, bn, w in zip(net.timbral, net.timbral_bn, TIMBRAL):
+        sbn = SignedBN(bn)
+        weight = F.pad(conv.weight.flatten(1).t() * sbn.sign, (0, TIMBRAL_COLS - TIMBRAL_CH))   # (7 w, 208)
+        out.append((w, sbn, weight.to(product_dtype(net.precision)).contiguous(), conv.bias * sbn.sign))
+    return out
+
+
+def temporal_branches(net: Musicnn) -> list[tuple]:
+    """Each temporal branch as (K, SignedBN, weight (C', 1, K, 1), bias (C',), taps w (K, C')),
+    each channel's weights and bias times its sign."""
+    out = []
+    for conv, bn, kernel in zip(net.temporal, net.temporal_bn, TEMPORAL):
+        sbn = SignedBN(bn)
+        weight = conv.weight * sbn.sign.view(-1, 1, 1, 1)
+        out.append((kernel, sbn, weight, conv.bias * sbn.sign, weight[:, 0, :, 0].t().contiguous()))
+    return out
+
+
+def timbral_features(branch: tuple, cols: Tensor) -> Tensor:
+    """One timbral branch (``timbral_branches``) on its im2col rows cols (R F, 7 w) in the weights'
+    dtype -> (R, 204) float32 features: one matrix product, the max over the F frequency
+    positions, the zero filters that pad the product dropped, then the bias (max z + b =
+    max (z + b): rounding is monotone, so in floats too) and BN(ReLU(.))."""
+    w, bn, weight, bias = branch
+    z = (cols @ weight).view(-1, BANDS - w + 1, TIMBRAL_COLS)
+    return bn.after_max(z.amax(dim=1)[:, :TIMBRAL_CH].float() + bias)
+
+
+def toeplitz_taps(w: Tensor, before: int, rows: range, frames: range, skip_old_rows_below: int | None = None) -> Tensor:
+    """(len(rows) * C, len(frames)) from the taps w (K, C): the weight of frame f in row r (tap
+    f - r + before; zero outside the kernel, and for rows < ``skip_old_rows_below`` zero on frames
+    that are not new, i.e. below that same index). Rows r-major, channels within."""
+    K = len(w)
+    r = torch.arange(rows.start, rows.stop, device=w.device)[:, None]
+    f = torch.arange(frames.start, frames.stop, device=w.device)[None, :]
+    j = f - r + before                                                # (R, F)
+    ok = (j >= 0) & (j < K)
+    if skip_old_rows_below is not None:
+        ok &= ~((r < skip_old_rows_below) & (f < skip_old_rows_below))
+    taps = w[j.clamp(0, K - 1)] * ok[..., None]                       # (R, F, C)
+    return taps.permute(0, 2, 1).reshape(-1, len(frames)).contiguous()
 
 
 def per_branch(accumulate: bool | tuple | list) -> tuple[bool, ...]:
@@ -76,7 +158,7 @@ def on_device(a: np.ndarray, device: torch.device) -> Tensor:
 
 
 class MusicnnBatch:
-    """``reset(slot)`` starts a stream in a slot (preceded by silence, as ``MusicnnStream.reset``);
+    """``reset(slot)`` starts a stream in a slot (preceded by silence: ``template``);
     ``push(slots, frames) -> (S, 50)`` taggrams. Which slots are free is the caller's business.
 
     ``accumulate`` (per temporal branch, K = 128, 64, 32) keeps a branch's pre-activations of
@@ -104,39 +186,36 @@ class MusicnnBatch:
                                      else accumulate)                                  # per temporal branch
         self.chunk = max(1, chunk or (capacity if cuda else CPU_CHUNK))
         self.slotwise = not cuda                       # edge rings: per slot in place, or one gather / scatter
-        one = MusicnnStream(net)          # its sign-folded weights, and the silence a slot starts from
-        self.timbral, self.product_dtype = one.timbral.branches, one.timbral.dtype    # (w, bn, weight, bias)
-        self.temporal = [(a.K, a.bn, a.weight, a.bias, a.w) for a in one.temporal]    # weight (C', 1, K, 1), w (K, C')
+        self.timbral, self.product_dtype = timbral_branches(net), product_dtype(net.precision)   # (w, bn, weight, bias)
+        self.temporal = temporal_branches(net)                                       # (K, bn, weight, bias, w)
         self._taps: dict = {}
         w = net.mid[0].weight                                                         # (64, 561, 7)
         self.mid_timbral = w[:, :TIMBRAL_FEATS].contiguous()
         self.mid_temporal = w[:, TIMBRAL_FEATS:].contiguous()
-        with precision(net.precision, self.device):          # the silence's caches as every push computes
-            self.template = self._state_of(one)
-        self.state = {name: t.new_zeros((capacity, *t.shape)) for name, t in self.template.items()}
+        shapes = {"patch": (P, BANDS), "timbral": (P, TIMBRAL_FEATS), "mid": (P, MID_CH), "last": (TAGS,)}
+        for j, kernel in enumerate(TEMPORAL):
+            b, a = same_padding(kernel)
+            if self.accumulate[j]:
+                shapes[f"zs{j}"], shapes[f"ze{j}"] = (b, TEMPORAL_CH, BANDS), (a, TEMPORAL_CH, BANDS)
+            shapes[f"f{j}"] = (P, TEMPORAL_CH)
+        self.state = {name: torch.zeros((capacity, *shape), device=self.device) for name, shape in shapes.items()}
         self.start = np.zeros(capacity, np.int64)        # rows moved since the slot's reset (ring origin)
         self.macs = np.zeros(capacity, np.int64)          # multiply-accumulates of each slot's last push
+        self.template = self._silence()
 
     # ------------------------------------------------------------------ slots
     @torch.no_grad()
-    def _state_of(self, one: MusicnnStream) -> dict[str, Tensor]:
-        """A fresh MusicnnStream's caches as one slot's tensors (ring start 0)."""
-        mid = one.timbral.rows.new_zeros(P, MID_CH)
-        mid[2 * EDGE:P - 2 * EDGE] = self._mid_rows(one.timbral.rows[None, EDGE:P - EDGE])[0]
-        state = {"patch": one.patch, "timbral": one.timbral.rows, "mid": mid,
-                 "last": torch.sigmoid(self.net.head(self._front_of(one)[None]))[0]}
-        for j, acc in enumerate(one.temporal):
-            if self.accumulate[j]:
-                b, a = same_padding(acc.K)
-                state[f"zs{j}"] = acc.z[:b]                                            # (b, C', 96): row p in ring row p
-                state[f"ze{j}"] = acc.z[P - a:].roll((P - a) % a, dims=0)            # (a, C', 96): row p in (p mod a)
-            state[f"f{j}"] = acc.bn.max_relu(acc.z, dim=2)                             # (P, C')
-        return state
-
-    @torch.no_grad()
-    def _front_of(self, one: MusicnnStream) -> Tensor:
-        timbral, _ = one.timbral.update(one.patch, 0)
-        return torch.cat([timbral] + [acc.features() for acc in one.temporal], dim=1)   # (P, 561)
+    def _silence(self) -> dict[str, Tensor]:
+        """One slot's caches for a patch of silence (ring origin 0), computed in slot 0 as a jump
+        to that patch is, in the network's precision like every push (on CUDA outside it, cuDNN's
+        TF32 convolutions would put every taggram whose patch still holds that silence past the
+        float32 error bound)."""
+        with precision(self.net.precision, self.device):
+            slot = np.zeros(1, np.int64)
+            self._refill(slot, self.net.normalize(torch.zeros(1, P, BANDS, device=self.device)))
+            self.state["last"][0] = torch.sigmoid(self._head(slot))[0]
+        self.macs[0] = 0
+        return {name: t[0].clone() for name, t in self.state.items()}
 
     def reset(self, slot: int) -> None:
         """Slot ``slot`` holds a fresh stream."""
@@ -385,36 +464,33 @@ class MusicnnBatch:
             macs += TEMPORAL_CH * BANDS * P * kernel
         self.macs[idx] = macs
 
-    def _front(self, idx: np.ndarray) -> Tensor:
-        """(M, P, 561) front-end features of slots idx, patch row order."""
-        st, M = self.state, len(idx)
-        order = self._ring(idx, 0, P)
+    def _head(self, idx: np.ndarray) -> Tensor:
+        """(M, 50) logits of slots idx, from their caches in patch row order."""
+        st, M, order = self.state, len(idx), self._ring(idx, 0, P)
         patch = st["patch"].view(-1, BANDS)[order].view(M, P, BANDS)
+        temporal = [st[f"f{j}"].view(-1, TEMPORAL_CH)[order].view(M, P, -1) for j in range(len(TEMPORAL))]
+        return self.logits(patch, self._rows("timbral", idx, EDGE, P - 2 * EDGE), self._rows("mid", idx, 2 * EDGE, P - 4 * EDGE),
+                           temporal)
+
+    def logits(self, patch: Tensor, interior: Tensor, mid: Tensor, temporal: list[Tensor]) -> Tensor:
+        """(M, 50) logits of M streams from their caches in patch row order: patch (M, P, 96)
+        normalised, interior (M, P - 6, 408) timbral rows 3 .. P-4, mid (M, P - 12, 64) the first
+        mid-end convolution's timbral part of rows 6 .. P-7, temporal [(M, P, C')] features.
+        The timbral edge rows are computed with the patch's zero padding; the first mid-end
+        convolution, split by its input channels, is its temporal part over the whole patch plus
+        the cached timbral part, and that part computed for the 6 + 6 rows at the patch's ends.
+        MusicnnBatch's hop and PushGraph both end here."""
+        M = patch.shape[0]
         zeros = patch.new_zeros(M, EDGE, BANDS)
         edges = self._timbral_rows(torch.cat([torch.cat([zeros, patch[:, :2 * EDGE]], dim=1),
                                               torch.cat([patch[:, -2 * EDGE:], zeros], dim=1)]))   # (2M, 3, 408)
-        front = patch.new_empty(M, P, TIMBRAL_FEATS + len(TEMPORAL) * TEMPORAL_CH)
-        front[:, :EDGE, :TIMBRAL_FEATS] = edges[:M]
-        front[:, P - EDGE:, :TIMBRAL_FEATS] = edges[M:]
-        front[:, EDGE:P - EDGE, :TIMBRAL_FEATS] = self._rows("timbral", idx, EDGE, P - 2 * EDGE)
-        for j in range(len(TEMPORAL)):
-            c = TIMBRAL_FEATS + j * TEMPORAL_CH
-            front[:, :, c:c + TEMPORAL_CH] = st[f"f{j}"].view(-1, TEMPORAL_CH)[order].view(M, P, -1)
-        return front
-
-    def _head(self, idx: np.ndarray) -> Tensor:
-        """(M, 50) logits of slots idx. The mid-end's first convolution is split by its input
-        channels: the temporal part over the whole patch, the timbral part from the cache for
-        rows 6 .. P-7 (their windows hold interior timbral rows only, a stream value each) and
-        computed for the 6 + 6 rows at the patch's ends."""
-        M = len(idx)
-        x = self._front(idx).transpose(1, 2).contiguous()                              # (M, 561, P)
+        timbral = torch.cat([edges[:M], interior, edges[M:]], dim=1)                   # (M, P, 408)
+        x = torch.cat([timbral] + temporal, dim=2).transpose(1, 2).contiguous()        # (M, 561, P)
         z = conv1d(x[:, TIMBRAL_FEATS:], self.mid_temporal, self.net.mid[0].bias, padding=3)
         ends = x.new_zeros(2 * M, TIMBRAL_FEATS, 4 * EDGE)                             # 9 rows and the padding
         ends[:M, :, EDGE:] = x[:, :TIMBRAL_FEATS, :3 * EDGE]
         ends[M:, :, :3 * EDGE] = x[:, :TIMBRAL_FEATS, P - 3 * EDGE:]
-        ends = conv1d(ends, self.mid_timbral)                                        # (2M, 64, 6)
-        z[:, :, :2 * EDGE] += ends[:M]
-        z[:, :, P - 2 * EDGE:] += ends[M:]
-        z[:, :, 2 * EDGE:P - 2 * EDGE] += self._rows("mid", idx, 2 * EDGE, P - 4 * EDGE).transpose(1, 2)
+        ends = conv1d(ends, self.mid_timbral)                                          # (2M, 64, 6)
+        z = torch.cat([z[:, :, :2 * EDGE] + ends[:M], z[:, :, 2 * EDGE:P - 2 * EDGE] + mid.transpose(1, 2),
+                       z[:, :, P - 2 * EDGE:] + ends[M:]], dim=2)
         return self.net.head_after_conv(x, z)

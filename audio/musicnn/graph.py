@@ -3,9 +3,10 @@ stream that runs it compiled.
 
 ``PushGraph``: MusicnnBatch's push (audio/musicnn/batch.py) for G streams that each bring k new
 frames, its caches in patch order (no ring, no host indices) in and out: the shape an inference
-engine compiles. The CPU default's branches: every temporal branch recomputes the rows a hop
-changes. Eager, its taggrams equal MusicnnBatch's bit for bit at one stream
-(tests/audio/test_musicnn_graph.py).
+engine compiles. It calls the batch's own pieces (the new timbral rows, the recomputed temporal
+rows, the mid-end's cached part, ``logits``) and only lays their results out in patch order. The
+CPU default's branches: every temporal branch recomputes the rows a hop changes. Eager, its
+taggrams equal MusicnnBatch's bit for bit at one stream (tests/audio/test_musicnn_graph.py).
 
 ``GraphStream``: one stream's push on the CPU (the window's and ``classify``'s single-stream hop).
 Its hops of the steady sizes (15 and 16 frames for 0.25 s) run PushGraph compiled ahead of time
@@ -28,8 +29,8 @@ import torch
 from torch import nn
 
 from .. import melspec
-from . import BANDS, TEMPORAL, Musicnn, conv1d, same_padding
-from .batch import CPU_ACCUMULATE, EDGE, P, SHIFT_MAX, TIMBRAL_FEATS, MusicnnBatch
+from . import BANDS, TEMPORAL, Musicnn, same_padding
+from .batch import CPU_ACCUMULATE, EDGE, P, SHIFT_MAX, MusicnnBatch
 from .mel import FRAME_HOP
 
 
@@ -51,9 +52,8 @@ class PushGraph(nn.Module):
     def forward(self, patch, timbral, mid, f0, f1, f2, new):
         """patch (G, P, 96) normalised, timbral (G, P, 408), mid (G, P, 64), f0..f2 (G, P, C'),
         new (G, k, 96) log-mel frames -> the same caches after the hop, then the taggrams (G, 50)."""
-        fb, k, net = self.fb, self.k, self.fb.net
-        G = patch.shape[0]
-        patch = torch.cat([patch[:, k:], net.normalize(new)], dim=1)       # (G, P, 96)
+        fb, k = self.fb, self.k
+        patch = torch.cat([patch[:, k:], fb.net.normalize(new)], dim=1)       # (G, P, 96)
         # the temporal rows a hop changed, recomputed: P-k-a .. P-1 then 0 .. b-1
         fs, low = [], patch.to(fb.product_dtype)
         for j, f in enumerate((f0, f1, f2)):
@@ -63,22 +63,8 @@ class PushGraph(nn.Module):
         # timbral: rows P-3-k .. P-4 became interior; mid rows P-6-k .. P-7
         rows = fb._timbral_rows(patch[:, P - k - 2 * EDGE:])                # (G, k, 408)
         timbral = torch.cat([timbral[:, k:P - EDGE], rows, timbral[:, P - EDGE:]], dim=1)
-        m_new = conv1d(timbral[:, P - 3 * EDGE - k:P - EDGE].transpose(1, 2).contiguous(), fb.mid_timbral).transpose(1, 2)
-        mid = torch.cat([mid[:, k:P - 2 * EDGE], m_new, mid[:, P - 2 * EDGE:]], dim=1)
-        # the head
-        zeros = patch.new_zeros(G, EDGE, BANDS)
-        edges = fb._timbral_rows(torch.cat([torch.cat([zeros, patch[:, :2 * EDGE]], dim=1),
-                                            torch.cat([patch[:, -2 * EDGE:], zeros], dim=1)]))
-        tim = torch.cat([edges[:G], timbral[:, EDGE:P - EDGE], edges[G:]], dim=1)
-        front = torch.cat([tim] + fs, dim=2).transpose(1, 2).contiguous()              # (G, 561, P)
-        zc = conv1d(front[:, TIMBRAL_FEATS:], fb.mid_temporal, net.mid[0].bias, padding=3)
-        ends = front.new_zeros(2 * G, TIMBRAL_FEATS, 4 * EDGE)
-        ends[:G, :, EDGE:] = front[:, :TIMBRAL_FEATS, :3 * EDGE]
-        ends[G:, :, :3 * EDGE] = front[:, :TIMBRAL_FEATS, P - 3 * EDGE:]
-        ends = conv1d(ends, fb.mid_timbral)
-        zc = torch.cat([zc[:, :, :2 * EDGE] + ends[:G], zc[:, :, 2 * EDGE:P - 2 * EDGE]
-                        + mid[:, 2 * EDGE:P - 2 * EDGE].transpose(1, 2), zc[:, :, P - 2 * EDGE:] + ends[G:]], dim=2)
-        taggram = torch.sigmoid(net.head_after_conv(front, zc))
+        mid = torch.cat([mid[:, k:P - 2 * EDGE], fb._mid_rows(timbral[:, P - 3 * EDGE - k:P - EDGE]), mid[:, P - 2 * EDGE:]], dim=1)
+        taggram = torch.sigmoid(fb.logits(patch, timbral[:, EDGE:P - EDGE], mid[:, 2 * EDGE:P - 2 * EDGE], fs))
         return patch, timbral, mid, *fs, taggram
 
 
@@ -108,7 +94,7 @@ def package_key(model: str, checksum: str, k: int, threads: int, mode: str = "fl
     CPU's instruction set, the weights), so that any change builds anew; a build removes the
     libraries of the same model, precision, k and threads that it replaces (``stale``)."""
     here = Path(__file__).resolve().parent
-    code = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("__init__.py", "stream.py", "batch.py", "graph.py")))
+    code = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("__init__.py", "batch.py", "graph.py")))
     code.update(f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()} {checksum}".encode())
     return f"push-{model}-{mode}-k{k}-t{threads}-{code.hexdigest()[:16]}"
 
@@ -325,7 +311,7 @@ class GraphStream:
 
     @torch.no_grad()
     def reset(self) -> None:
-        """A stream preceded by silence (MusicnnStream.reset)."""
+        """A stream preceded by silence (MusicnnBatch.template)."""
         self.batch.reset(0)
         self.state = [t.clone() for t in state_of(self.batch, [0])]
         self.last = self.batch.state["last"][0].clone()

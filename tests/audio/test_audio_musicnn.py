@@ -15,7 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from audio import musicnn
 from audio.musicnn import mel as musicnn_mel
 from audio.errors import MusicnnWeightsError
-from audio.musicnn.stream import MusicnnStream
+from audio.musicnn.batch import MusicnnBatch
+from audio.musicnn.graph import GraphStream
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -137,13 +138,15 @@ def test_flop_formulas_equal_torch_flop_counter(net):
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         net(x)
     assert counter.get_total_flops() == 2 * 2 * musicnn.patch_macs()
-    stream = MusicnnStream(net)
     frames = np.random.default_rng(0).random((16, 96), dtype=np.float32) * 3
-    stream.push(frames)
-    with FlopCounterMode(display=False) as counter:
-        stream.push(frames)
-    assert counter.get_total_flops() == 2 * stream.last_macs
-    assert musicnn.patch_macs() / stream.last_macs > 4.0       # ~1,398 M vs ~313 M MACs
+    for accumulate in (True, False):                           # CUDA's default form, the CPU's
+        batch = MusicnnBatch(net, 1, accumulate=accumulate)
+        batch.reset(0)
+        batch.push([0], [frames])
+        with FlopCounterMode(display=False) as counter:
+            batch.push([0], [frames])
+        assert counter.get_total_flops() == 2 * batch.macs[0]
+        assert musicnn.patch_macs() / batch.macs[0] > 4.0      # ~1,398 M vs ~250-290 M MACs
 
 
 def raw_patch(history: list[np.ndarray]) -> torch.Tensor:
@@ -152,12 +155,15 @@ def raw_patch(history: list[np.ndarray]) -> torch.Tensor:
 
 
 def test_continual_front_end_equals_the_batch_network_every_hop(net, shared_data):
-    """Every hop of a real track, plus pushes of 0, 1, 2 and 200 frames: the cached taggram
+    """Every hop of a real track, plus pushes of 0, 1, 2 and 200 frames: the taggram of one CPU
+    stream's push (GraphStream) and of a batch of one keeping accumulators (CUDA's default form)
     equals Musicnn on the same 187 frames (silence before the stream starts)."""
     import soundfile as sf
     x, rate = sf.read(shared_data / "gtzan_full_track" / "country.00000.wav", dtype="float32")
     y = musicnn_mel.resample_kaiser_best(x, rate)
-    mel, stream, history = musicnn_mel.StreamingMel(), MusicnnStream(net), []
+    mel, history = musicnn_mel.StreamingMel(), []
+    graph, batch = GraphStream(net), MusicnnBatch(net, 1, accumulate=True)
+    batch.reset(0)
     chunks = [y[i:i + 4000] for i in range(0, 4000 * 44, 4000)]
     pushes = [mel.push(c) for c in chunks]
     pushes[20:20] = [pushes[20][:0], pushes[20][:1], pushes[20][:2]]
@@ -166,10 +172,28 @@ def test_continual_front_end_equals_the_batch_network_every_hop(net, shared_data
     with torch.no_grad():
         for frames in pushes:
             history.append(frames)
-            got = stream.push(frames)
             want = net(raw_patch(history))[0]
-            worst = max(worst, float((got - want).abs().max()))
+            for got in (graph.push(frames), batch.push([0], [frames])[0]):
+                worst = max(worst, float((got - want).abs().max()))
     assert worst < 1e-5
+
+
+def test_one_stream_of_the_front_end_continual_or_recomputed_gives_the_same_tokens():
+    """``MusicnnFrontEnd.stream()``: continual on the CPU, the push as one graph (with its own
+    log-mel on the host); recomputed, the one slot of the batch's slots (the reference network on
+    the patch, the log-mel computed as for many streams). Over the demo signal's first 14 hops
+    (a full patch and more) their tokens agree within the continual test's bound above, and the
+    recomputed one's FLOPs are the network's on a patch."""
+    from audio.frontends import build_frontend
+    from audio.sources import DemoSource
+    hops = [h for _, h in zip(range(14), DemoSource(seed=3))]
+    continual, recomputed = (build_frontend("musicnn", continual=c).stream() for c in (True, False))
+    for hop in hops:
+        a, b = continual.push(hop), recomputed.push(hop)
+        assert a.token.shape == b.token.shape == (1, musicnn.TAGS)
+        assert float((a.token - b.token).abs().max()) < 1e-5
+        assert b.flops == 2 * musicnn.patch_macs() > 4 * a.flops
+        np.testing.assert_allclose(a.mel, b.mel, rtol=0, atol=1e-5)
 
 
 def test_the_mel_basis_is_librosas_bit_for_bit():

@@ -1,9 +1,8 @@
 """The batched continual musicnn front end (audio/musicnn/batch.py): every stream's taggram, at
 every hop, equals the original network's in float64 on that stream's own 187 frames, whatever
 else is in the batch, whenever the stream joined, whatever number of frames each hop brings;
-its multiply-accumulates are what torch's FLOP counter counts in its push, and MusicnnStream's
-for the same hop but for what the batch computes otherwise (recomputed temporal rows, the
-mid-end's cached timbral part); a hop that brings no frame costs nothing; a stream's NaN frames
+its multiply-accumulates are what torch's FLOP counter counts in its push, and what the
+algorithm's own count says (``push_macs``); a hop that brings no frame costs nothing; a stream's NaN frames
 reach no other stream. On CUDA (skipped without it) the same, and a hop never waits for the
 device."""
 import copy
@@ -16,7 +15,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from audio import musicnn
 from audio.musicnn.batch import MusicnnBatch
-from audio.musicnn.stream import MusicnnStream
 from error_model import EPS32
 
 # Error model (tests/error_model.py): the float32 taggram and the float64 network differ by the
@@ -73,17 +71,16 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
     rng = np.random.default_rng(0)
     batch = MusicnnBatch(on(net, device), capacity=4, accumulate=accumulate, chunk=2)   # 3 streams: 2 + 1
     histories: dict[int, list] = {}
-    singles: dict[int, MusicnnStream] = {}
     worst, tol = 0.0, float("inf")
     for hop in range(14):
         if hop in (0, 3, 9):                          # streams join at hops 0, 3 and 9 ...
             slot = [s for s in range(4) if s not in histories][0]
             batch.reset(slot)
-            histories[slot], singles[slot] = [], MusicnnStream(net)
+            histories[slot] = []
         if hop == 11:                                 # ... one leaves at hop 11, another takes its slot
-            del histories[0], singles[0]
+            del histories[0]
             batch.reset(0)
-            histories[0], singles[0] = [], MusicnnStream(net)
+            histories[0] = []
         slots = sorted(histories)
         # 0.25 s hops bring 15 or 16 frames; also none, one, more than the K = 32 and 64 branches'
         # end-edge rows (40), a jump past the temporal kernels, a whole patch
@@ -94,12 +91,11 @@ def test_streams_joining_at_any_hop_with_any_frame_counts_equal_the_float64_netw
         assert counter.get_total_flops() == 2 * sum(int(batch.macs[s]) for s in slots)   # its own count
         for i, s in enumerate(slots):
             histories[s].append(pushed[i])
-            singles[s].push(pushed[i])
             logits64 = logits64_of(net64, histories[s])
             worst = max(worst, (got[i].double() - torch.sigmoid(logits64)).abs().max().item())
             tol = min(tol, taggram_tol(logits64))
             if 0 < ks[s] <= musicnn.PATCH_FRAMES - max(musicnn.TEMPORAL):      # (0: the last taggram again)
-                assert batch.macs[s] == singles[s].last_macs + recomputing_costs(ks[s], batch.accumulate)
+                assert batch.macs[s] == push_macs(ks[s], batch.accumulate)
     errors(f"batched musicnn taggrams on {device} (accumulators {batch.accumulate}) "
            f"vs the float64 network", worst, tol)
 
@@ -149,26 +145,24 @@ def test_the_precision_switches_are_set_only_on_cuda_and_given_back(device):
     assert isinstance(b.cudnn.allow_tf32, bool)          # the legacy reading still answers
 
 
-def recomputing_costs(k: int, accumulate: tuple) -> int:
-    """What a hop of k frames costs beyond MusicnnStream's (every branch by accumulators of
-    every row): per branch with accumulators of its edge rows only, the min(k, b) rows that
-    became start-edge rows summed over K - 1 frames, leaving frames taken from b - k rows
-    instead of b, and arriving frames without MusicnnStream's zero taps (the a old end-edge rows
-    take the k new frames, not k + b: a b fewer); per branch without them, the two products of
-    ``_recompute`` (the k + a end rows over frames P-k-a-b .. P-1, the b start rows over frames
-    0 .. K-2, zero taps included) instead of the accumulators' updates (b k leaving, (a + k)(k + b)
-    arriving); less the first mid-end
-    convolution's timbral part, which the batch computes for the k rows that became interior
-    and the 6 + 6 at the patch's ends, not for all 187."""
-    extra = 0                                     # taps x rows x channels
+def push_macs(k: int, accumulate: tuple) -> int:
+    """The multiply-accumulates of a hop of 1 <= k <= P - 128 frames, counted from the algorithm:
+    the head over the patch, less the first mid-end convolution's timbral part of the rows whose
+    window holds interior timbral rows only (cached), plus that part for the k rows that became
+    such; the timbral rows, the k that became interior and the 3 + 3 edge rows (208 columns);
+    per temporal branch with accumulators of its edge rows, the frames leaving the b - k rows
+    that stay start-edge rows, the min(k, b) rows that became start-edge rows summed over K - 1
+    frames, the k new frames added to the a old end-edge rows, the k new rows' k + b frames;
+    per branch without them, the two products of ``_recompute`` (the k + a end rows over
+    frames P-k-a-b .. P-1, the b start rows over frames 0 .. K-2, zero taps included)."""
+    P, mid_row = musicnn.PATCH_FRAMES, 7 * 2 * musicnn.TIMBRAL_CH * musicnn.MID_CH
+    macs = musicnn.head_macs() - (P - 12 - k) * mid_row
+    macs += (k + 6) * musicnn.timbral_macs_per_frame(musicnn.TIMBRAL_COLS)
     for K, acc in zip(musicnn.TEMPORAL, accumulate):
         b, a = musicnn.same_padding(K)
-        if acc:
-            extra += (min(k, b) * (K - 1) + max(b - k, 0) * k - b * k - a * b) * musicnn.TEMPORAL_CH
-        else:
-            extra += ((k + a) * (k + a + b) + b * (K - 1) - (b * k + (a + k) * (k + b))) * musicnn.TEMPORAL_CH
-    saved = (musicnn.PATCH_FRAMES - 12 - k) * 7 * 2 * musicnn.TIMBRAL_CH * musicnn.MID_CH
-    return extra * musicnn.BANDS - saved
+        rows = (max(b - k, 0) * k + min(k, b) * (K - 1) + a * k + k * (k + b)) if acc else ((k + a) * (k + a + b) + b * (K - 1))
+        macs += rows * musicnn.TEMPORAL_CH * musicnn.BANDS
+    return macs
 
 
 def test_the_features_gathered_as_on_cuda_are_the_per_slot_ones_bit_for_bit(nets):

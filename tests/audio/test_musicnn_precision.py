@@ -1,8 +1,8 @@
 """musicnn's opt-in bf16 (audio/musicnn: ``product_dtype``): the continual front ends' products
 that hold no state take bf16 operands: the timbral ones, and the temporal ones where a branch is
-recomputed (the CPU's batch and one stream's push; MusicnnStream's and CUDA's accumulators stay
-float32), everything else float32. Every form computes it (the batch, one stream's eager graph
-bit for bit with the batch of one, MusicnnStream), and each stream's taggram is the float64
+recomputed (the CPU's batch and one stream's push; accumulators, CUDA's default, stay float32),
+everything else float32. Every form computes it (the batch, one stream's eager graph bit for bit
+with the batch of one, a batch keeping accumulators), and each stream's taggram is the float64
 network's on the bf16-rounded operands within the error model below, at every hop; the rounding
 does not build up over a stream (the last hops are checked too). A precision that the hardware or
 the front end cannot run is a one-line PrecisionError before any work; on a CPU with avx512_bf16
@@ -36,9 +36,9 @@ import torch
 from audio import musicnn
 from audio.errors import PrecisionError
 from audio.frontends import build_frontend
+from audio.musicnn import batch as musicnn_batch
 from audio.musicnn.batch import EDGE, MusicnnBatch
 from audio.musicnn.graph import CompiledPushes, GraphStream, prepare
-from audio.musicnn.stream import MusicnnStream
 from error_model import EPS32
 from test_musicnn_batch import frames, patch_of, taggram_tol
 
@@ -67,21 +67,22 @@ def oracle(low, net64, history, temporal: bool = False) -> tuple[torch.Tensor, t
     x32 = low.normalize(patch_of(history).float())                             # (1, 187, 96) as pushed
     x64 = x32.double()
     xb = torch.nn.functional.pad(x32, (0, 0, EDGE, EDGE)).bfloat16().double()  # the products' frames
-    maxima, slack, one = [], [], MusicnnStream(low)
-    for w, _, weight, _ in one.timbral.branches:
+    maxima, slack = [], []
+    timbral, temporal_branches = musicnn_batch.timbral_branches(low), musicnn_batch.temporal_branches(low)
+    for w, _, weight, _ in timbral:
         cols = xb.unfold(1, 2 * EDGE + 1, 1).unfold(2, w, 1).reshape(-1, (2 * EDGE + 1) * w)
         z = (cols @ weight.double()).view(187, 96 - w + 1, -1)[:, :, :musicnn.TIMBRAL_CH]
         size = (cols.abs() @ weight.double().abs()).view(187, 96 - w + 1, -1)[:, :, :musicnn.TIMBRAL_CH]
         maxima.append(z.amax(dim=1))                                          # (187, 204)
         slack.append(U_BF16 * z.amax(dim=1).abs() + (2 * EDGE + 1) * w * EPS32 * size.amax(dim=1))
-    for acc in one.temporal if temporal else ():                              # (K, C') taps, sign-folded
-        windows = torch.nn.functional.pad(x32[0], (0, 0) + musicnn.same_padding(acc.K)).bfloat16().double().unfold(0, acc.K, 1)
-        taps = acc.w.bfloat16().double()                                      # windows (187, 96, K)
+    for K, _, _, _, w in temporal_branches if temporal else ():              # (K, C') taps, sign-folded
+        windows = torch.nn.functional.pad(x32[0], (0, 0) + musicnn.same_padding(K)).bfloat16().double().unfold(0, K, 1)
+        taps = w.bfloat16().double()                                          # windows (187, 96, K)
         z, size = windows @ taps, windows.abs() @ taps.abs()                   # (187, 96, C')
         maxima.append(z.amax(dim=1))
-        slack.append(U_BF16 * z.amax(dim=1).abs() + acc.K * EPS32 * size.amax(dim=1))
-    parts = list(zip(double_bns([b[1] for b in one.timbral.branches] + [acc.bn for acc in one.temporal]),
-                     [b[3] for b in one.timbral.branches] + [acc.bias for acc in one.temporal]))   # (BN, bias)
+        slack.append(U_BF16 * z.amax(dim=1).abs() + K * EPS32 * size.amax(dim=1))
+    parts = list(zip(double_bns([b[1] for b in timbral] + [b[1] for b in temporal_branches]),
+                     [b[3] for b in timbral] + [b[3] for b in temporal_branches]))   # (BN, bias)
 
     def logits(m):                                                            # (187, 408 [+ 153]) maxima -> (50,)
         feats = [bn.after_max(part + bias.double()) for part, (bn, bias) in zip(m.split(musicnn.TIMBRAL_CH, dim=1)[:2], parts)]
@@ -112,15 +113,15 @@ def double_bns(bns):
 def test_every_form_in_bf16_is_the_float64_network_on_rounded_operands(nets, errors):
     low, net64 = nets
     rng = np.random.default_rng(5)
-    batch, stream, graph, one = MusicnnBatch(low, 2, chunk=1), MusicnnStream(low), GraphStream(low), MusicnnBatch(low, 1)
-    for fb, slot in ((batch, 0), (batch, 1), (one, 0)):
+    batch, stream, graph, one = MusicnnBatch(low, 2, chunk=1), MusicnnBatch(low, 1, accumulate=True), GraphStream(low), MusicnnBatch(low, 1)
+    for fb, slot in ((batch, 0), (batch, 1), (one, 0), (stream, 0)):
         fb.reset(slot)
     assert batch.timbral[0][2].dtype == torch.bfloat16 and batch.mid_timbral.dtype == torch.float32
     histories, worst = [[], []], 0.0
     for hop, k in enumerate(HOPS):
         xs = [frames(rng, k), frames(rng, HOPS[(hop + 5) % len(HOPS)])]
         got = batch.push([0, 1], xs)
-        alone, graphed = stream.push(xs[0]), graph.push(xs[0])
+        alone, graphed = stream.push([0], [xs[0]])[0], graph.push(xs[0])
         assert torch.equal(graphed, one.push([0], [xs[0]])[0]), hop                 # the graph is the batch of one
         for i in range(2):
             histories[i].append(xs[i])
