@@ -48,7 +48,7 @@ def pytest_configure(config):
     config.option.loadscopereorder = False     # FIRST's order (below), not xdist's by count of tests
     from models.fused import available
     if available():
-        from models.fused.ready import prepare
+        from app.runtime.kernels import prepare
         prepare()
 
 

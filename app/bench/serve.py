@@ -83,7 +83,7 @@ def tree_usage(pid: int) -> dict[int, tuple[float, float]]:
     return {p: (proc_cpu_seconds(p), rss_mb(p)) for p in process_tree(pid)}
 
 
-ROLES = (("models.fused.ready", "compiled-kernel builds"), ("audio.musicnn.graph", "compiled-push builds"),
+ROLES = (("app.runtime.kernels", "compiled-kernel builds"), ("audio.musicnn.graph", "compiled-push builds"),
          ("spawn_main", "workers"), ("resource_tracker", "workers"), ("ServeReplica", "replicas"),
          ("ProxyActor", "Ray Serve's proxy"), ("ServeController", "Ray Serve's controller"), ("raylet", "raylet"),
          ("gcs_server", "Ray's GCS"))

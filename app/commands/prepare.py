@@ -49,7 +49,7 @@ def prepare_all(precisions=("float32",), threads=None) -> list[str]:
     beside a hop or a timed part); one line each, as printed."""
     from audio.musicnn import precision_problem
     from audio.musicnn.graph import prepare as prepare_pushes
-    from models.fused.ready import prepare as prepare_kernels
+    from app.runtime.kernels import prepare as prepare_kernels
     lines = [say("the models' compiled kernels (numba, once per machine)", prepare_kernels)]
     for mode in precisions:
         problem = precision_problem(mode, "cpu")           # built all the same: its tests run it emulated

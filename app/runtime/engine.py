@@ -37,11 +37,11 @@ import torch
 from audio.errors import FrontEndMismatchError
 from audio.frontends import as_frontend
 from audio.gtzan import GENRES
-from models.fused.ready import KERNELS
 from models.landmarks import fit_fixed_landmarks
 from models.sda import LANDMARK_MODES
 from models.transformer import build_model
 
+from .kernels import KERNELS
 from .lineup import Entry, ModelSpec
 from .records import StepResult
 from .shard import Stream, StreamsShard, check_frontend, warm_model
@@ -73,7 +73,7 @@ class Engine:
     seconds clock that the control budget is counted on
     (tests inject one); each StepResult's ``stages['control']`` is the milliseconds spent
     applying control before its hop. ``kernels``: the models' compiled CPU kernels
-    (models/fused/ready.py): asked for by each model's batch (loaded then where cached, else built
+    (app/runtime/kernels.py): asked for by each model's batch (loaded then where cached, else built
     beside the hops), taken from the first hop after they are ready, the torch step until then
     (None: numba compiles them on their first call)."""
 

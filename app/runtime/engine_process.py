@@ -17,7 +17,7 @@ reads end of file, and a watchdog thread waits on the parent's pid).
 
 The window starts its engine process when it opens and asks it to ``prepare`` the front end it
 will start with: the front end is built, its compiled push loaded (or its build started) and the
-models' compiled kernels requested (models/fused/ready.py), so that Start finds them ready.
+models' compiled kernels requested (app/runtime/kernels.py), so that Start finds them ready.
 
 Messages, window -> engine: ("prepare", FrontEndSpec), ("run", run_id, FrontEndSpec, SourceSpec,
 [(name, ModelSpec, kwargs)]), ("call", method, args, kwargs), ("pause", on), ("speed", x), ("stop",),
@@ -50,7 +50,7 @@ WATCH_PARENT_S = 0.5          # how often the engine process checks that its win
 PR_SET_NAME = 15              # prctl option (linux/prctl.h)
 OUTBOX = 4096                 # messages the engine process holds for a window that reads slowly
 PRELOAD = ("torch", "app.runtime.engine", "audio.frontends",   # what the fork server imports once,
-           "models.fused.preload")                             # and the compiled kernels it loads
+           "app.runtime.kernels_preload")                  # and the compiled kernels it loads
 ENGINE_THREADS = 1            # torch threads of the engine process: a hop's ~150 small torch calls
                               # gain nothing from a second thread, and on busy cores each call
                               # would wait for both of its threads to be scheduled
@@ -245,7 +245,7 @@ class Run:
 
     def _run(self) -> None:
         from audio.errors import AudioError, with_hint
-        from models.fused.ready import KERNELS
+        from app.runtime.kernels import KERNELS
         try:
             self.source = self.spec.open()
             if self.stopping:
@@ -326,7 +326,7 @@ def name_this_process(name: str) -> None:
 def prepare(frontends: dict, spec: FrontEndSpec) -> None:
     """``spec``'s front end built (musicnn: VGGish may download) and its one-stream push asked
     for (loaded, or built in the background), and the models' compiled kernels requested."""
-    from models.fused.ready import KERNELS, set_up_numba
+    from app.runtime.kernels import KERNELS, set_up_numba
     set_up_numba()                                  # now, not beside the hops a build's end loads them into
     KERNELS.request()
     if spec.name == "musicnn" and spec not in frontends:

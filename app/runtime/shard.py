@@ -76,7 +76,7 @@ class StreamsShard:
     """Every model of ``entries`` (app/runtime/lineup.py) over up to ``capacity`` streams of one
     front end, in one batch per model: ``hop()`` steps them all. ``errors`` (a list, the
     engine's) gets the streams that left early, with why. ``kernels``: when the models' compiled
-    backend is ready (models/fused/ready.py; None: at once)."""
+    backend is ready (app/runtime/kernels.py; None: at once)."""
 
     def __init__(self, frontend, entries, capacity: int, errors: list | None = None, kernels=None):
         self.frontend = as_frontend(frontend)
@@ -97,7 +97,7 @@ class StreamsShard:
         """Ready to serve (before any stream joins). What initialises on first use runs now, not
         in the first streams' hops: each model steps a scratch stream of random tokens through its
         warm-up and one landmark segment (in the compiled backend where its kernels are ready:
-        its batch asked for them, models/fused/ready.py), and the front end takes two hops of
+        its batch asked for them, app/runtime/kernels.py), and the front end takes two hops of
         silence in a slot that is then free again.
         Then everything alive in the process leaves the cycle collector's view (``gc.freeze``): a
         full collection walks every such object, and the records of many streams set one off

@@ -1,7 +1,8 @@
 """The compiled CPU backend of the streaming step: numba kernels (kernels.py, blocks.py) that
 take a steady step of every stream in one call on the torch step's own state (models/stream/),
 read and written by name, the model step built on them (backend.py), and the compiled
-pseudo-inverse (pinv.py).
+pseudo-inverse (pinv.py). They are compiled at install or beside a running engine, never on a
+hop (app/runtime/kernels.py).
 
 Why numba: at ~10k FLOPs a continual Nyström step is a few hundred tiny torch calls, whose
 interpreter and dispatch cost far more than the arithmetic; one compiled call does it (`bench`).

@@ -89,7 +89,7 @@ class StreamBatch(Slots):
     ``graphs``: replay captured CUDA graphs (default: on CUDA). ``fused``: steady steps in the
     compiled backend where it takes the model (default: as the model's own setting says).
     ``events``: how the step branches (default: "eager" on the CPU, "masked" elsewhere; "masked"
-    on the CPU runs the CUDA path's step there). ``kernels``: a models/fused/ready.py Kernels,
+    on the CPU runs the CUDA path's step there). ``kernels``: a app/runtime/kernels.py Kernels,
     asked for the compiled kernels here; until ``kernels.ready()`` every stream takes the torch
     step (and a recomputing Nyström model its torch pseudo-inverse), from the first step after,
     the backend (None: at once, numba compiling on its first call)."""

@@ -1,4 +1,4 @@
-"""A first Start with empty caches (models/fused/ready.py): the engine serves from its first hop
+"""A first Start with empty caches (app/runtime/kernels.py): the engine serves from its first hop
 on the forms that need no compiling (the torch step, the torch pseudo-inverse), its compiled
 kernels come from another process through numba's cache, and its streams move to them at a hop
 boundary; every record equals, within float32 rounding, a run whose kernels were there from the
@@ -13,7 +13,7 @@ from engine_helpers import engine_of
 from audio.sources import DemoSource
 from audio.vggish import build_embedder
 from models.fused.numba_cache import cache_root
-from models.fused.ready import Kernels, build, marker
+from app.runtime.kernels import Kernels, build, marker
 
 SWITCH = 14          # the hop after which the kernels arrive: past every model's warm-up (n = 8)
 # Two float32 paths of the same model (the torch step, the compiled step), each within
@@ -68,7 +68,7 @@ def test_a_cold_start_serves_at_once_and_moves_to_the_compiled_kernels_at_a_hop_
 
 
 def test_the_build_process_fills_the_cache_and_a_later_engine_loads_from_it(tmp_path):
-    """The build process (python -m models.fused.ready) over a copy of this process's cache
+    """The build process (python -m app.runtime.kernels) over a copy of this process's cache
     without its marker (so it loads rather than compiles: seconds, not a minute), then a second
     Kernels finds the marker and loads at once, without a build."""
     if not marker(cache_root()).exists():

@@ -44,7 +44,7 @@ def test_a_process_of_the_tree_is_named_by_its_command_line(title, role):
 
 
 def test_a_compiled_form_built_beside_the_server_is_named_so():
-    for module, role in (("models.fused.ready", "compiled-kernel builds"), ("audio.musicnn.graph", "compiled-push builds")):
+    for module, role in (("app.runtime.kernels", "compiled-kernel builds"), ("audio.musicnn.graph", "compiled-push builds")):
         child = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)", "-m", module],
                                  stdout=subprocess.PIPE)
         try:

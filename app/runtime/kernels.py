@@ -6,7 +6,7 @@ from its cache takes a fraction of a second and, once numba's CPU target is set 
 GIL for about a millisecond at a time. So an engine never compiles: ``Kernels.request()`` (before the first hop) either
 sets numba's target up and loads the kernels at once (the cache holds them: its marker is there;
 every hop is then compiled from the first), or starts a process that compiles them into the
-cache (``python -m models.fused.ready``, at a low priority) and, when it ends, loads them in a
+cache (``python -m app.runtime.kernels``, at a low priority) and, when it ends, loads them in a
 thread beside the hops (numba's target set up there too, unless ``set_up_numba`` ran before the
 hops began, as the window's engine process has it do while the user chooses).
 Until ``ready()``, a model's streams take the torch step (models/stream/batch.py ``kernels``),
@@ -25,19 +25,20 @@ import threading
 import time
 from pathlib import Path
 
-from .numba_cache import HERE, ROOT, STATE_FILES, cache_root, set_up_numba
+from models.fused.numba_cache import HERE, ROOT, STATE_FILES, cache_root, set_up_numba
 
-SOURCES = ("kernels.py", "blocks.py", "pinv.py", "backend.py", "ready.py")
+SOURCES = ("kernels.py", "blocks.py", "pinv.py", "backend.py")   # models/fused/
 NICE = 10                      # the compiling process's priority: below the engine's hops, not starved
 
 
 def digest() -> str:
-    """What numba's cache entries are valid for: the kernels' sources and the state they read
-    (content, and the size and time numba checks), numba, Python and this CPU."""
+    """What numba's cache entries are valid for: the kernels' sources, the state they read and
+    what ``compile_all`` compiles (content, and the size and time numba checks), numba, Python
+    and this CPU."""
     import numba
     from llvmlite import binding
     h = hashlib.sha256()
-    for path in (*(HERE / name for name in SOURCES), *STATE_FILES):
+    for path in (*(HERE / name for name in SOURCES), Path(__file__).resolve(), *STATE_FILES):
         st = path.stat()
         h.update(path.read_bytes() + f"{st.st_size} {st.st_mtime_ns}".encode())
     h.update(f"{numba.__version__} {sys.version_info[:2]} {binding.get_host_cpu_name()}".encode())
@@ -54,8 +55,8 @@ def compile_all() -> None:
     scratch model of each kind steps two streams through its warm-up into steady steps."""
     import torch
 
-    from ..stream.batch import StreamBatch, steps_to_steady
-    from ..transformer import ModelConfig, build_model
+    from models.stream.batch import StreamBatch, steps_to_steady
+    from models.transformer import ModelConfig, build_model
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for layers in (1, 2):
@@ -115,7 +116,7 @@ class Kernels:
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             with open(self.root / "kernels-build.log", "w") as log:
-                self.build = subprocess.Popen([sys.executable, "-m", "models.fused.ready"], stdout=subprocess.DEVNULL,
+                self.build = subprocess.Popen([sys.executable, "-m", "app.runtime.kernels"], stdout=subprocess.DEVNULL,
                                               stderr=log, cwd=ROOT, env={**os.environ, **self.env})
             self.status = "building"
         except OSError as e:                               # an unwritable cache, no process to spare
