@@ -146,6 +146,18 @@ class _OneSlot:
         return HopTokens(one.token, [one.mel], [one.mel_ms], [one.network_ms], [one.flops])
 
 
+class _SlotStream:
+    """One stream as the one slot of a front end's slots (VGGish; musicnn on CUDA or recomputed)."""
+
+    def __init__(self, slots: _Slots):
+        self.slots = slots
+        self.slot = slots.join()
+
+    def push(self, hop: np.ndarray) -> HopToken:
+        out = self.slots.push([self.slot], [hop])
+        return HopToken(out.tokens[:1].cpu(), out.mels[0], out.mel_ms[0], out.network_ms[0], out.flops[0])
+
+
 def frontend_metadata(fe: FrontEnd) -> dict:
     """What a token file and a checkpoint record about the tokens' origin."""
     return {"name": fe.name, "token_dim": fe.token_dim, "weights": fe.checksum,
@@ -164,7 +176,7 @@ class VGGishFrontEnd:
         self.description, self.checksum, self.random = embedder.description, embedder.checksum, embedder.random
 
     def stream(self):
-        return _VGGishStream(self.embedder)
+        return _SlotStream(self.batch(1))
 
     def batch(self, capacity: int):
         return _VGGishSlots(self.embedder, capacity)
@@ -175,21 +187,6 @@ class VGGishFrontEnd:
 
     def push_status(self) -> None:
         return None
-
-
-class _VGGishStream:
-    def __init__(self, embedder):
-        self.embedder, self.logmel = embedder, melspec.StreamingLogMel()
-        self.flops = vggish_flops()                 # the same every hop
-
-    def push(self, hop: np.ndarray) -> HopToken:
-        t0 = time.perf_counter()
-        patch = self.logmel.push(hop)
-        t1 = time.perf_counter()
-        token = self.embedder(patch[None])
-        t2 = time.perf_counter()
-        return HopToken(token, patch[-melspec.FRAMES_PER_HOP:], (t1 - t0) * 1e3, (t2 - t1) * 1e3,
-                        self.flops)
 
 
 class _VGGishSlots(_Slots):
@@ -286,18 +283,6 @@ class _GraphStream:
         token = self.net.push(frames)[None].cpu()
         t2 = time.perf_counter()
         return HopToken(token, frames, (t1 - t0) * 1e3, (t2 - t1) * 1e3, 2 * self.net.last_macs)
-
-
-class _SlotStream:
-    """One stream as the one slot of a batch's slots (the musicnn front end on CUDA, or recomputed)."""
-
-    def __init__(self, slots: _Slots):
-        self.slots = slots
-        self.slot = slots.join()
-
-    def push(self, hop: np.ndarray) -> HopToken:
-        out = self.slots.push([self.slot], [hop])
-        return HopToken(out.tokens[:1].cpu(), out.mels[0], out.mel_ms[0], out.network_ms[0], out.flops[0])
 
 
 class _MusicnnSlots(_Slots):

@@ -39,7 +39,7 @@ TAGS = 50
 TIMBRAL = (38, 67)            # kernel widths in frequency (0.4 and 0.7 of 96 bands)
 TIMBRAL_CH = 204
 TIMBRAL_COLS = 208            # the continual front ends' timbral product: 204 filters, 4 of zeros
-                              # (audio/musicnn/batch.py timbral_branches says why)
+                              # (audio/musicnn/branches.py timbral_branches says why)
 TEMPORAL = (128, 64, 32)      # kernel lengths in time
 TEMPORAL_CH = 51
 FRONT_CH = 2 * TIMBRAL_CH + 3 * TEMPORAL_CH      # 561

@@ -94,7 +94,7 @@ def package_key(model: str, checksum: str, k: int, threads: int, mode: str = "fl
     CPU's instruction set, the weights), so that any change builds anew; a build removes the
     libraries of the same model, precision, k and threads that it replaces (``stale``)."""
     here = Path(__file__).resolve().parent
-    code = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("__init__.py", "batch.py", "graph.py")))
+    code = hashlib.sha256(b"".join((here / f).read_bytes() for f in ("__init__.py", "branches.py", "batch.py", "graph.py")))
     code.update(f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()} {checksum}".encode())
     return f"push-{model}-{mode}-k{k}-t{threads}-{code.hexdigest()[:16]}"
 

@@ -36,7 +36,7 @@ import torch
 from audio import musicnn
 from audio.errors import PrecisionError
 from audio.frontends import build_frontend
-from audio.musicnn import batch as musicnn_batch
+from audio.musicnn import branches as musicnn_branches
 from audio.musicnn.batch import EDGE, MusicnnBatch
 from audio.musicnn.graph import CompiledPushes, GraphStream, prepare
 from error_model import EPS32
@@ -68,7 +68,7 @@ def oracle(low, net64, history, temporal: bool = False) -> tuple[torch.Tensor, t
     x64 = x32.double()
     xb = torch.nn.functional.pad(x32, (0, 0, EDGE, EDGE)).bfloat16().double()  # the products' frames
     maxima, slack = [], []
-    timbral, temporal_branches = musicnn_batch.timbral_branches(low), musicnn_batch.temporal_branches(low)
+    timbral, temporal_branches = musicnn_branches.timbral_branches(low), musicnn_branches.temporal_branches(low)
     for w, _, weight, _ in timbral:
         cols = xb.unfold(1, 2 * EDGE + 1, 1).unfold(2, w, 1).reshape(-1, (2 * EDGE + 1) * w)
         z = (cols @ weight.double()).view(187, 96 - w + 1, -1)[:, :, :musicnn.TIMBRAL_CH]
