@@ -245,9 +245,9 @@ class MusicnnFrontEnd:
         return _SlotStream(_MusicnnSlots(self.net, self.continual, 1))
 
     def batch(self, capacity: int):
-        """Slots for ``capacity`` streams; one stream on the CPU keeps the single-stream path
+        """Slots for ``capacity`` streams; one continual stream on the CPU keeps the push as one graph
         (GraphStream, audio/musicnn/graph.py), faster than a batch of one (docs/front-ends.md)."""
-        if capacity == 1 and self.device.type == "cpu":
+        if capacity == 1 and self.graph:
             return _OneSlot(self)
         return _MusicnnSlots(self.net, self.continual, capacity)
 

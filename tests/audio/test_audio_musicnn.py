@@ -181,15 +181,20 @@ def test_continual_front_end_equals_the_batch_network_every_hop(net, shared_data
 def test_one_stream_of_the_front_end_continual_or_recomputed_gives_the_same_tokens():
     """``MusicnnFrontEnd.stream()``: continual on the CPU, the push as one graph (with its own
     log-mel on the host); recomputed, the one slot of the batch's slots (the reference network on
-    the patch, the log-mel computed as for many streams). Over the demo signal's first 14 hops
-    (a full patch and more) their tokens agree within the continual test's bound above, and the
-    recomputed one's FLOPs are the network's on a patch."""
+    the patch, the log-mel computed as for many streams; the engine's batch of one is that same
+    slot, bit for bit). Over the demo signal's first 14 hops (a full patch and more) their tokens
+    agree within the continual test's bound above, and the recomputed one's FLOPs are the
+    network's on a patch."""
     from audio.frontends import build_frontend
     from audio.sources import DemoSource
     hops = [h for _, h in zip(range(14), DemoSource(seed=3))]
-    continual, recomputed = (build_frontend("musicnn", continual=c).stream() for c in (True, False))
+    fronts = [build_frontend("musicnn", continual=c) for c in (True, False)]
+    continual, recomputed = (fe.stream() for fe in fronts)
+    slots = fronts[1].batch(1)                                   # the engine's one recomputed stream
+    slot = slots.join()
     for hop in hops:
         a, b = continual.push(hop), recomputed.push(hop)
+        assert torch.equal(slots.push([slot], [hop]).tokens, b.token)
         assert a.token.shape == b.token.shape == (1, musicnn.TAGS)
         assert float((a.token - b.token).abs().max()) < 1e-5
         assert b.flops == 2 * musicnn.patch_macs() > 4 * a.flops
