@@ -70,9 +70,9 @@ def bench_musicnn(steps: int, budget: float) -> list[Row]:
     """Per-hop cost of the musicnn front end on real-shaped input (the demo signal): streaming
     log-mel, and the network by each path of MUSICNN_PATHS: the app's (GraphStream with its
     compiled pushes, built first where missing), the same graph eager, the batched form with
-    one slot (what one CUDA stream runs), and recomputing the whole 3 s patch; with the FLOPs of each (2 x multiply-accumulates, from
-    the formula the tests check), the ratios measured in the same run, and the app's real-time
-    factor. The paths alternate hop by hop and are checked equal on the timed hops. The heap is
+    one slot (what one CUDA stream runs), and recomputing the whole 3 s patch; with the FLOPs of
+    each (2 x multiply-accumulates, from the formula the tests check), the ratios measured in the
+    same run, and the app's real-time factor. The paths alternate hop by hop and are checked equal on the timed hops. The heap is
     set as the engine sets it (``Engine.warm``: app/runtime/memory.py), so that a hop's large
     temporaries reuse memory as they do in the app."""
     from app.runtime.memory import many_streams_heap
