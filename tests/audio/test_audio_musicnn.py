@@ -183,8 +183,10 @@ def test_one_stream_of_the_front_end_continual_or_recomputed_gives_the_same_toke
     log-mel on the host); recomputed, the one slot of the batch's slots (the reference network on
     the patch, the log-mel computed as for many streams; the engine's batch of one is that same
     slot, bit for bit). Over the demo signal's first 14 hops (a full patch and more) their tokens
-    agree within the continual test's bound above, and the recomputed one's FLOPs are the
-    network's on a patch."""
+    agree within the continual test's bound above, their log-mels within a float32 unit at the
+    values' scale (<= 4: 2^-21, bound 1e-5; the two log-mels differ only where two FFTs straddle a
+    rounding, test_the_log_mel_of_many_streams_on_a_torch_device_is_the_hosts), and the
+    recomputed one's FLOPs are the network's on a patch."""
     from audio.frontends import build_frontend
     from audio.sources import DemoSource
     hops = [h for _, h in zip(range(14), DemoSource(seed=3))]

@@ -113,15 +113,16 @@ def double_bns(bns):
 def test_every_form_in_bf16_is_the_float64_network_on_rounded_operands(nets, errors):
     low, net64 = nets
     rng = np.random.default_rng(5)
-    batch, stream, graph, one = MusicnnBatch(low, 2, chunk=1), MusicnnBatch(low, 1, accumulate=True), GraphStream(low), MusicnnBatch(low, 1)
-    for fb, slot in ((batch, 0), (batch, 1), (one, 0), (stream, 0)):
+    batch, accumulating, graph, one = (MusicnnBatch(low, 2, chunk=1), MusicnnBatch(low, 1, accumulate=True),
+                                       GraphStream(low), MusicnnBatch(low, 1))
+    for fb, slot in ((batch, 0), (batch, 1), (one, 0), (accumulating, 0)):
         fb.reset(slot)
     assert batch.timbral[0][2].dtype == torch.bfloat16 and batch.mid_timbral.dtype == torch.float32
     histories, worst = [[], []], 0.0
     for hop, k in enumerate(HOPS):
         xs = [frames(rng, k), frames(rng, HOPS[(hop + 5) % len(HOPS)])]
         got = batch.push([0, 1], xs)
-        alone, graphed = stream.push([0], [xs[0]])[0], graph.push(xs[0])
+        alone, graphed = accumulating.push([0], [xs[0]])[0], graph.push(xs[0])
         assert torch.equal(graphed, one.push([0], [xs[0]])[0]), hop                 # the graph is the batch of one
         for i in range(2):
             histories[i].append(xs[i])
@@ -131,7 +132,7 @@ def test_every_form_in_bf16_is_the_float64_network_on_rounded_operands(nets, err
                 want, bound = oracles[i, temporal]
                 worst = max(worst, ((taggram.double() - want).abs() / bound).max().item())
     assert {t.dtype for (_, key), t in batch._taps.items() if key in ("tail", "head")} == {torch.bfloat16}
-    errors("bf16 taggrams (batch, one stream) vs the float64 network on bf16 operands, "
+    errors("bf16 taggrams (batch, one stream's graph, a batch keeping accumulators) vs the float64 network on bf16 operands, "
            "each tag over its tolerance", worst, 1.0)
 
 
