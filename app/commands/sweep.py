@@ -24,7 +24,7 @@ def int_list(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(p) -> None:
-    from models.config import TrainConfig
+    from app.offline.recipe import TrainConfig
     from models.variants import VARIANTS
     p.add_argument("--tokens", required=True, help="token file (python main.py extract)")
     p.add_argument("--out", required=True, type=writable_dir,

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from app.runtime.faults import exit_code, signal_name
-from models.config import TrainConfig
+from app.offline.recipe import TrainConfig
 from models.variants import LANDMARK_MODES, VARIANTS
 
 from . import command, error

@@ -17,8 +17,9 @@ from torch import Tensor
 from torch.nn import functional as nnf
 
 from models.landmarks import fit_fixed_landmarks
-from models.config import TrainConfig  # noqa: F401  (training's settings, torch-free for the command line)
 from models.transformer import GenreTransformer, ModelConfig, build_model
+
+from .recipe import TrainConfig
 
 
 def length_groups(lengths: np.ndarray, idx: np.ndarray) -> dict[int, np.ndarray]:
