@@ -184,7 +184,7 @@ def folded_out(n_t: int, heads: int, m: int, dh: int, D: int) -> Flops:
 
 def folded_kv(rows: int, n_t: int, D: int, dh: int) -> Flops:
     """Products of a window-fed kernel taken through the window x (n_t x D) with the key/value
-    projections folded in (models/sda/window.FoldedKeyValues), beyond the per-head q K^T and P V
+    projections folded in (models/stream/window.py), beyond the per-head q K^T and P V
     (at head dimension dh) that the SDA count already has. ``rows``: query rows over all heads.
     Fold the rows' queries into x's space, score and mix at width D instead of dh, project the
     mix back and add the value bias."""
